@@ -1,0 +1,53 @@
+"""Options shared by several commands, as decorators, and the one place that writes command output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+OutputFormat = Literal["table", "json", "csv"]
+
+
+def trace_argument(func: F) -> F:
+    """The TRACE argument: a raw Chrome trace (.json/.json.gz), a trace directory, or an ingested directory."""
+    return click.argument("trace", type=click.Path(exists=True, path_type=Path))(func)
+
+
+def format_options(func: F) -> F:
+    """--format table|json|csv (with --json / --csv shortcuts) and -o/--output FILE."""
+    func = click.option(
+        "-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
+        help="Write to FILE instead of standard output (written atomically).",
+    )(func)
+    func = click.option("--csv", "as_csv", is_flag=True, help="Shortcut for --format csv.")(func)
+    func = click.option("--json", "as_json", is_flag=True, help="Shortcut for --format json.")(func)
+    func = click.option(
+        "--format", "fmt", type=click.Choice(["table", "json", "csv"]), default=None,
+        help="Output format (default: table).",
+    )(func)
+    return func
+
+
+def resolve_format(fmt: str | None, as_json: bool, as_csv: bool) -> OutputFormat:
+    """Combine --format/--json/--csv; conflicting choices are a usage error, never silently resolved."""
+    chosen = {c for c in (fmt, "json" if as_json else None, "csv" if as_csv else None) if c}
+    if len(chosen) > 1:
+        raise click.UsageError(f"conflicting output formats: {', '.join(sorted(chosen))}")
+    value = chosen.pop() if chosen else "table"
+    return value  # type: ignore[return-value]
+
+
+def emit(text: str, output: Path | None) -> None:
+    """Write command output to stdout or, atomically, to a file."""
+    if output is None:
+        click.echo(text, nl=not text.endswith("\n"))
+        return
+    from stepscope.analyze._io import atomic_write_text
+
+    atomic_write_text(output, text)
+    click.echo(f"wrote {output}", err=True)
