@@ -1,0 +1,1 @@
+"""Renderers: each takes an analysis result and writes one format (text table, JSON, CSV, PNG, HTML)."""

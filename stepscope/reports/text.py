@@ -1,0 +1,174 @@
+"""Text renderers for analysis results: an aligned terminal table, JSON and CSV.
+
+A result is a frozen dataclass whose fields are headline figures (numbers, strings, small lists) and
+polars DataFrames (its tables). Column and field names carry their unit, and the table renderer formats
+by suffix: `*_ns` as a duration, `*_bytes` as a size, `*_fraction`/`*_share` as a percentage.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import enum
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import polars as pl
+
+from stepscope.reports.units import human_bytes, human_fraction, human_ns
+
+MAX_CELL = 70
+
+
+def result_tables(result: Any) -> dict[str, pl.DataFrame]:
+    """The DataFrame fields of a result, in declaration order."""
+    return {f.name: getattr(result, f.name) for f in dataclasses.fields(result)
+            if isinstance(getattr(result, f.name), pl.DataFrame)}
+
+
+def result_headline(result: Any) -> dict[str, Any]:
+    """The non-table fields of a result, in declaration order."""
+    return {f.name: getattr(result, f.name) for f in dataclasses.fields(result)
+            if not isinstance(getattr(result, f.name), pl.DataFrame) and not f.name.startswith("_")}
+
+
+def to_jsonable(value: Any) -> Any:
+    """Plain JSON types for results: dataclasses, enums, frames (as lists of rows), NaN as null."""
+    if isinstance(value, pl.DataFrame):
+        return [to_jsonable(row) for row in value.to_dicts()]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not f.name.startswith("_")}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def render_json(result: Any) -> str:
+    """The whole result as one JSON document."""
+    return json.dumps(to_jsonable(result), indent=2, ensure_ascii=False) + "\n"
+
+
+def render_csv(result: Any, table: str | None = None) -> str:
+    """One table of the result (the first, or the one named) as CSV with raw (unformatted) values."""
+    tables = result_tables(result)
+    if not tables:
+        raise ValueError("this result has no table to write as CSV")
+    name = table if table is not None else next(iter(tables))
+    frame = tables[name]
+    flat = frame.with_columns(
+        [pl.col(c).cast(pl.String) for c, t in frame.schema.items() if isinstance(t, (pl.List, pl.Struct, pl.Array))]
+    )
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(flat.columns)
+    for row in flat.iter_rows():
+        writer.writerow(["" if v is None else v for v in row])
+    return buf.getvalue()
+
+
+def format_value(name: str, value: Any) -> str:
+    """Format one value by the unit its name carries."""
+    if value is None:
+        return "-"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and math.isnan(value):
+            return "-"
+        if name.endswith("_ns"):
+            return human_ns(value)
+        if name.endswith("_bytes"):
+            return human_bytes(value)
+        if name.endswith(("_fraction", "_share")):
+            return human_fraction(float(value))
+        if name.endswith("_mib"):
+            return f"{value:.2f}"
+        if isinstance(value, float):
+            return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(format_value(name, v) for v in value)
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def _display_name(name: str) -> str:
+    for suffix in ("_ns", "_bytes", "_fraction", "_share"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def render_frame(frame: pl.DataFrame, *, title: str | None = None, max_rows: int | None = 50,
+                 column_names: Mapping[str, str] | None = None) -> str:
+    """An aligned text table; numbers right-aligned and formatted by their column's unit suffix."""
+    lines: list[str] = []
+    if title:
+        lines.append(title)
+    if frame.height == 0:
+        lines.append("  (none)")
+        return "\n".join(lines)
+    shown = frame if max_rows is None else frame.head(max_rows)
+    names = [(column_names or {}).get(c, _display_name(c)) for c in shown.columns]
+    cells = [[format_value(c, v) for c, v in zip(shown.columns, row)] for row in shown.iter_rows()]
+    numeric = [t.is_numeric() for t in shown.dtypes]
+    widths = [max(len(n), *(len(r[i]) for r in cells)) for i, n in enumerate(names)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
+
+    lines.append(line(names))
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(line(r) for r in cells)
+    if max_rows is not None and frame.height > max_rows:
+        lines.append(f"  … {frame.height - max_rows} more rows (use --format csv or --json for all)")
+    return "\n".join(lines)
+
+
+def render_headline(headline: Mapping[str, Any]) -> str:
+    """`name: value` lines for headline figures, values formatted by unit."""
+    if not headline:
+        return ""
+    width = max(len(_display_name(k)) for k in headline)
+    out = []
+    for k, v in headline.items():
+        if isinstance(v, Mapping):
+            v = ", ".join(f"{kk}={format_value(k, vv)}" for kk, vv in v.items()) or "-"
+            out.append(f"{_display_name(k).replace('_', ' '):<{width}}  {v}")
+        else:
+            out.append(f"{_display_name(k).replace('_', ' '):<{width}}  {format_value(k, v)}")
+    return "\n".join(out)
+
+
+def render_table(result: Any, *, max_rows: int | None = 50) -> str:
+    """Headline figures, then each table of the result under its name."""
+    parts = []
+    head = render_headline(result_headline(result))
+    if head:
+        parts.append(head)
+    for name, frame in result_tables(result).items():
+        parts.append(render_frame(frame, title=f"\n{name.replace('_', ' ')}:", max_rows=max_rows))
+    return "\n".join(parts) + "\n"
+
+
+def render(result: Any, fmt: str, *, table: str | None = None, max_rows: int | None = 50) -> str:
+    """Dispatch on the output format."""
+    if fmt == "json":
+        return render_json(result)
+    if fmt == "csv":
+        return render_csv(result, table)
+    return render_table(result, max_rows=max_rows)

@@ -1,0 +1,42 @@
+"""Human units for durations, sizes and shares; shared by the text tables, figures and HTML."""
+
+from __future__ import annotations
+
+import math
+
+
+def human_ns(value: float | int | None) -> str:
+    """Nanoseconds as a short human duration: 850 ns, 12.4 µs, 3.21 ms, 1.50 s."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    v = float(value)
+    sign = "-" if v < 0 else ""
+    v = abs(v)
+    if v < 1_000:
+        return f"{sign}{v:.0f} ns"
+    if v < 1_000_000:
+        return f"{sign}{v / 1e3:.3g} µs" if v < 100_000 else f"{sign}{v / 1e3:.1f} µs"
+    if v < 1_000_000_000:
+        return f"{sign}{v / 1e6:.3g} ms" if v < 100_000_000 else f"{sign}{v / 1e6:.1f} ms"
+    return f"{sign}{v / 1e9:.3g} s"
+
+
+def human_bytes(value: float | int | None) -> str:
+    """Bytes in binary units: 512 B, 1.5 KiB, 3.25 MiB, 2.00 GiB."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    v = float(value)
+    sign = "-" if v < 0 else ""
+    v = abs(v)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.3g} {unit}"
+        v /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_fraction(value: float | None) -> str:
+    """A 0..1 share as a percentage with one decimal."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{100 * value:.1f}%"
