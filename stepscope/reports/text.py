@@ -20,7 +20,7 @@ import polars as pl
 
 from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
-MAX_CELL = 70
+MAX_CELL = 100
 
 
 def result_tables(result: Any) -> dict[str, pl.DataFrame]:
@@ -99,7 +99,7 @@ def format_value(name: str, value: Any) -> str:
             return f"{value:.2f}"
         if isinstance(value, float):
             return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
-        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+        return f"{value:,}"
     if isinstance(value, (list, tuple)):
         return ", ".join(format_value(name, v) for v in value)
     text = str(value).replace("\n", " ")

@@ -1,0 +1,135 @@
+"""Batch ingest: many traces -> one hive-partitioned Parquet dataset, in parallel processes.
+
+Layout (one partition per trace, with its rank; `__HIVE_DEFAULT_PARTITION__` when the rank is unknown):
+
+    DATASET/
+      trace=<stem>-<sha8>/rank=<r>/events.parquet
+      trace=<stem>-<sha8>/rank=<r>/flows.parquet
+      trace=<stem>-<sha8>/rank=<r>/meta.json
+
+    pl.scan_parquet("DATASET/**/events.parquet", hive_partitioning=True)
+    duckdb: SELECT … FROM read_parquet('DATASET/*/*/events.parquet', hive_partitioning = true)
+
+Ingest is a per-file map (`ingest_one`), so it runs unchanged under any executor.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested, trace_id_for
+from stepscope.errors import StepscopeError
+
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileOutcome:
+    """What happened to one input file."""
+
+    source: str
+    trace_id: str | None
+    out_dir: str | None
+    status: str  # "ingested" | "skipped" | "failed"
+    n_events: int | None
+    seconds: float | None
+    error: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchResult:
+    """The outcome of a batch ingest; `failed` says whether the exit code should be non-zero."""
+
+    dataset: str
+    outcomes: tuple[FileOutcome, ...]
+
+    @property
+    def failed(self) -> int:
+        """How many files could not be ingested."""
+        return sum(o.status == "failed" for o in self.outcomes)
+
+
+def _partition_dir(dataset: Path, trace_id: str, rank: int | None) -> Path:
+    return dataset / f"trace={trace_id}" / f"rank={rank if rank is not None else NULL_PARTITION}"
+
+
+def existing_partition(dataset: Path, trace_id: str) -> Path | None:
+    """The partition directory already holding this trace id, if any."""
+    parent = dataset / f"trace={trace_id}"
+    if not parent.is_dir():
+        return None
+    for child in sorted(parent.glob("rank=*")):
+        if is_ingested(child):
+            return child
+    return None
+
+
+def ingest_one(source: str, dataset: str, force: bool = False) -> FileOutcome:
+    """Ingest one file into its partition of the dataset. Never raises for a bad trace: reports it."""
+    src, root = Path(source), Path(dataset)
+    try:
+        sha = file_sha256(src)
+        trace_id = trace_id_for(src, sha)
+        done = existing_partition(root, trace_id)
+        if done is not None and not force and is_ingested(done, sha):
+            meta = json.loads((done / "meta.json").read_text(encoding="utf-8"))
+            return FileOutcome(source=source, trace_id=trace_id, out_dir=str(done), status="skipped",
+                               n_events=meta["counts"]["events"], seconds=0.0, error=None)
+        staging = root / f".staging-{trace_id}-{os.getpid()}"
+        result = ingest_trace(src, staging, force=True)
+        meta = json.loads((staging / "meta.json").read_text(encoding="utf-8"))
+        target = _partition_dir(root, trace_id, meta.get("rank"))
+        if target.exists():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, target)
+        return FileOutcome(source=source, trace_id=trace_id, out_dir=str(target), status="ingested",
+                           n_events=result.n_events, seconds=result.seconds, error=None)
+    except StepscopeError as exc:
+        return FileOutcome(source=source, trace_id=None, out_dir=None, status="failed", n_events=None,
+                           seconds=None, error=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one bad file must not stop a batch; say what it was
+        return FileOutcome(source=source, trace_id=None, out_dir=None, status="failed", n_events=None,
+                           seconds=None, error=f"{source}: unexpected {type(exc).__name__}: {exc}")
+
+
+def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None, force: bool = False,
+                on_done: Callable[[FileOutcome], None] | None = None) -> BatchResult:
+    """Ingest files/directories/globs into `dataset`, `jobs` processes at a time (default: CPU count)."""
+    files = find_trace_files(paths)
+    dataset.mkdir(parents=True, exist_ok=True)
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    outcomes: list[FileOutcome] = []
+    for outcome in _run(files, dataset, jobs, force):
+        outcomes.append(outcome)
+        if on_done is not None:
+            on_done(outcome)
+    for stale in dataset.glob(".staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    order = {str(f): i for i, f in enumerate(files)}
+    outcomes.sort(key=lambda o: order.get(o.source, 0))
+    return BatchResult(dataset=str(dataset), outcomes=tuple(outcomes))
+
+
+def _run(files: list[Path], dataset: Path, jobs: int, force: bool) -> Iterator[FileOutcome]:
+    if jobs == 1 or len(files) <= 1:
+        for f in files:
+            yield ingest_one(str(f), str(dataset), force)
+        return
+    # spawn, not fork: polars and pyarrow keep thread pools that must not be forked
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
+        # largest files first keeps the workers evenly loaded
+        ordered = sorted(files, key=lambda f: f.stat().st_size, reverse=True)
+        pending: set[Future[FileOutcome]] = {pool.submit(ingest_one, str(f), str(dataset), force) for f in ordered}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield fut.result()

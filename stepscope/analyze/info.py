@@ -1,0 +1,191 @@
+"""`stepscope info`: what a trace holds and what is odd about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from stepscope.analyze.schema import Kind
+from stepscope.analyze.trace import Trace
+
+# Kineto writes ProfilerStep spans; a GPU event ending this long after the last one was cut by the window.
+_DAY_NS = 86_400 * 10**9
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceInfo:
+    """Headline facts about one trace, plus tables of event counts, devices and warnings."""
+
+    trace_id: str
+    source: str
+    source_size_bytes: int
+    sha256: str
+    rank: int | None
+    world_size: int | None
+    rank_source: str | None
+    trace_schema_version: int | None
+    versions: dict[str, str]
+    span_ns: int | None
+    gpu_span_ns: int | None
+    steps_found: int
+    step_numbers: str
+    events: int
+    flows: int
+    profiler_options: dict[str, bool]
+    counts_by_kind: pl.DataFrame
+    devices: pl.DataFrame
+    warnings: pl.DataFrame
+
+
+def _step_range(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else str(steps[0])
+    return ", ".join(str(s) for s in steps[:12]) + (" …" if len(steps) > 12 else "")
+
+
+def profiler_options(trace: Trace) -> dict[str, bool]:
+    """Which profiler options were on, from the trace's own keys where written, else from its events.
+
+    record_shapes: ops carry Input Dims; profile_memory: [memory] events; with_stack: python_function
+    events or Call stack args; with_modules: nn.Module frames or Module Hierarchy args; with_flops: flops.
+    """
+    ev = trace.events
+    found = ev.select(
+        shapes=pl.col("input_dims").is_not_null().any(),
+        memory=(pl.col("kind") == Kind.MEMORY.value).any(),
+        stacks=((pl.col("kind") == Kind.PYTHON_FUNCTION.value) | pl.col("call_stack").fill_null("").ne("")).any(),
+        modules=(pl.col("name").str.starts_with("nn.Module:") | pl.col("module_hierarchy").fill_null("").ne("")).any(),
+        flops=pl.col("flops").is_not_null().any(),
+    ).collect().row(0, named=True)
+    declared = trace.meta.get("profiler_options") or {}
+
+    def flag(key: str, seen: bool) -> bool:
+        value = declared.get(key)
+        return bool(value) if isinstance(value, (bool, int)) else bool(seen)
+
+    return {
+        "record_shapes": flag("record_shapes", found["shapes"]),
+        "profile_memory": flag("profile_memory", found["memory"]),
+        "with_stack": flag("with_stack", found["stacks"]),
+        "with_modules": flag("with_modules", found["modules"]),
+        "with_flops": flag("with_flops", found["flops"]),
+    }
+
+
+def trace_warnings(trace: Trace) -> pl.DataFrame:
+    """Oddities a reader should know before trusting the numbers: one row per finding (code, count, detail)."""
+    rows: list[dict[str, object]] = []
+
+    def add(code: str, count: int, detail: str) -> None:
+        if count:
+            rows.append({"code": code, "count": count, "detail": detail})
+
+    gpu = trace.gpu.select("device", "stream", "ts_ns", "dur_ns", "kind")
+    overlaps = (
+        gpu.filter(pl.col("kind") == Kind.KERNEL.value)
+        .sort("device", "stream", "ts_ns")
+        .with_columns(prev_end=(pl.col("ts_ns") + pl.col("dur_ns")).shift().over("device", "stream"))
+        .filter(pl.col("ts_ns") < pl.col("prev_end"))
+        .select(pl.len())
+        .collect()
+        .item()
+    )
+    add("overlapping_kernels", int(overlaps),
+        "kernels that start before the previous kernel on the same stream ended (clock skew or a "
+        "profiler artefact; busy time uses the union, so nothing is double counted)")
+
+    bad = trace.events.select(
+        negative=(pl.col("dur_ns") < 0).sum(),
+        missing_ts=pl.col("ts_ns").is_null().sum(),
+        missing_dur=((pl.col("ph") == "X") & pl.col("dur_ns").is_null()).sum(),
+        span=pl.col("ts_ns").max() - pl.col("ts_ns").min(),
+    ).collect().row(0, named=True)
+    add("negative_durations", int(bad["negative"] or 0), "events with a negative duration")
+    add("missing_timestamps", int(bad["missing_ts"] or 0), "events without a usable ts (excluded from timing)")
+    add("missing_durations", int(bad["missing_dur"] or 0), "complete (X) events without a usable dur")
+    if bad["span"] is not None and bad["span"] > _DAY_NS:
+        add("clock_span", 1, "events span more than a day: mixed clocks or a corrupt timestamp")
+
+    launched_before = (
+        trace.launches().filter(pl.col("launch_ts_ns").is_not_null() & (pl.col("ts_ns") < pl.col("launch_ts_ns")))
+        .select(pl.len()).collect().item()
+    )
+    add("gpu_before_launch", int(launched_before),
+        "GPU events that start before the runtime call that launched them (CPU and GPU clocks disagree)")
+
+    flows = trace.flows.group_by("cat", "flow_id").agg(
+        starts=(pl.col("ph") == "s").sum(), finishes=(pl.col("ph") == "f").sum()
+    )
+    dangling = flows.select(
+        starts_only=((pl.col("starts") > 0) & (pl.col("finishes") == 0)).sum(),
+        finishes_only=((pl.col("finishes") > 0) & (pl.col("starts") == 0)).sum(),
+    ).collect().row(0, named=True)
+    add("dangling_flow_starts", int(dangling["starts_only"] or 0),
+        "flow starts with no finish (usually launches whose GPU work fell outside the window)")
+    add("dangling_flow_finishes", int(dangling["finishes_only"] or 0),
+        "flow finishes with no start")
+
+    steps = trace.steps.collect()
+    if steps.height:
+        last_end = int(steps["end_ns"].max())  # type: ignore[arg-type]
+        first_start = int(steps["ts_ns"].min())  # type: ignore[arg-type]
+        late = gpu.filter(pl.col("ts_ns") + pl.col("dur_ns") > last_end).select(pl.len()).collect().item()
+        add("gpu_after_last_step", int(late),
+            "GPU events ending after the last ProfilerStep ended (work spilling past the window; it is "
+            "attributed to the step that launched it)")
+        early = gpu.filter(pl.col("ts_ns") < first_start).select(pl.len()).collect().item()
+        add("gpu_before_first_step", int(early), "GPU events before the first ProfilerStep (outside the window)")
+        numbers = steps["step"].sort().to_list()
+        gaps = [b for a, b in zip(numbers, numbers[1:]) if b != a + 1]
+        add("missing_steps", len(gaps), "ProfilerStep numbers are not consecutive")
+    unknown = trace.meta.get("unknown_categories") or {}
+    add("unknown_categories", sum(unknown.values()),
+        "events of categories stepscope does not know, kept as kind 'other': " + ", ".join(sorted(unknown)))
+    return pl.DataFrame(rows, schema={"code": pl.String, "count": pl.Int64, "detail": pl.String})
+
+
+def trace_info(trace: Trace) -> TraceInfo:
+    """Devices, ranks, versions, time span, steps, counts by kind, profiler options, warnings."""
+    meta = trace.meta
+    counts = (
+        trace.events.group_by("kind").agg(events=pl.len(), total_dur_ns=pl.col("dur_ns").sum())
+        .sort("events", descending=True).collect()
+    )
+    gpu_span = trace.gpu.select(lo=pl.col("ts_ns").min(), hi=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect()
+    lo, hi = gpu_span.row(0)
+    used = trace.gpu.group_by("device").agg(gpu_events=pl.len()).collect()
+    props = pl.DataFrame(
+        [{k: d.get(k) for k in ("id", "name", "total_memory_bytes", "num_sms", "compute_capability")}
+         for d in meta.get("devices") or []],
+        schema={"id": pl.Int64, "name": pl.String, "total_memory_bytes": pl.Int64, "num_sms": pl.Int64,
+                "compute_capability": pl.String},
+    ).rename({"id": "device"})
+    devices = used.join(props, on="device", how="left").sort("device") if used.height else props.with_columns(
+        gpu_events=pl.lit(0, pl.UInt32)).filter(pl.lit(False))
+    steps = trace.steps.select("step").collect()["step"].sort().to_list()
+    source = meta.get("source", {})
+    versions = {k: str(v) for k, v in (meta.get("versions") or {}).items()}
+    return TraceInfo(
+        trace_id=trace.trace_id,
+        source=str(source.get("path", "")),
+        source_size_bytes=int(source.get("size_bytes", 0)),
+        sha256=str(source.get("sha256", "")),
+        rank=meta.get("rank"),
+        world_size=meta.get("world_size"),
+        rank_source=meta.get("rank_source"),
+        trace_schema_version=meta.get("trace_schema_version"),
+        versions=versions,
+        span_ns=(meta.get("time") or {}).get("span_ns"),
+        gpu_span_ns=(hi - lo) if lo is not None and hi is not None else None,
+        steps_found=len(steps),
+        step_numbers=_step_range(steps),
+        events=int(meta["counts"]["events"]),
+        flows=int(meta["counts"]["flows"]),
+        profiler_options=profiler_options(trace),
+        counts_by_kind=counts,
+        devices=devices,
+        warnings=trace_warnings(trace),
+    )

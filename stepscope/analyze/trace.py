@@ -1,0 +1,233 @@
+"""The Trace API: one ingested trace as metadata plus lazy frames by kind, and the launch links.
+
+`load(path)` accepts a raw trace (.json / .json.gz, ingested on the fly into a cache keyed by the file's
+sha256) or a directory written by `stepscope ingest` (one trace). Analyses take a `Trace` (or its frames)
+and never see JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested
+from stepscope.analyze.schema import CPU_KINDS, GPU_KINDS, Kind
+from stepscope.errors import InputError, UsageError
+
+STEP_NAME_PATTERN = r"^ProfilerStep#(\d+)$"
+
+
+def default_cache_dir() -> Path:
+    """Where raw traces are ingested on the fly: $XDG_CACHE_HOME/stepscope or ~/.cache/stepscope.
+
+    The cache only saves time; its location never changes a result.
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "stepscope"
+
+
+@dataclass(frozen=True)
+class Trace:
+    """An ingested trace: `meta` (meta.json as a dict) and lazy frames over events.parquet / flows.parquet."""
+
+    directory: Path
+    meta: dict[str, Any] = field(repr=False)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def trace_id(self) -> str:
+        """Readable stable id: file stem + 8 hex digits of the file's sha256."""
+        return str(self.meta.get("trace_id", self.directory.name))
+
+    @property
+    def source_name(self) -> str:
+        """The original trace file's name."""
+        return str(self.meta.get("source", {}).get("name", self.directory.name))
+
+    @property
+    def rank(self) -> int | None:
+        """Rank from distributedInfo (or the file name), None when unknown."""
+        rank = self.meta.get("rank")
+        return rank if isinstance(rank, int) else None
+
+    # ------------------------------------------------------------------ frames
+    @property
+    def events(self) -> pl.LazyFrame:
+        """Every X / instant event, one row each (see the README's schema)."""
+        return pl.scan_parquet(self.directory / "events.parquet")
+
+    @property
+    def flows(self) -> pl.LazyFrame:
+        """Flow points (s/t/f): launch -> GPU (ac2g / async) and forward -> backward (fwdbwd)."""
+        return pl.scan_parquet(self.directory / "flows.parquet")
+
+    def of_kind(self, *kinds: Kind) -> pl.LazyFrame:
+        """Events of the given kinds."""
+        return self.events.filter(pl.col("kind").is_in([k.value for k in kinds]))
+
+    @property
+    def kernels(self) -> pl.LazyFrame:
+        """GPU kernels."""
+        return self.of_kind(Kind.KERNEL)
+
+    @property
+    def gpu(self) -> pl.LazyFrame:
+        """All GPU timeline work: kernels, memcpy, memset."""
+        return self.of_kind(*GPU_KINDS)
+
+    @property
+    def memcpy(self) -> pl.LazyFrame:
+        """GPU memcpy events."""
+        return self.of_kind(Kind.MEMCPY)
+
+    @property
+    def memset(self) -> pl.LazyFrame:
+        """GPU memset events."""
+        return self.of_kind(Kind.MEMSET)
+
+    @property
+    def cpu_ops(self) -> pl.LazyFrame:
+        """CPU operators (aten ops, autograd nodes, …)."""
+        return self.of_kind(Kind.CPU_OP)
+
+    @property
+    def cpu(self) -> pl.LazyFrame:
+        """Everything that occupies a CPU thread: ops, Python frames and user annotations."""
+        return self.of_kind(*CPU_KINDS)
+
+    @property
+    def python(self) -> pl.LazyFrame:
+        """Python frames (with_stack)."""
+        return self.of_kind(Kind.PYTHON_FUNCTION)
+
+    @property
+    def runtime(self) -> pl.LazyFrame:
+        """CUDA/HIP runtime and driver API calls."""
+        return self.of_kind(Kind.RUNTIME, Kind.DRIVER)
+
+    @property
+    def memory(self) -> pl.LazyFrame:
+        """[memory] allocation/free instants."""
+        return self.of_kind(Kind.MEMORY)
+
+    @property
+    def annotations(self) -> pl.LazyFrame:
+        """CPU-side user annotations (record_function, ProfilerStep#N in newer traces, DataLoader, …)."""
+        return self.of_kind(Kind.USER_ANNOTATION)
+
+    @property
+    def gpu_annotations(self) -> pl.LazyFrame:
+        """GPU-side user annotations (gpu_user_annotation)."""
+        return self.of_kind(Kind.GPU_USER_ANNOTATION)
+
+    @property
+    def syncs(self) -> pl.LazyFrame:
+        """cuda_sync events (stream/event/device synchronization seen by CUPTI)."""
+        return self.of_kind(Kind.SYNC)
+
+    @property
+    def steps(self) -> pl.LazyFrame:
+        """`ProfilerStep#N` spans: step (int), ts_ns, dur_ns, end_ns, pid, tid, event_id; sorted by start.
+
+        Older traces mark them as cpu ops, newer ones as user annotations; either counts. When the same
+        step appears on several threads the longest span wins.
+        """
+        return (
+            self.events.filter(pl.col("name").str.contains(STEP_NAME_PATTERN) & pl.col("dur_ns").is_not_null())
+            .select(
+                step=pl.col("name").str.extract(STEP_NAME_PATTERN).cast(pl.Int64),
+                ts_ns="ts_ns",
+                dur_ns="dur_ns",
+                end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
+                pid="pid",
+                tid="tid",
+                event_id="event_id",
+            )
+            .sort("dur_ns", descending=True)
+            .unique(subset="step", keep="first")
+            .sort("ts_ns")
+        )
+
+    def launches(self) -> pl.LazyFrame:
+        """GPU work joined to the runtime call that launched it and the CPU op that issued that call.
+
+        One row per kernel/memcpy/memset: gpu_event_id, kind, name, device, stream, ts_ns, dur_ns,
+        correlation, runtime_event_id, runtime_name, launch_ts_ns, launch_dur_ns, launch_pid, launch_tid,
+        external_id, op_event_id, op_name. Links use the correlation id (runtime <-> GPU); where a GPU
+        event has no correlation, the ac2g/async flow with the same id is used. The op is the CPU op whose
+        External id the runtime call (or the GPU event) carries.
+
+            kernel(correlation=7)  <- cudaLaunchKernel(correlation=7, External id=3) <- aten::mm(External id=3)
+        """
+        gpu = self.gpu.select(
+            gpu_event_id="event_id", kind="kind", name="name", device="device", stream="stream",
+            ts_ns="ts_ns", dur_ns="dur_ns", correlation="correlation", gpu_external_id="external_id",
+        )
+        runtime = (
+            self.runtime.filter(pl.col("correlation").is_not_null())
+            .sort(pl.col("kind") != Kind.RUNTIME.value, "ts_ns")  # prefer the runtime call over a driver call
+            .unique(subset="correlation", keep="first")
+            .select(
+                correlation="correlation", runtime_event_id="event_id", runtime_name="name",
+                launch_ts_ns="ts_ns", launch_dur_ns="dur_ns", launch_pid="pid", launch_tid="tid",
+                runtime_external_id="external_id",
+            )
+        )
+        ops = (
+            self.cpu_ops.filter(pl.col("external_id").is_not_null())
+            .sort("dur_ns")  # innermost (shortest) op wins if an id repeats
+            .unique(subset="external_id", keep="first")
+            .select(external_id="external_id", op_event_id="event_id", op_name="name")
+        )
+        linked = gpu.join(runtime, on="correlation", how="left").with_columns(
+            external_id=pl.coalesce("runtime_external_id", "gpu_external_id")
+        )
+        return linked.join(ops, on="external_id", how="left").drop("runtime_external_id", "gpu_external_id")
+
+    @cached_property
+    def thread_names(self) -> dict[tuple[str, str], str]:
+        """(pid, tid) -> thread name from the trace's metadata events."""
+        out: dict[tuple[str, str], str] = {}
+        for key, value in (self.meta.get("threads") or {}).items():
+            pid, _, tid = key.partition("/")
+            if isinstance(value, dict) and value.get("name"):
+                out[(pid, tid)] = str(value["name"])
+        return out
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    return meta
+
+
+def load(path: str | Path, *, cache_dir: Path | None = None) -> Trace:
+    """Open one trace for analysis: an ingested directory, or a raw trace file (ingested into the cache).
+
+    A directory that holds exactly one raw trace file (e.g. a capture run with one rank) is accepted too.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError("no such file or directory", path=path)
+    if path.is_dir():
+        if is_ingested(path):
+            return Trace(directory=path, meta=_read_meta(path))
+        ingested = sorted(p.parent for p in path.rglob("meta.json") if is_ingested(p.parent))
+        if len(ingested) == 1:
+            return Trace(directory=ingested[0], meta=_read_meta(ingested[0]))
+        raw = find_trace_files([path])
+        if len(raw) == 1 and not ingested:
+            return load(raw[0], cache_dir=cache_dir)
+        if len(raw) + len(ingested) == 0:
+            raise InputError("holds no trace (.json / .json.gz) and no ingested trace", path=path)
+        raise UsageError(f"holds {max(len(raw), len(ingested))} traces; pass one file, or use "
+                         "`stepscope ingest` and `stepscope report` for many", path=path)
+    sha = file_sha256(path)
+    target = (cache_dir or default_cache_dir()) / sha[:2] / sha
+    ingest_trace(path, target)
+    return Trace(directory=target, meta=_read_meta(target))

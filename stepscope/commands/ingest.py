@@ -1,0 +1,51 @@
+"""`stepscope ingest PATH... -o DATASET`: traces -> one hive-partitioned Parquet dataset."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from stepscope.analyze.dataset import FileOutcome, ingest_many
+from stepscope.commands._options import emit
+from stepscope.reports.text import render_json
+
+
+@click.command("ingest")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "dataset", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Dataset directory (created if missing; re-ingesting an unchanged file is skipped).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help=f"Parallel processes (default: number of cores, {os.cpu_count()}).")
+@click.option("--force", is_flag=True, help="Re-ingest files even when unchanged.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome of every file as JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: bool, as_json: bool,
+            quiet: bool) -> None:
+    """Parse traces (files, directories, globs) into DATASET, one partition per trace and rank.
+
+    Query it directly: pl.scan_parquet("DATASET/**/events.parquet", hive_partitioning=True).
+    A bad file is reported with its reason and the rest go on; the exit code is 1 if any failed.
+    """
+    from stepscope.analyze.ingest import find_trace_files
+
+    total = len(find_trace_files(list(paths)))
+    show = not quiet and not as_json
+    with click.progressbar(length=total, label="ingesting", file=click.get_text_stream("stderr"),
+                           hidden=not show, show_pos=True) as bar:
+        def done(outcome: FileOutcome) -> None:
+            bar.update(1)
+            if outcome.status == "failed":
+                click.echo(f"\nstepscope: error: {outcome.error}", err=True)
+
+        result = ingest_many(list(paths), dataset, jobs=jobs, force=force, on_done=done)
+    if as_json:
+        emit(render_json(result), None)
+    else:
+        counts = {s: sum(o.status == s for o in result.outcomes) for s in ("ingested", "skipped", "failed")}
+        events = sum(o.n_events or 0 for o in result.outcomes)
+        click.echo(f"{dataset}: {counts['ingested']} ingested, {counts['skipped']} unchanged (skipped), "
+                   f"{counts['failed']} failed; {events:,} events")
+    if result.failed:
+        raise SystemExit(1)
