@@ -307,10 +307,9 @@ def _times_ns(values: list[Any]) -> pl.Series | None:
         return series.cast(pl.Int64) * 1000
     if not series.dtype.is_float():
         return None
+    if (series.abs() >= _EXACT_FLOAT_LIMIT_US).any():
+        return None  # a float this large may have lost its last digits (…689.047 reads back as …689.0)
     whole = series.floor()
-    fractional = series != whole
-    if (fractional & (series.abs() >= _EXACT_FLOAT_LIMIT_US)).any():
-        return None
     return pl.select(
         whole.cast(pl.Int64, strict=False) * 1000 + ((series - whole) * 1000).round().cast(pl.Int64)
     ).to_series()

@@ -1,0 +1,240 @@
+"""Ingest: every format generation maps to one schema, times are exact, nothing is dropped."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from builders import (
+    annotation, cpu_op, flow, kernel, load_events, memcpy, memory, runtime, step, thread_name, trace, write_trace,
+)
+
+from stepscope.analyze import load
+from stepscope.analyze.ingest import ingest_trace, parse_time_ns
+from stepscope.analyze.schema import EVENT_SCHEMA, Kind
+
+CORPUS_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "traces"
+
+
+def _events(t) -> pl.DataFrame:  # type: ignore[no-untyped-def]
+    return t.events.sort("event_id").collect()
+
+
+def test_todays_format_maps_kinds_args_and_links(tmp_path: Path) -> None:
+    # GIVEN a small trace in today's format
+    doc = trace(
+        thread_name("python main thread"),
+        step(1, ts=0, dur=100),
+        cpu_op("aten::mm", ts=5, dur=20, external_id=3, **{"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}),
+        runtime("cudaLaunchKernel", ts=10, dur=5, correlation=7, external_id=3),
+        kernel("sgemm_128x64", ts=30, dur=10, correlation=7, external_id=3, grid=[4, 1, 1], block=[128, 1, 1]),
+        memcpy("HtoD", ts=41, dur=4, nbytes=4096, correlation=8),
+        memory(12, 4096, total_allocated=4096, total_reserved=2**21),
+        flow(7, "s", 10, pid=1000, tid=1),
+        flow(7, "f", 30, pid=0, tid=7),
+    )
+    # WHEN it is ingested
+    t = load_events(tmp_path, doc)
+    ev = _events(t)
+    # THEN every timed event is a row with the normalized kind, and flows/metadata are kept apart
+    assert ev["kind"].to_list() == ["user_annotation", "cpu_op", "runtime", "kernel", "memcpy", "memory"]
+    assert t.flows.collect().height == 2
+    assert t.meta["counts"] == {"events": 6, "flows": 2, "metadata_events": 1,
+                               "by_kind": {"cpu_op": 1, "kernel": 1, "memcpy": 1, "memory": 1, "runtime": 1,
+                                           "user_annotation": 1}}
+    k = ev.filter(pl.col("kind") == "kernel").row(0, named=True)
+    assert (k["ts_ns"], k["dur_ns"], k["device"], k["stream"], k["correlation"]) == (30_000, 10_000, 0, 7, 7)
+    assert k["grid"] == "[4, 1, 1]" and k["block"] == "[128, 1, 1]"  # JSON text as written
+    op = ev.filter(pl.col("kind") == "cpu_op").row(0, named=True)
+    assert json.loads(op["input_dims"]) == [[2, 3], [3, 4]]
+    m = ev.filter(pl.col("kind") == "memory").row(0, named=True)
+    assert (m["alloc_bytes"], m["total_allocated_bytes"], m["total_reserved_bytes"], m["device"]) == (
+        4096, 4096, 2**21, 0)
+    assert t.thread_names[("1000", "1")] == "python main thread"
+    # AND the launch chain kernel <- runtime <- op is resolved
+    links = t.launches().filter(pl.col("kind") == "kernel").collect().row(0, named=True)
+    assert (links["runtime_name"], links["op_name"], links["launch_ts_ns"]) == ("cudaLaunchKernel", "aten::mm", 10_000)
+
+
+def test_2021_format_categories_lowercase_external_id_and_bytes_only_memory(tmp_path: Path) -> None:
+    doc = {"schemaVersion": 1, "traceEvents": [
+        {"ph": "X", "cat": "Operator", "name": "ProfilerStep#5", "pid": 1, "tid": 1, "ts": 100, "dur": 50,
+         "args": {"External id": 1}},
+        {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 110, "dur": 5,
+         "args": {"correlation": 9, "external id": 1}},
+        {"ph": "X", "cat": "Kernel", "name": "volta_sgemm", "pid": 0, "tid": "stream 7", "ts": 120, "dur": 9,
+         "args": {"correlation": 9, "external id": 1, "device": 0, "stream": 7}},
+        {"ph": "X", "cat": "Memset", "name": "Memset (Device)", "pid": 0, "tid": "stream 7", "ts": 130, "dur": 1,
+         "args": {"device": 0, "stream": 7, "bytes": 64}},
+        {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 111,
+         "args": {"Device Type": 1, "Device Id": 0, "Bytes": 512}},
+        {"ph": "s", "id": 9, "pid": 1, "tid": 1, "ts": 110, "cat": "async", "name": "launch"},
+    ]}
+    t = load_events(tmp_path, doc)
+    ev = _events(t)
+    assert ev["kind"].to_list() == ["cpu_op", "runtime", "kernel", "memset", "memory"]
+    assert ev["external_id"].to_list()[:3] == [1, 1, 1]  # 'External id' and 'external id' both land here
+    mem = ev.filter(pl.col("kind") == "memory").row(0, named=True)
+    assert mem["alloc_bytes"] == 512 and mem["total_allocated_bytes"] is None
+    assert t.steps.collect()["step"].to_list() == [5]
+    # a string tid on a GPU event: stream falls back to args.stream
+    assert ev.filter(pl.col("kind") == "kernel")["stream"].to_list() == [7]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1623142623460111", 1623142623460111000), ("1712195495519689.047", 1712195495519689047),
+     ("12.3456", 12346), ("0.5", 500), ("-3.5", -3500), ("1e3", 1_000_000), ("null", None), ('"17"', 17000)],
+)
+def test_time_rule_is_exact_decimal_shift(text: str, expected: int | None) -> None:
+    assert parse_time_ns(pl.Series([text])).to_list() == [expected]
+
+
+def test_epoch_scale_fractional_timestamps_keep_nanoseconds(tmp_path: Path) -> None:
+    # float64 cannot hold 1712195495519689.047 to the ns; the ingest must read the text
+    doc = '{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, ' \
+          '"ts": 1712195495519689.047, "dur": 63.813}, {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, ' \
+          '"tid": 1, "ts": 4458676522690.655, "dur": 1}], "displayTimeUnit": "ns", "baseTimeNanoseconds": 17}'
+    path = tmp_path / "t.json"
+    path.write_text(doc)
+    t = load(path, cache_dir=tmp_path / "c")
+    ev = _events(t)
+    assert ev["ts_ns"].to_list() == [1712195495519689047, 4458676522690655]
+    assert ev["dur_ns"].to_list() == [63813, 1000]
+    assert t.meta["display_time_unit"] == "ns" and t.meta["base_time_ns"] == 17
+
+
+def test_odd_values_are_coerced_or_null_never_fatal(tmp_path: Path) -> None:
+    doc = trace(
+        {"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": "Spans", "tid": "", "ts": 1, "dur": 1,
+         "args": {"stream": "0x0", "bytes": "1", "correlation": 5}},
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 0, "tid": 1, "ts": 2, "dur": 1,
+         "args": {"Comms Id": 10159970886766084423, "External id": 10159970886766084423,
+                  "Process Group Ranks": "[0, 1]"}},
+        {"ph": "X", "cat": "some_new_category", "name": "x", "pid": 0, "tid": 1, "ts": 3, "dur": 1, "args": [1]},
+        {"ph": "C", "name": "counter", "pid": 0, "tid": 1, "ts": 4, "args": {"v": 1}},
+    )
+    t = load_events(tmp_path, doc)
+    ev = _events(t)
+    assert ev["kind"].to_list() == ["runtime", "cpu_op", "other", "other"]
+    rt = ev.row(0, named=True)
+    assert (rt["pid"], rt["tid"], rt["stream"], rt["bytes"]) == ("Spans", "", 0, 1)
+    op = ev.row(1, named=True)
+    assert op["external_id"] is None  # above 2**63: unknown, not wrapped around
+    assert json.loads(op["args"])["Comms Id"] == 10159970886766084423  # the raw args keep it exactly
+    assert op["process_group_ranks"] == "[0, 1]"
+    assert t.meta["unknown_categories"] == {"some_new_category": 1}
+
+
+def test_bare_event_array_and_no_metadata(tmp_path: Path) -> None:
+    path = write_trace(tmp_path, [kernel("k", ts=1, dur=2)], "bare.json")
+    assert _events(load(path, cache_dir=tmp_path / "c"))["kind"].to_list() == ["kernel"]
+
+
+def test_chunked_decode_equals_single_chunk_even_when_a_cut_lands_in_a_string(tmp_path: Path) -> None:
+    events = []
+    for i in range(300):
+        events.append(cpu_op("aten::add }, { tricky", ts=i * 10, dur=5, external_id=i))
+        events.append(kernel(f"k{i}", ts=i * 10 + 1, dur=3, correlation=i))
+    path = write_trace(tmp_path, trace(*events), "big.json")
+    one = ingest_trace(path, tmp_path / "one")
+    many = ingest_trace(path, tmp_path / "many", chunk_bytes=500)
+    a = pl.read_parquet(one.out_dir / "events.parquet").sort("event_id")
+    b = pl.read_parquet(many.out_dir / "events.parquet").sort("event_id")
+    assert a.height == 600
+    assert a.equals(b)
+
+
+def test_reingest_of_unchanged_file_is_skipped_and_output_is_atomic(tmp_path: Path) -> None:
+    path = write_trace(tmp_path, trace(kernel("k", ts=1, dur=2)), "t.json", gz=True)
+    first = ingest_trace(path, tmp_path / "out")
+    again = ingest_trace(path, tmp_path / "out")
+    assert (first.skipped, again.skipped) == (False, True)
+    forced = ingest_trace(path, tmp_path / "out", force=True)
+    assert not forced.skipped
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["events.parquet", "flows.parquet", "meta.json"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary leftovers
+
+
+def test_event_schema_is_the_documented_one(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(kernel("k", ts=1, dur=2)))
+    assert list(t.events.collect_schema().names()) == EVENT_SCHEMA.names
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in EVENT_SCHEMA.names:
+        assert f"`{name}`" in readme, f"column {name} is not documented in the README"
+
+
+def test_steps_take_the_longest_span_per_step_number(tmp_path: Path) -> None:
+    doc = trace(step(3, ts=0, dur=10), step(3, ts=0, dur=12, tid=2), step(4, ts=12, dur=5),
+                annotation("ProfilerStep#x", ts=0, dur=1))
+    steps = load_events(tmp_path, doc).steps.collect()
+    assert steps.select("step", "dur_ns").rows() == [(3, 12_000), (4, 5_000)]
+
+
+# ------------------------------------------------------------------------------------------- real corpus
+
+
+def _json_counts(path: Path) -> dict[str, int]:
+    raw = gzip.decompress(path.read_bytes()) if path.read_bytes()[:2] == b"\x1f\x8b" else path.read_bytes()
+    doc = json.loads(raw)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    flows = sum(1 for e in events if e.get("ph") in ("s", "t", "f"))
+    meta = sum(1 for e in events if e.get("ph") == "M")
+    return {"events": len(events) - flows - meta, "flows": flows, "metadata_events": meta}
+
+
+def _corpus_traces() -> list[Path]:
+    if not CORPUS_TRACES.is_dir():
+        return []
+    return sorted(p for p in CORPUS_TRACES.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz"))
+                  and "memory_timeline" not in p.name)
+
+
+@pytest.mark.parametrize("path", _corpus_traces(), ids=lambda p: str(p.relative_to(CORPUS_TRACES)))
+def test_every_corpus_trace_ingests_with_every_event(path: Path, tmp_path: Path) -> None:
+    t = load(path, cache_dir=tmp_path)
+    expected = _json_counts(path)
+    got = t.meta["counts"]
+    assert {k: got[k] for k in expected} == expected
+    assert t.events.select(pl.len()).collect().item() == expected["events"]
+    assert t.events.filter(pl.col("ts_ns").is_null()).select(pl.len()).collect().item() == 0
+
+
+def test_corpus_spot_checks(corpus: Path, tmp_path: Path) -> None:
+    t = load(corpus / "traces/kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz", cache_dir=tmp_path)
+    counts = t.meta["counts"]["by_kind"]
+    assert counts["kernel"] == 8772 and counts["memcpy"] == 12
+    assert t.meta["devices"][0]["name"] == "Tesla V100-DGXS-32GB"
+    first = t.events.filter(pl.col("kind") == "memcpy").sort("ts_ns").collect().row(0, named=True)
+    assert first["name"].startswith("Memcpy HtoD") and first["bytes"] == 19267584
+    nccl = load(corpus / "traces/hta/nccl_parser_config/nccl_data.json.gz", cache_dir=tmp_path)
+    assert nccl.meta["rank"] == 0 and nccl.meta["world_size"] == 2 and nccl.meta["rank_source"] == "distributedInfo"
+    longest = nccl.kernels.filter(pl.col("name").str.starts_with("ncclKernel")).sort("dur_ns").collect().row(-1, named=True)
+    assert longest["collective_name"] == "allreduce" and longest["process_group_ranks"] == "[0, 1]"
+    amd = load(corpus / "traces/tracelens/mi210/gpu_only_trace/gpu_only_trace.json.gz", cache_dir=tmp_path)
+    assert amd.kernels.select(pl.len()).collect().item() == 562
+    assert amd.runtime.filter(pl.col("name").str.starts_with("hip")).select(pl.len()).collect().item() > 0
+    cpu_only = load(corpus / "traces/hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", cache_dir=tmp_path)
+    assert cpu_only.gpu.select(pl.len()).collect().item() == 0 and cpu_only.meta["rank"] == 34
+    ns = load(corpus / "traces/hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", cache_dir=tmp_path)
+    assert ns.events.sort("event_id").select("ts_ns").collect().item(0, 0) == 1712195495519689047
+    big = load(corpus / "traces/hta/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz", cache_dir=tmp_path)
+    assert big.meta["rank"] == 70 and big.events.select(pl.len()).collect().item() == 2
+    graph = load(corpus / "traces/kineto/docs/after_fix_trace.json", cache_dir=tmp_path)
+    assert graph.kernels.collect()["correlation"].null_count() == 0
+
+
+def test_memory_events_are_all_kept(corpus: Path, tmp_path: Path) -> None:
+    t = load(corpus / "traces/hta/df_index_resolver/df_index_resolver.json.gz", cache_dir=tmp_path)
+    mem = t.memory.collect()
+    assert mem.height == 28010
+    assert mem.filter(pl.col("device") == 1)["total_allocated_bytes"].max() == 6_629_508_096
+
+
+def test_kind_enum_covers_every_kind_ingest_writes() -> None:
+    from stepscope.analyze.schema import KIND_BY_CATEGORY
+
+    assert set(KIND_BY_CATEGORY.values()) | {Kind.MEMORY, Kind.OTHER} == set(Kind)
