@@ -188,8 +188,8 @@ def split_document(data: bytes, path: Path) -> tuple[int, int, dict[str, Any]]:
     for key, value in top.items():
         try:
             meta[key] = msgspec.json.decode(value)
-        except msgspec.DecodeError:  # pragma: no cover - validated above
-            meta[key] = None
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(f"not UTF-8 text in top-level key {key!r} ({exc.reason})", path=path) from None
     span = _locate(data, events_raw)
     if span is None:
         raise TraceFormatError("traceEvents is not an array", path=path)
@@ -244,6 +244,8 @@ def decode_events(data: bytes, start: int, end: int, path: Path,
             where = re.search(r"\$\[(\d+)\]", str(exc))
             n = index + int(where.group(1)) if where else index
             raise TraceFormatError(f"traceEvents[{n}] is not an event object ({exc})", path=path) from None
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=a0 - 1 + exc.start) from None
         except msgspec.DecodeError:
             if i + 1 < len(spans):
                 pending = (a0, b)
@@ -435,10 +437,7 @@ def build_chunk(events: list[_RawEvent], first_index: int, body: bytes) -> _Chun
     meta_rows = base.filter(pl.col("ph") == "M")["event_id"].to_list()
     for event_id in meta_rows:
         e = events[event_id - first_index]
-        try:
-            margs = msgspec.json.decode(e.args) if e.args is not _NULL else {}
-        except msgspec.DecodeError:  # pragma: no cover - validated at top level
-            margs = {}
+        margs = msgspec.json.decode(e.args) if e.args is not _NULL else {}
         metadata.append({"name": e.name, "pid": e.pid, "tid": e.tid, "args": margs})
 
     flows = base.filter(pl.col("ph").is_in(["s", "t", "f"]))
@@ -610,7 +609,10 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False,
         try:
             for first, events, body in decode_events(data, start, end, path, chunk_bytes):
                 n_total += len(events)
-                chunk = build_chunk(events, first, body)
+                try:
+                    chunk = build_chunk(events, first, body)
+                except UnicodeDecodeError as exc:  # inside args, which the first pass keeps raw
+                    raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path) from None
                 del events, body
                 writer.write_table(chunk.events)
                 flow_writer.write_table(chunk.flows)

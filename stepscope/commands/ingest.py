@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -32,7 +33,7 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
 
     total = len(find_trace_files(list(paths)))
     show = not quiet and not as_json
-    with click.progressbar(length=total, label="ingesting", file=click.get_text_stream("stderr"),
+    with click.progressbar(length=total, label="ingesting", file=sys.stderr,
                            hidden=not show, show_pos=True) as bar:
         def done(outcome: FileOutcome) -> None:
             bar.update(1)

@@ -1,0 +1,68 @@
+"""Batch ingest: parallel, one hive partition per trace and rank, bad files reported, the rest go on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow.dataset as ds
+from builders import kernel, trace, write_trace
+from click.testing import CliRunner
+
+from stepscope.analyze.dataset import ingest_many
+from stepscope.cli import cli
+
+
+def _inputs(tmp_path: Path) -> Path:
+    src = tmp_path / "traces"
+    for rank in range(3):
+        doc = trace(*[kernel(f"k{i}", ts=i * 10, dur=5) for i in range(rank + 2)],
+                    distributedInfo={"rank": rank, "world_size": 3})
+        write_trace(src, doc, f"rank{rank}.pt.trace.json", gz=rank == 1)
+    write_trace(src / "sub", trace(kernel("solo", ts=1, dur=1)), "norank.json")
+    (src / "broken.json").write_bytes(b'{"traceEvents": [{"ph": "X"')
+    return src
+
+
+def test_batch_ingest_writes_a_hive_dataset_every_reader_sees_as_one_table(tmp_path: Path) -> None:
+    src = _inputs(tmp_path)
+    result = ingest_many([src], tmp_path / "ds", jobs=2)
+    assert [o.status for o in result.outcomes].count("ingested") == 4
+    assert result.failed == 1
+    failed = next(o for o in result.outcomes if o.status == "failed")
+    assert failed.error is not None and "broken.json" in failed.error and "truncated JSON" in failed.error
+    lf = pl.scan_parquet(str(tmp_path / "ds" / "**" / "events.parquet"), hive_partitioning=True)
+    table = lf.select("trace", "rank", "name").collect()
+    assert table.height == 2 + 3 + 4 + 1
+    assert sorted(table.filter(pl.col("rank").is_not_null())["rank"].unique().to_list()) == [0, 1, 2]
+    assert table.filter(pl.col("name") == "solo")["rank"].to_list() == [None]
+    n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/ds/*/*/events.parquet', hive_partitioning=true)"
+                   ).fetchall()
+    assert n == [(10,)]
+    arrow = ds.dataset(str(tmp_path / "ds"), format="parquet", partitioning="hive",
+                       exclude_invalid_files=True).to_table(columns=["name"])
+    assert arrow.num_rows == 10
+
+
+def test_unchanged_files_are_skipped_on_a_second_run(tmp_path: Path) -> None:
+    src = _inputs(tmp_path)
+    (src / "broken.json").unlink()
+    ingest_many([src], tmp_path / "ds", jobs=1)
+    again = ingest_many([src], tmp_path / "ds", jobs=1)
+    assert {o.status for o in again.outcomes} == {"skipped"}
+    assert not list((tmp_path / "ds").glob(".staging-*"))
+
+
+def test_ingest_cli_reports_failures_and_exit_code(tmp_path: Path) -> None:
+    src = _inputs(tmp_path)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["ingest", str(src), "-o", str(tmp_path / "ds"), "-j", "2", "--json"])
+    assert res.exit_code == 1
+    outcomes = json.loads(res.stdout)["outcomes"]
+    assert sorted(o["status"] for o in outcomes) == ["failed", "ingested", "ingested", "ingested", "ingested"]
+    (src / "broken.json").unlink()
+    res = runner.invoke(cli, ["ingest", str(src / "*.json*"), "-o", str(tmp_path / "ds2"), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "3 ingested, 0 unchanged (skipped), 0 failed" in res.stdout
