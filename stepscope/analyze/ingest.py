@@ -28,7 +28,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import queue
 import re
+import threading
 import time
 import zlib
 from operator import attrgetter
@@ -41,6 +43,7 @@ from typing import Any
 import msgspec
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from stepscope.analyze._io import atomic_dir
@@ -59,7 +62,9 @@ from stepscope.analyze.schema import (
 )
 from stepscope.errors import InputError, TraceFormatError
 
-DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
+DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
+# Below this, starting worker processes costs more than it saves.
+PARALLEL_MIN_BYTES = 160 * 1024 * 1024
 TRACE_SUFFIXES = (".json", ".json.gz")
 _NULL = msgspec.Raw(b"null")
 _EMPTY_OBJECT = b"{}"
@@ -111,6 +116,40 @@ _CHUNK_DECODER = msgspec.json.Decoder(list[_RawEvent])
 _TIMES_DECODER = msgspec.json.Decoder(list[_RawTimes])
 # A float below 2**43 µs is within 0.49 ns of its decimal text, so rounding its ns value is exact.
 _EXACT_FLOAT_LIMIT_US = float(2**43)
+
+
+class _BackgroundWriter:
+    """Appends tables to a Parquet file from a thread: pyarrow releases the GIL while it encodes and
+    compresses, so writing chunk N overlaps with decoding chunk N + 1. At most two tables wait."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+        self._queue: queue.Queue[pa.Table | None] = queue.Queue(maxsize=2)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"write-{path.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (table := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._writer.write_table(table)
+                except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                    self._error = exc
+
+    def write_table(self, table: pa.Table) -> None:
+        """Queue one table (blocks while two are already waiting)."""
+        if self._error is not None:
+            raise self._error
+        self._queue.put(table)
+
+    def close(self) -> None:
+        """Flush, close the file and re-raise any write error."""
+        self._queue.put(None)
+        self._thread.join()
+        self._writer.close()
+        if self._error is not None:
+            raise self._error
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,31 +268,94 @@ def iter_chunks(data: bytes, start: int, end: int, chunk_bytes: int) -> Iterator
         pos = match.end() - 1  # at the next opening brace
 
 
-def decode_events(data: bytes, start: int, end: int, path: Path,
-                  chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, list[_RawEvent], bytes]]:
-    """Yield (first event index, events, chunk JSON) per chunk, merging chunks whose cut fell in a string."""
-    index = 0
-    pending: tuple[int, int] | None = None
+def process_span(body: bytes, path: str, offset: int) -> _ChunkTables | None:
+    """Decode and build one span of whole events (the bytes between two cuts, without brackets).
+
+    Event ids are local to the span (0-based); the caller shifts them. Returns None when the cut that
+    made this span fell inside a string, so the caller merges it with the next span. Runs in worker
+    processes for large traces, so it takes and returns only picklable values.
+    """
+    document = b"[" + body + b"]"
+    try:
+        events = _CHUNK_DECODER.decode(document)
+    except msgspec.ValidationError as exc:
+        raise TraceFormatError(f"an entry of traceEvents is not an event object ({exc})", path=path,
+                               offset=offset) from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=offset - 1 + exc.start) from None
+    except msgspec.DecodeError:
+        return None
+    try:
+        return build_chunk(events, 0, document)
+    except UnicodeDecodeError as exc:  # inside args, which the first pass keeps raw
+        raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path, offset=offset) from None
+
+
+def _shifted(chunk: _ChunkTables, first_index: int) -> _ChunkTables:
+    if first_index == 0:
+        return chunk
+    events = chunk.events.set_column(0, "event_id", pc.add(chunk.events["event_id"], first_index))
+    flows = chunk.flows.set_column(0, "event_id", pc.add(chunk.flows["event_id"], first_index))
+    return _ChunkTables(events=events, flows=flows, metadata=chunk.metadata, kind_counts=chunk.kind_counts,
+                        n_input=chunk.n_input)
+
+
+def iter_chunk_tables(data: bytes, start: int, end: int, path: Path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                      jobs: int = 1) -> Iterator[_ChunkTables]:
+    """Yield the tables of each span of traceEvents in file order, decoding spans in `jobs` processes.
+
+    At most jobs + 1 spans are in flight, so memory stays bounded; a span whose cut fell inside a string
+    is merged with the next one and rebuilt here.
+    """
     spans = list(iter_chunks(data, start, end, chunk_bytes))
-    for i, (a, b) in enumerate(spans):
-        a0 = pending[0] if pending else a
-        body = b"[" + data[a0:b] + b"]"
-        try:
-            events = _CHUNK_DECODER.decode(body)
-        except msgspec.ValidationError as exc:
-            where = re.search(r"\$\[(\d+)\]", str(exc))
-            n = index + int(where.group(1)) if where else index
-            raise TraceFormatError(f"traceEvents[{n}] is not an event object ({exc})", path=path) from None
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=a0 - 1 + exc.start) from None
-        except msgspec.DecodeError:
-            if i + 1 < len(spans):
-                pending = (a0, b)
-                continue
-            raise TraceFormatError("malformed traceEvents array", path=path, offset=a0) from None
-        pending = None
-        yield index, events, body
-        index += len(events)
+    index = 0
+    if jobs <= 1 or len(spans) <= 2:
+        i = 0
+        while i < len(spans):
+            chunk, i = _merge_bad_cuts(data, spans, i, None, path)
+            yield _shifted(chunk, index)
+            index += chunk.n_input
+        return
+    from concurrent.futures import Future, ProcessPoolExecutor
+    import multiprocessing
+
+    # spawn, not fork: polars and pyarrow keep thread pools that must not be forked
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        in_flight: dict[int, Future[_ChunkTables | None]] = {}
+        next_span = 0
+
+        def fill() -> None:
+            nonlocal next_span
+            while next_span < len(spans) and len(in_flight) < jobs + 1:
+                a, b = spans[next_span]
+                in_flight[next_span] = pool.submit(process_span, data[a:b], str(path), a)
+                next_span += 1
+
+        fill()
+        i = 0
+        while i < len(spans):
+            first = in_flight.pop(i).result()
+            chunk, i = _merge_bad_cuts(data, spans, i, first, path, in_flight)
+            next_span = max(next_span, i)
+            fill()
+            yield _shifted(chunk, index)
+            index += chunk.n_input
+
+
+def _merge_bad_cuts(data: bytes, spans: list[tuple[int, int]], i: int, first: _ChunkTables | None, path: Path,
+                    in_flight: dict[int, Any] | None = None) -> tuple[_ChunkTables, int]:
+    """The tables for span i, merging it with the following spans while the cut is bad; the next index."""
+    a = spans[i][0]
+    result = first if in_flight is not None else process_span(data[a : spans[i][1]], str(path), a)
+    j = i + 1
+    while result is None:
+        if j >= len(spans):
+            raise TraceFormatError("malformed traceEvents array", path=path, offset=a)
+        if in_flight is not None and j in in_flight:
+            in_flight.pop(j).cancel()
+        result = process_span(data[a : spans[j][1]], str(path), a)
+        j += 1
+    return result, j
 
 
 # ----------------------------------------------------------------------------------------------- columns
@@ -393,7 +495,7 @@ def _group_args(args: list[msgspec.Raw], group: ArgGroup) -> dict[str, pa.Array]
             arrays.append(_json_text_array(values) if col.type == "json" else _typed_array(values, col))
         merged = arrays[0]
         for extra in arrays[1:]:
-            merged = pa.compute.coalesce(merged, extra)
+            merged = pc.coalesce(merged, extra)
         out[col.column] = merged
     return out
 
@@ -408,6 +510,7 @@ class _ChunkTables:
     flows: pa.Table
     metadata: list[dict[str, Any]]
     kind_counts: Counter[str]
+    n_input: int  # traceEvents entries in the span (events + flows + metadata)
 
 
 def build_chunk(events: list[_RawEvent], first_index: int, body: bytes) -> _ChunkTables:
@@ -478,7 +581,8 @@ def build_chunk(events: list[_RawEvent], first_index: int, body: bytes) -> _Chun
     else:
         merged = evs.drop("group")
     event_table = _finish_events(merged)
-    return _ChunkTables(events=event_table, flows=flow_table, metadata=metadata, kind_counts=kind_counts)
+    return _ChunkTables(events=event_table, flows=flow_table, metadata=metadata, kind_counts=kind_counts,
+                        n_input=n)
 
 
 def _finish_events(frame: pl.DataFrame) -> pa.Table:
@@ -577,9 +681,11 @@ def is_ingested(out_dir: Path, sha256: str | None = None) -> bool:
     return sha256 is None or meta.get("source", {}).get("sha256") == sha256
 
 
-def ingest_trace(path: Path, out_dir: Path, *, force: bool = False,
+def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 1,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra_meta: dict[str, Any] | None = None) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
+
+    `jobs` > 1 decodes the spans of a large trace (>= PARALLEL_MIN_BYTES of JSON) in that many processes.
 
     Skipped when out_dir already holds this file's ingest (same sha256, same schema version) unless
     `force`. Raises TraceFormatError / InputError with a one-line message naming the file.
@@ -596,6 +702,8 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False,
                             seconds=time.perf_counter() - started)
     data = read_trace_bytes(path)
     start, end, top = split_document(data, path)
+    if len(data) < PARALLEL_MIN_BYTES:
+        jobs = 1
 
     kind_counts: Counter[str] = Counter()
     metadata_events: list[dict[str, Any]] = []
@@ -604,16 +712,11 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False,
     end_max: int | None = None
     unknown_categories: Counter[str] = Counter()
     with atomic_dir(out_dir) as tmp:
-        writer = pq.ParquetWriter(tmp / "events.parquet", EVENT_SCHEMA, compression="zstd")
-        flow_writer = pq.ParquetWriter(tmp / "flows.parquet", FLOW_SCHEMA, compression="zstd")
+        writer = _BackgroundWriter(tmp / "events.parquet", EVENT_SCHEMA)
+        flow_writer = _BackgroundWriter(tmp / "flows.parquet", FLOW_SCHEMA)
         try:
-            for first, events, body in decode_events(data, start, end, path, chunk_bytes):
-                n_total += len(events)
-                try:
-                    chunk = build_chunk(events, first, body)
-                except UnicodeDecodeError as exc:  # inside args, which the first pass keeps raw
-                    raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path) from None
-                del events, body
+            for chunk in iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, jobs=jobs):
+                n_total += chunk.n_input
                 writer.write_table(chunk.events)
                 flow_writer.write_table(chunk.flows)
                 n_events += chunk.events.num_rows

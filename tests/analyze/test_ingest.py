@@ -238,3 +238,23 @@ def test_kind_enum_covers_every_kind_ingest_writes() -> None:
     from stepscope.analyze.schema import KIND_BY_CATEGORY
 
     assert set(KIND_BY_CATEGORY.values()) | {Kind.MEMORY, Kind.OTHER} == set(Kind)
+
+
+def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stepscope.analyze.ingest as ingest_module
+
+    events = []
+    for i in range(400):
+        events.append(cpu_op("aten::add }, { tricky", ts=i * 10, dur=5, external_id=i))
+        events.append(kernel(f"k{i}", ts=i * 10 + 1, dur=3, correlation=i))
+        events.append(flow(i, "s", i * 10 + 2, pid=1000, tid=1))
+    path = write_trace(tmp_path, trace(thread_name("main"), *events), "big.json")
+    monkeypatch.setattr(ingest_module, "PARALLEL_MIN_BYTES", 0)
+    seq = ingest_trace(path, tmp_path / "seq", chunk_bytes=700, jobs=1)
+    par = ingest_trace(path, tmp_path / "par", chunk_bytes=700, jobs=2)
+    for table in ("events", "flows"):
+        a = pl.read_parquet(seq.out_dir / f"{table}.parquet").sort("event_id")
+        b = pl.read_parquet(par.out_dir / f"{table}.parquet").sort("event_id")
+        assert a.height > 0 and a.equals(b)
+    assert pl.read_parquet(par.out_dir / "events.parquet")["event_id"].sort().to_list() == [
+        i for i in range(1, 1201) if i % 3 != 0]
