@@ -1,0 +1,150 @@
+"""Ingest benchmark: stepscope's JSON -> Parquet against json.load and HolisticTraceAnalysis, side by side.
+
+    python benchmarks/ingest.py                       # df_index_resolver (54 MB) + the whole corpus batch
+    python benchmarks/ingest.py --large PATH          # also a large trace (make one: make_large_trace.py)
+
+Each measurement runs in a fresh child process, so wall time and peak RSS (ru_maxrss) are its own:
+  stepscope  read + decode + build columns + write events/flows Parquet + meta.json (end to end)
+  json.load  the stdlib parsing the same uncompressed JSON (parse only; the file is pre-read)
+  HTA        holistictraceanalysis' TraceAnalysis loading the trace (when `pip install .[bench]` added it)
+The batch rows ingest every corpus trace with --jobs 1 and --jobs 2 (parallel processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "corpus" / "traces"
+
+CHILD = r"""
+import json, resource, sys, time, gzip
+from pathlib import Path
+mode, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+jobs = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+extra = {}
+if mode == "stepscope":
+    from stepscope.analyze.ingest import ingest_trace
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    r = ingest_trace(src, out, force=True, jobs=jobs)
+    wall = time.perf_counter() - t
+    extra = {"events": r.n_events, "parquet_bytes": sum(p.stat().st_size for p in out.glob("*.parquet"))}
+elif mode == "json":
+    raw = src.read_bytes()
+    raw = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    json.loads(raw)
+    wall = time.perf_counter() - t
+elif mode == "hta":
+    import logging
+    logging.disable(logging.CRITICAL)
+    from hta.trace_analysis import TraceAnalysis
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    TraceAnalysis(trace_dir=str(src.parent), trace_files={0: src.name})
+    wall = time.perf_counter() - t
+elif mode == "batch":
+    from stepscope.analyze.dataset import ingest_many
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    r = ingest_many([src], out, jobs=jobs, force=True)
+    wall = time.perf_counter() - t
+    extra = {"files": len(r.outcomes), "failed": r.failed}
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"wall_s": wall, "peak_rss_bytes": peak * 1024, "base_rss_bytes": base * 1024, **extra}))
+"""
+
+
+def child(mode: str, src: Path, out: Path, jobs: int = 1) -> dict[str, float] | None:
+    """Run one measurement in a fresh interpreter; None when it could not run (e.g. HTA missing)."""
+    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(out), str(jobs)],
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"  ({mode} did not run: {last[:120]})", file=sys.stderr)
+        return None
+    result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def json_size(path: Path) -> int:
+    """Uncompressed size, streamed: the parent must stay small, since a child inherits its peak RSS mark."""
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    opener = gzip.open if magic == b"\x1f\x8b" else open
+    total = 0
+    with opener(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            total += len(block)
+    return total
+
+
+def bench_file(path: Path, tmp: Path, jobs: int) -> None:
+    size = json_size(path)
+    print(f"\n{path.name}: {size / 1e6:.0f} MB of JSON")
+    print(f"  {'what':<22} {'wall s':>8} {'MB/s':>8} {'peak RSS MB':>12} {'RSS/JSON':>9} {'vs stepscope':>13}")
+    ours = child("stepscope", path, tmp / "ours", jobs)
+    rows = [("stepscope ingest" + (f" -j{jobs}" if jobs > 1 else ""), ours)]
+    if jobs > 1:
+        rows.append(("stepscope ingest -j1", child("stepscope", path, tmp / "ours1", 1)))
+    rows += [("json.load (parse only)", child("json", path, tmp / "j")), ("HTA TraceAnalysis load", child("hta", path, tmp / "h"))]
+    for name, r in rows:
+        if r is None:
+            print(f"  {name:<22} {'n/a':>8}")
+            continue
+        ratio = (r["wall_s"] / ours["wall_s"]) if ours else float("nan")
+        print(f"  {name:<22} {r['wall_s']:8.2f} {size / 1e6 / r['wall_s']:8.0f} {r['peak_rss_bytes'] / 1e6:12.0f} "
+              f"{r['peak_rss_bytes'] / size:9.2f} {ratio:12.1f}x")
+    if ours:
+        print(f"  events: {int(ours['events']):,}; Parquet: {ours['parquet_bytes'] / 1e6:.1f} MB "
+              f"({size / ours['parquet_bytes']:.0f}x smaller than the JSON); interpreter baseline RSS "
+              f"{ours['base_rss_bytes'] / 1e6:.0f} MB")
+
+
+def bench_batch(tmp: Path) -> None:
+    files = [p for p in CORPUS.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz"))
+             and "memory_timeline" not in p.name]
+    total = sum(json_size(p) for p in files)
+    print(f"\ncorpus batch: {len(files)} traces, {total / 1e6:.0f} MB of JSON")
+    times = {}
+    for jobs in (1, 2):
+        r = child("batch", CORPUS, tmp / f"batch{jobs}", jobs)
+        if r:
+            times[jobs] = r["wall_s"]
+            print(f"  --jobs {jobs}: {r['wall_s']:.2f} s, {total / 1e6 / r['wall_s']:.0f} MB/s, "
+                  f"{int(r['files'])} files, {int(r['failed'])} failed")
+    if len(times) == 2:
+        print(f"  speed-up on 2 cores: {times[1] / times[2]:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--large", type=Path, default=None, help="a large trace (>= 500 MB) to include")
+    parser.add_argument("--no-batch", action="store_true")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
+    try:
+        print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
+        if CORPUS.is_dir():
+            bench_file(CORPUS / "hta/df_index_resolver/df_index_resolver.json.gz", tmp, jobs=1)
+        if args.large:
+            bench_file(args.large, tmp, jobs=os.cpu_count() or 1)
+        if CORPUS.is_dir() and not args.no_batch:
+            bench_batch(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
