@@ -98,7 +98,8 @@ def bench_file(path: Path, tmp: Path, jobs: int) -> None:
     rows = [("stepscope ingest" + (f" -j{jobs}" if jobs > 1 else ""), ours)]
     if jobs > 1:
         rows.append(("stepscope ingest -j1", child("stepscope", path, tmp / "ours1", 1)))
-    rows += [("json.load (parse only)", child("json", path, tmp / "j")), ("HTA TraceAnalysis load", child("hta", path, tmp / "h"))]
+    rows += [("json.load (parse only)", child("json", path, tmp / "j")),
+             ("HTA TraceAnalysis load", child("hta", path, tmp / "h"))]
     for name, r in rows:
         if r is None:
             print(f"  {name:<22} {'n/a':>8}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from builders import cpu_op, kernel, runtime, step, trace, write_trace
 
+
 def _blocker(tmp_path: Path) -> str:
     """A `torch` package first on sys.path whose import fails, as on a machine without torch."""
     fake = tmp_path / "no_torch" / "torch"

@@ -139,7 +139,7 @@ def trace_warnings(trace: Trace) -> pl.DataFrame:
         early = gpu.filter(pl.col("ts_ns") < first_start).select(pl.len()).collect().item()
         add("gpu_before_first_step", int(early), "GPU events before the first ProfilerStep (outside the window)")
         numbers = steps["step"].sort().to_list()
-        gaps = [b for a, b in zip(numbers, numbers[1:]) if b != a + 1]
+        gaps = [b for a, b in zip(numbers, numbers[1:], strict=False) if b != a + 1]
         add("missing_steps", len(gaps), "ProfilerStep numbers are not consecutive")
     unknown = trace.meta.get("unknown_categories") or {}
     add("unknown_categories", sum(unknown.values()),

@@ -33,10 +33,10 @@ import re
 import threading
 import time
 import zlib
-from operator import attrgetter
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -316,8 +316,8 @@ def iter_chunk_tables(data: bytes, start: int, end: int, path: Path, *, chunk_by
             yield _shifted(chunk, index)
             index += chunk.n_input
         return
-    from concurrent.futures import Future, ProcessPoolExecutor
     import multiprocessing
+    from concurrent.futures import Future, ProcessPoolExecutor
 
     # spawn, not fork: polars and pyarrow keep thread pools that must not be forked
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -576,8 +576,8 @@ def build_chunk(events: list[_RawEvent], first_index: int, body: bytes) -> _Chun
             table = table.append_column(name, arr)
         pieces.append(table)
     if pieces:
-        merged = pl.concat([pl.from_arrow(p) for p in pieces], how="diagonal_relaxed")  # type: ignore[misc]
-        assert isinstance(merged, pl.DataFrame)  # rows are grouped by kind; event_id keeps the file order
+        frames = [pl.DataFrame(p) for p in pieces]
+        merged = pl.concat(frames, how="diagonal_relaxed")  # rows grouped by kind; event_id keeps file order
     else:
         merged = evs.drop("group")
     event_table = _finish_events(merged)
@@ -758,7 +758,8 @@ def _build_meta(*, path: Path, sha: str, top: dict[str, Any], metadata_events: l
     threads: dict[str, dict[str, Any]] = {}
     for m in metadata_events:
         pid = str(m.get("pid"))
-        args = m.get("args") if isinstance(m.get("args"), dict) else {}
+        raw_args = m.get("args")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
         name = m.get("name")
         if name == "process_name":
             processes.setdefault(pid, {})["name"] = args.get("name")

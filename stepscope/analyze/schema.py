@@ -184,7 +184,8 @@ ARG_COLUMNS: tuple[ArgColumn, ...] = (
               doc="process group size"),
     ArgColumn(column="kernel_backend", keys=("kernel_backend",), type="str", groups=("cpu",),
               doc="backend of a compiled kernel launch op (triton)"),
-    ArgColumn(column="cbid", keys=("cbid",), type="int", groups=("runtime",), doc="CUPTI callback id of a runtime call"),
+    ArgColumn(column="cbid", keys=("cbid",), type="int", groups=("runtime",),
+              doc="CUPTI callback id of a runtime call"),
 )
 
 ARG_TYPE_TO_ARROW: dict[ArgType, pa.DataType] = {

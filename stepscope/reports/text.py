@@ -124,12 +124,13 @@ def render_frame(frame: pl.DataFrame, *, title: str | None = None, max_rows: int
         return "\n".join(lines)
     shown = frame if max_rows is None else frame.head(max_rows)
     names = [(column_names or {}).get(c, _display_name(c)) for c in shown.columns]
-    cells = [[format_value(c, v) for c, v in zip(shown.columns, row)] for row in shown.iter_rows()]
+    cells = [[format_value(c, v) for c, v in zip(shown.columns, row, strict=True)] for row in shown.iter_rows()]
     numeric = [t.is_numeric() for t in shown.dtypes]
     widths = [max(len(n), *(len(r[i]) for r in cells)) for i, n in enumerate(names)]
 
     def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
+        cells = (v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True))
+        return "  ".join(cells).rstrip()
 
     lines.append(line(names))
     lines.append("  ".join("-" * w for w in widths))

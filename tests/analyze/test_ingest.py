@@ -9,7 +9,18 @@ from pathlib import Path
 import polars as pl
 import pytest
 from builders import (
-    annotation, cpu_op, flow, kernel, load_events, memcpy, memory, runtime, step, thread_name, trace, write_trace,
+    annotation,
+    cpu_op,
+    flow,
+    kernel,
+    load_events,
+    memcpy,
+    memory,
+    runtime,
+    step,
+    thread_name,
+    trace,
+    write_trace,
 )
 
 from stepscope.analyze import load
@@ -28,7 +39,8 @@ def test_todays_format_maps_kinds_args_and_links(tmp_path: Path) -> None:
     doc = trace(
         thread_name("python main thread"),
         step(1, ts=0, dur=100),
-        cpu_op("aten::mm", ts=5, dur=20, external_id=3, **{"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}),
+        cpu_op("aten::mm", ts=5, dur=20, external_id=3,
+               **{"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}),
         runtime("cudaLaunchKernel", ts=10, dur=5, correlation=7, external_id=3),
         kernel("sgemm_128x64", ts=30, dur=10, correlation=7, external_id=3, grid=[4, 1, 1], block=[128, 1, 1]),
         memcpy("HtoD", ts=41, dur=4, nbytes=4096, correlation=8),
@@ -204,7 +216,8 @@ def test_every_corpus_trace_ingests_with_every_event(path: Path, tmp_path: Path)
 
 
 def test_corpus_spot_checks(corpus: Path, tmp_path: Path) -> None:
-    t = load(corpus / "traces/kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz", cache_dir=tmp_path)
+    resnet = corpus / "traces/kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+    t = load(resnet, cache_dir=tmp_path)
     counts = t.meta["counts"]["by_kind"]
     assert counts["kernel"] == 8772 and counts["memcpy"] == 12
     assert t.meta["devices"][0]["name"] == "Tesla V100-DGXS-32GB"
@@ -212,16 +225,18 @@ def test_corpus_spot_checks(corpus: Path, tmp_path: Path) -> None:
     assert first["name"].startswith("Memcpy HtoD") and first["bytes"] == 19267584
     nccl = load(corpus / "traces/hta/nccl_parser_config/nccl_data.json.gz", cache_dir=tmp_path)
     assert nccl.meta["rank"] == 0 and nccl.meta["world_size"] == 2 and nccl.meta["rank_source"] == "distributedInfo"
-    longest = nccl.kernels.filter(pl.col("name").str.starts_with("ncclKernel")).sort("dur_ns").collect().row(-1, named=True)
+    nccl_kernels = nccl.kernels.filter(pl.col("name").str.starts_with("ncclKernel")).sort("dur_ns").collect()
+    longest = nccl_kernels.row(-1, named=True)
     assert longest["collective_name"] == "allreduce" and longest["process_group_ranks"] == "[0, 1]"
     amd = load(corpus / "traces/tracelens/mi210/gpu_only_trace/gpu_only_trace.json.gz", cache_dir=tmp_path)
     assert amd.kernels.select(pl.len()).collect().item() == 562
     assert amd.runtime.filter(pl.col("name").str.starts_with("hip")).select(pl.len()).collect().item() > 0
-    cpu_only = load(corpus / "traces/hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", cache_dir=tmp_path)
+    hta = corpus / "traces/hta"
+    cpu_only = load(hta / "cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", cache_dir=tmp_path)
     assert cpu_only.gpu.select(pl.len()).collect().item() == 0 and cpu_only.meta["rank"] == 34
-    ns = load(corpus / "traces/hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", cache_dir=tmp_path)
+    ns = load(hta / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", cache_dir=tmp_path)
     assert ns.events.sort("event_id").select("ts_ns").collect().item(0, 0) == 1712195495519689047
-    big = load(corpus / "traces/hta/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz", cache_dir=tmp_path)
+    big = load(hta / "large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz", cache_dir=tmp_path)
     assert big.meta["rank"] == 70 and big.events.select(pl.len()).collect().item() == 2
     graph = load(corpus / "traces/kineto/docs/after_fix_trace.json", cache_dir=tmp_path)
     assert graph.kernels.collect()["correlation"].null_count() == 0
