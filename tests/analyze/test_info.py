@@ -1,0 +1,59 @@
+"""`info`: options detected from the events, and each warning fires on a trace built to trigger it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builders import (
+    cpu_op,
+    flow,
+    kernel,
+    load_events,
+    memcpy,
+    memory,
+    python_fn,
+    runtime,
+    step,
+    trace,
+)
+
+from stepscope.analyze.info import trace_info
+
+
+def test_clean_trace_has_no_warnings_and_reports_what_it_holds(tmp_path: Path) -> None:
+    doc = trace(
+        step(1, ts=0, dur=100), step(2, ts=100, dur=100),
+        cpu_op("aten::mm", ts=5, dur=20, external_id=3, **{"Input Dims": [[2, 3]]}),
+        runtime("cudaLaunchKernel", ts=10, dur=5, correlation=7, external_id=3),
+        kernel("sgemm", ts=30, dur=10, correlation=7),
+        flow(7, "s", 10, pid=1000, tid=1), flow(7, "f", 30, pid=0, tid=7),
+        memory(12, 4096, total_allocated=4096, total_reserved=8192),
+        python_fn("train.py(10): step", ts=1, dur=90),
+        distributedInfo={"rank": 3, "world_size": 8},
+    )
+    info = trace_info(load_events(tmp_path, doc))
+    assert info.warnings.height == 0
+    assert (info.rank, info.world_size, info.steps_found, info.step_numbers) == (3, 8, 2, "1..2")
+    assert info.profiler_options == {"record_shapes": True, "profile_memory": True, "with_stack": True,
+                                     "with_modules": False, "with_flops": False}
+    assert info.devices.select("device", "gpu_events", "name").rows() == [(0, 1, "Synthetic GPU")]
+    assert dict(info.counts_by_kind.select("kind", "events").rows())["kernel"] == 1
+    assert info.gpu_span_ns == 10_000
+
+
+def test_each_warning_fires_on_its_oddity(tmp_path: Path) -> None:
+    doc = trace(
+        step(1, ts=100, dur=50), step(3, ts=150, dur=50),                    # step 2 missing
+        kernel("a", ts=110, dur=20), kernel("b", ts=120, dur=5),              # overlap on one stream
+        kernel("early", ts=10, dur=5),                                        # before the first step
+        kernel("late", ts=190, dur=30, correlation=9),                        # after the last step ...
+        runtime("cudaLaunchKernel", ts=195, dur=2, correlation=9),           # ... and before its launch
+        memcpy("HtoD", ts=140, dur=-1, nbytes=10),                            # negative duration
+        flow(1, "s", 101, pid=1000, tid=1), flow(2, "f", 111, pid=0, tid=7),  # dangling both ways
+        {"ph": "X", "cat": "mystery", "name": "m", "pid": 1, "tid": 1, "ts": 101, "dur": 1},
+    )
+    info = trace_info(load_events(tmp_path, doc))
+    got = dict(info.warnings.select("code", "count").rows())
+    assert got == {"overlapping_kernels": 1, "negative_durations": 1, "gpu_before_launch": 1,
+                   "dangling_flow_starts": 1, "dangling_flow_finishes": 1, "gpu_after_last_step": 1,
+                   "gpu_before_first_step": 1, "missing_steps": 1, "unknown_categories": 1}
