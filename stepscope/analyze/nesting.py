@@ -1,0 +1,152 @@
+"""Per-thread nesting of CPU intervals: which event is the parent of which, and which interval encloses a point.
+
+The rule is torch's own (`EventList._populate_cpu_children`): on one (pid, tid), events sorted by start and
+then by longest first; an event is a child of the nearest open event that it fits inside (it starts before
+that event ends and ends no later). Events that only partly overlap are not nested.
+
+    tid 1:  [aten::linear 0..10 [aten::t 1..2] [aten::addmm 3..9 [aten::copy_ 4..5]]]
+    event            parent          depth
+    aten::linear     -               0
+    aten::t          aten::linear    1
+    aten::addmm      aten::linear    1
+    aten::copy_      aten::addmm     2
+
+The stack walk is the one loop over events in this package (a call stack cannot be built with column
+operations); it runs over plain integer lists, about 0.4 s per million events (see benchmarks/memory.py).
+Everything else here is vectorized.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+IntArray = npt.NDArray[np.int64]
+
+
+def _thread_starts(frame: pl.DataFrame) -> list[bool]:
+    new = (pl.col("pid") != pl.col("pid").shift()) | (pl.col("tid") != pl.col("tid").shift())
+    return frame.select(new.fill_null(True).alias("n"))["n"].to_list()
+
+
+def sort_for_nesting(events: pl.DataFrame) -> pl.DataFrame:
+    """Events in nesting order: by pid, tid, start, then longest first (a parent before its children)."""
+    return events.sort(
+        pl.col("pid"), pl.col("tid"), pl.col("ts_ns"), pl.col("dur_ns"), descending=[False, False, False, True],
+        nulls_last=True, maintain_order=True,
+    )
+
+
+def parent_index(events: pl.DataFrame) -> tuple[IntArray, IntArray]:
+    """Parent row (-1 for none) and depth of each row of a frame already in `sort_for_nesting` order.
+
+    The frame needs pid, tid, ts_ns, dur_ns (non-null). Returns two int64 arrays aligned with its rows.
+    """
+    n = events.height
+    start = events["ts_ns"].to_list()
+    end = (events["ts_ns"] + events["dur_ns"]).to_list()
+    new_thread = _thread_starts(events)
+    parent = [-1] * n
+    depth = [0] * n
+    stack: list[int] = []
+    for i in range(n):
+        if new_thread[i]:
+            stack.clear()
+        s, e = start[i], end[i]
+        while stack:
+            top = stack[-1]
+            top_end = end[top]
+            if s >= top_end or e > top_end:  # torch: this cannot be a parent
+                stack.pop()
+            else:
+                parent[i] = top
+                break
+        depth[i] = len(stack)
+        stack.append(i)
+    return np.asarray(parent, dtype=np.int64), np.asarray(depth, dtype=np.int64)
+
+
+def collapse_repeated(
+    parent: IntArray, name_codes: IntArray, lifted: IntArray
+) -> tuple[IntArray, npt.NDArray[np.bool_], IntArray, IntArray]:
+    """torch's `_remove_dup_nodes`: a child with its parent's name, where the parent has no other child, is dropped.
+
+    Its children become the parent's and its `lifted` value (torch: its kernels) replaces the parent's.
+    Rows must be in nesting order. Returns (new parent index, removed mask, lifted values, new depth).
+
+        aten::to (1 child) -> aten::to -> aten::_to_copy     becomes     aten::to -> aten::_to_copy
+    """
+    n = len(parent)
+    par = parent.tolist()
+    names = name_codes.tolist()
+    lift = lifted.tolist()
+    nchild = np.bincount(parent[parent >= 0], minlength=n).tolist() if n else []
+    removed = [False] * n
+    depth = [0] * n
+    eff = list(range(n))  # where a row's children go: itself, or (if removed) its surviving parent
+    for i in range(n):
+        p = par[i]
+        if p < 0:
+            continue
+        p = eff[p]
+        par[i] = p
+        depth[i] = depth[p] + 1
+        if names[p] == names[i] and nchild[p] == 1:
+            removed[i] = True
+            eff[i] = p
+            nchild[p] = nchild[i]
+            lift[p] = lift[i]
+    return (np.asarray(par, dtype=np.int64), np.asarray(removed, dtype=np.bool_),
+            np.asarray(lift, dtype=np.int64), np.asarray(depth, dtype=np.int64))
+
+
+def subtree_sum(parent: IntArray, depth: IntArray, values: IntArray) -> IntArray:
+    """Each row's value plus all its descendants' (vectorized level by level, deepest first)."""
+    total = values.astype(np.int64, copy=True)
+    if len(total) == 0:
+        return total
+    for d in range(int(depth.max()), 0, -1):
+        rows = np.flatnonzero((depth == d) & (parent >= 0))
+        np.add.at(total, parent[rows], total[rows])
+    return total
+
+
+def children_sum(parent: IntArray, values: IntArray, keep: npt.NDArray[np.bool_] | None = None) -> IntArray:
+    """Per row, the sum of `values` over its direct children (rows with keep False are ignored)."""
+    out = np.zeros(len(parent), dtype=np.int64)
+    mask = parent >= 0 if keep is None else (parent >= 0) & keep
+    np.add.at(out, parent[mask], values[mask])
+    return out
+
+
+def innermost_enclosing(intervals: pl.DataFrame, points: pl.DataFrame) -> pl.Series:
+    """For each point (pid, tid, ts_ns), the row index in `intervals` of the innermost interval enclosing it.
+
+    `intervals` must be in `sort_for_nesting` order with its `parent_index` result in a `parent` column.
+    Enclosing means start <= ts <= end on the same (pid, tid); null where none does. The last interval to
+    start at or before the point is the innermost candidate; where it ended already, walk up its parents
+    (vectorized: one step per nesting level for all points at once).
+    """
+    if intervals.height == 0 or points.height == 0:
+        return pl.Series("interval_row", [None] * points.height, dtype=pl.Int64)
+    iv = intervals.select("pid", "tid", "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).with_row_index("row")
+    pts = points.select("pid", "tid", "ts_ns").with_row_index("point")
+    cand = (
+        pts.sort("pid", "tid", "ts_ns")
+        .join_asof(iv.select("pid", "tid", "ts_ns", "row"), on="ts_ns",
+                   by=["pid", "tid"], strategy="backward")
+        .sort("point")
+    )
+    row = cand["row"].cast(pl.Int64).fill_null(-1).to_numpy().copy()
+    t = cand["ts_ns"].to_numpy()
+    ends = iv["end_ns"].to_numpy()
+    parents = intervals["parent"].to_numpy()
+    while True:
+        open_rows = row >= 0
+        bad = open_rows.copy()
+        bad[open_rows] = ends[row[open_rows]] < t[open_rows]
+        if not bad.any():
+            break
+        row[bad] = parents[row[bad]]
+    return pl.Series("interval_row", row, dtype=pl.Int64).replace(-1, None)
