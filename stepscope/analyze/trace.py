@@ -160,15 +160,17 @@ class Trace:
         One row per kernel/memcpy/memset: gpu_event_id, kind, name, device, stream, ts_ns, dur_ns,
         correlation, runtime_event_id, runtime_name, launch_ts_ns, launch_dur_ns, launch_pid, launch_tid,
         external_id, op_event_id, op_name. Links use the correlation id (runtime <-> GPU); where a GPU
-        event has no correlation, the ac2g/async flow with the same id is used. The op is the CPU op whose
-        External id the runtime call (or the GPU event) carries.
+        event has no correlation, its launch flow (ac2g / async) leads to the runtime call. The op is the
+        CPU op whose External id the runtime call (or the GPU event) carries.
 
             kernel(correlation=7)  <- cudaLaunchKernel(correlation=7, External id=3) <- aten::mm(External id=3)
         """
         gpu = self.gpu.select(
             gpu_event_id="event_id", kind="kind", name="name", device="device", stream="stream",
             ts_ns="ts_ns", dur_ns="dur_ns", correlation="correlation", gpu_external_id="external_id",
+            pid="pid", tid="tid",
         )
+        gpu = self._correlation_from_flows(gpu).drop("pid", "tid")
         runtime = (
             self.runtime.filter(pl.col("correlation").is_not_null())
             .sort(pl.col("kind") != Kind.RUNTIME.value, "ts_ns")  # prefer the runtime call over a driver call
@@ -189,6 +191,36 @@ class Trace:
             external_id=pl.coalesce("runtime_external_id", "gpu_external_id")
         )
         return linked.join(ops, on="external_id", how="left").drop("runtime_external_id", "gpu_external_id")
+
+    def _correlation_from_flows(self, gpu: pl.LazyFrame) -> pl.LazyFrame:
+        """Fill a GPU event's missing correlation from its launch flow (ac2g / async / async_cpu_to_gpu).
+
+        The flow's finish binds to the GPU event (same pid, tid and ts); its start sits on the runtime
+        call (same pid, tid and ts). The runtime call's correlation is then used:
+
+            f(id=5) at (0, 7, 30 µs) on the kernel  ->  s(id=5) at (1000, 1, 10 µs)  ->  runtime correlation 7
+        """
+        launch_cats = ["ac2g", "async", "async_cpu_to_gpu"]
+        flows = self.flows.filter(pl.col("cat").is_in(launch_cats))
+        finishes = flows.filter(pl.col("ph") == "f").select("cat", "flow_id", "pid", "tid", f_ts="ts_ns")
+        starts = flows.filter(pl.col("ph") == "s").select("cat", "flow_id", s_pid="pid", s_tid="tid", s_ts="ts_ns")
+        runtime = self.runtime.filter(pl.col("correlation").is_not_null()).select(
+            s_pid="pid", s_tid="tid", s_ts="ts_ns", flow_correlation="correlation"
+        ).unique(subset=["s_pid", "s_tid", "s_ts"], keep="first")
+        via_flows = (
+            gpu.filter(pl.col("correlation").is_null())
+            .select("gpu_event_id", "pid", "tid", f_ts="ts_ns")
+            .join(finishes, on=["pid", "tid", "f_ts"], how="inner")
+            .join(starts, on=["cat", "flow_id"], how="inner")
+            .join(runtime, on=["s_pid", "s_tid", "s_ts"], how="inner")
+            .unique(subset="gpu_event_id", keep="first")
+            .select("gpu_event_id", "flow_correlation")
+        )
+        return (
+            gpu.join(via_flows, on="gpu_event_id", how="left")
+            .with_columns(correlation=pl.coalesce("correlation", "flow_correlation"))
+            .drop("flow_correlation")
+        )
 
     @cached_property
     def thread_names(self) -> dict[tuple[str, str], str]:

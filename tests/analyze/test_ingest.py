@@ -273,3 +273,15 @@ def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: p
         assert a.height > 0 and a.equals(b)
     assert pl.read_parquet(par.out_dir / "events.parquet")["event_id"].sort().to_list() == [
         i for i in range(1, 1201) if i % 3 != 0]
+
+
+def test_launch_links_fall_back_to_flows_when_a_gpu_event_has_no_correlation(tmp_path: Path) -> None:
+    doc = trace(
+        cpu_op("aten::add", ts=5, dur=20, external_id=4),
+        runtime("cudaLaunchKernel", ts=10, dur=5, correlation=7, external_id=4),
+        {"ph": "X", "cat": "kernel", "name": "add_kernel", "pid": 0, "tid": 7, "ts": 30, "dur": 3,
+         "args": {"device": 0, "stream": 7}},
+        flow(5, "s", 10, pid=1000, tid=1), flow(5, "f", 30, pid=0, tid=7),
+    )
+    link = load_events(tmp_path, doc).launches().collect().row(0, named=True)
+    assert (link["correlation"], link["runtime_name"], link["op_name"]) == (7, "cudaLaunchKernel", "aten::add")
