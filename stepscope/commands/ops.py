@@ -1,0 +1,34 @@
+"""`stepscope ops TRACE`: the key_averages() table (calls, self/total CPU and device time, memory, FLOPs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stepscope.analyze import load
+from stepscope.analyze.ops import SORT_COLUMNS, op_table
+from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
+from stepscope.reports.ops_text import render_ops_table
+from stepscope.reports.text import render
+
+
+@click.command("ops")
+@trace_argument
+@click.option("--sort", "sort_by", default="auto", show_default=True, metavar="COLUMN",
+              help=f"Sort (descending) by one of: auto, {', '.join(SORT_COLUMNS)}; torch's keys "
+                   "(self_cpu_time_total, cuda_time_total, …) work too. auto = self device time, else self CPU.")
+@click.option("--top", type=click.IntRange(min=0), default=30, show_default=True,
+              help="Show the first N rows (0 = all).")
+@click.option("--group-by-shape", is_flag=True, help="One row per op name and input shapes (record_shapes).")
+@format_options
+def command(trace: Path, sort_by: str, top: int, group_by_shape: bool, fmt: str | None, as_json: bool,
+            as_csv: bool, output: Path | None) -> None:
+    """Per-op totals of TRACE as torch's prof.key_averages().table() prints them, from the trace alone.
+
+    The table output uses torch's column names and formats; --json/--csv give raw values (ns, bytes).
+    """
+    chosen = resolve_format(fmt, as_json, as_csv)
+    result = op_table(load(trace), group_by_shape=group_by_shape, sort_by=sort_by, top=top or None)
+    text = render_ops_table(result) if chosen == "table" else render(result, chosen)
+    emit(text, output)
