@@ -19,6 +19,7 @@ from stepscope.errors import StepscopeError
 COMMANDS: dict[str, str] = {
     "ingest": "ingest",
     "info": "info",
+    "ops": "ops",
 }
 
 
