@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "ingest": "ingest",
     "info": "info",
     "ops": "ops",
+    "memory": "memory",
 }
 
 

@@ -135,7 +135,7 @@ def innermost_enclosing(intervals: pl.DataFrame, points: pl.DataFrame) -> pl.Ser
     cand = (
         pts.sort("pid", "tid", "ts_ns")
         .join_asof(iv.select("pid", "tid", "ts_ns", "row"), on="ts_ns",
-                   by=["pid", "tid"], strategy="backward")
+                   by=["pid", "tid"], strategy="backward", check_sortedness=False)
         .sort("point")
     )
     row = cand["row"].cast(pl.Int64).fill_null(-1).to_numpy().copy()

@@ -1,0 +1,45 @@
+"""`stepscope memory TRACE`: allocated/reserved over time per device, the peak and the op running then,
+bytes allocated per op, allocations never freed; `--by-layer`: activations per nn.Module at the peak."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stepscope.analyze import load
+from stepscope.analyze.memory import activation_memory, memory_timeline
+from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
+from stepscope.errors import UsageError
+from stepscope.reports.text import render
+
+NO_EVENTS = ("no [memory] events in this trace: capture with torch.profiler.profile(profile_memory=True) "
+             "to see memory over time\n")
+
+
+@click.command("memory")
+@trace_argument
+@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True,
+              help="Rows of the per-op and never-freed tables.")
+@click.option("--buckets", type=click.IntRange(min=1), default=24, show_default=True,
+              help="Time slices of the allocated/reserved timeline (per device).")
+@click.option("--by-layer", is_flag=True,
+              help="Activations per nn.Module at the peak and what checkpointing could save (with_modules).")
+@format_options
+def command(trace: Path, top: int, buckets: int, by_layer: bool, fmt: str | None, as_json: bool, as_csv: bool,
+            output: Path | None) -> None:
+    """Memory over time from TRACE's [memory] events: per-device peak (time, step, op), reserved vs
+    allocated, MiB allocated per op (self and inclusive), and allocations never freed in the trace."""
+    if ".raw." in trace.name:
+        raise UsageError("this looks like an export_memory_timeline file; use `stepscope memory-timeline`",
+                         path=trace)
+    chosen = resolve_format(fmt, as_json, as_csv)
+    loaded = load(trace)
+    if by_layer:
+        emit(render(activation_memory(loaded), chosen), output)
+        return
+    result = memory_timeline(loaded, buckets=buckets, top=top)
+    if result.memory_events == 0 and chosen == "table":
+        emit(NO_EVENTS, output)
+        return
+    emit(render(result, chosen), output)
