@@ -28,6 +28,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import queue
 import re
 import threading
@@ -109,7 +110,7 @@ def _args_struct(group: ArgGroup) -> type[msgspec.Struct]:
     return msgspec.defstruct(f"Args_{group}", fields, kw_only=True)
 
 
-_GROUPS: tuple[ArgGroup, ...] = ("gpu", "cpu", "runtime", "memory")
+_GROUPS: tuple[ArgGroup, ...] = ("gpu", "cpu", "python", "runtime", "memory")
 _ARGS_STRUCTS: dict[ArgGroup, type[msgspec.Struct]] = {g: _args_struct(g) for g in _GROUPS}
 _ARGS_DECODERS = {g: msgspec.json.Decoder(list[s]) for g, s in _ARGS_STRUCTS.items()}  # type: ignore[valid-type]
 _CHUNK_DECODER = msgspec.json.Decoder(list[_RawEvent])
@@ -166,23 +167,58 @@ class IngestResult:
 # ----------------------------------------------------------------------------------------------- reading
 
 
-def read_trace_bytes(path: Path) -> bytes:
-    """The uncompressed JSON bytes of a trace file; gzip is detected by magic bytes."""
+def read_trace(path: Path) -> tuple[bytearray, str]:
+    """The uncompressed JSON of a trace file (gzip sniffed by its magic bytes) and the sha256 of the file
+    as stored, from one read. A bytearray, so spans of it can be decoded in place (see iter_chunk_tables)."""
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
+            size = os.fstat(fh.fileno()).st_size
+            stored = bytearray(size)
+            got = fh.readinto(stored)
     except IsADirectoryError:
         raise InputError("is a directory, expected a trace file", path=path) from None
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except EOFError:
-            raise TraceFormatError("truncated gzip file (the compressed stream ends early)", path=path) from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise TraceFormatError(f"corrupt gzip data ({exc})", path=path) from None
-    return raw
+    del stored[got:]
+    sha = hashlib.sha256(stored).hexdigest()
+    if stored[:2] != b"\x1f\x8b":
+        return stored, sha
+    try:
+        return _gunzip(stored), sha
+    except EOFError:
+        raise TraceFormatError("truncated gzip file (the compressed stream ends early)", path=path) from None
+    except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+        raise TraceFormatError(f"corrupt gzip data ({exc})", path=path) from None
+
+
+def _gunzip(stored: bytearray) -> bytearray:
+    """Decompress into one preallocated bytearray (the gzip trailer states the size), in 16 MiB steps."""
+    expected = int.from_bytes(stored[-4:], "little")
+    if not 0 < expected <= 256 * len(stored):  # a truncated file's "trailer" is arbitrary bytes
+        return bytearray(gzip.decompress(bytes(stored)))
+    out = bytearray(expected)
+    pos = 0
+    decompressor = zlib.decompressobj(wbits=31)
+    view = memoryview(stored)
+    piece = decompressor.decompress(view, 1 << 24)
+    while True:
+        if pos + len(piece) > len(out):  # several members, or over 4 GiB: the trailer was not the size
+            return bytearray(gzip.decompress(bytes(stored)))
+        out[pos : pos + len(piece)] = piece
+        pos += len(piece)
+        if decompressor.eof:
+            break
+        if not decompressor.unconsumed_tail and not piece:
+            raise EOFError("compressed stream ends early")
+        piece = decompressor.decompress(decompressor.unconsumed_tail, 1 << 24)
+    if decompressor.unused_data.strip(b"\x00") or pos != expected:
+        return bytearray(gzip.decompress(bytes(stored)))
+    return out
+
+
+def read_trace_bytes(path: Path) -> bytearray:
+    """The uncompressed JSON bytes of a trace file."""
+    return read_trace(path)[0]
 
 
 def _decode_error(exc: Exception, data: bytes, path: Path, base: int = 0) -> TraceFormatError:
@@ -275,7 +311,11 @@ def process_span(body: bytes, path: str, offset: int) -> _ChunkTables | None:
     made this span fell inside a string, so the caller merges it with the next span. Runs in worker
     processes for large traces, so it takes and returns only picklable values.
     """
-    document = b"[" + body + b"]"
+    return process_document(b"[" + body + b"]", path, offset)
+
+
+def process_document(document: bytes | memoryview, path: str, offset: int) -> _ChunkTables | None:
+    """Like process_span, for a span already wrapped in brackets (a JSON array of events)."""
     try:
         events = _CHUNK_DECODER.decode(document)
     except msgspec.ValidationError as exc:
@@ -291,6 +331,21 @@ def process_span(body: bytes, path: str, offset: int) -> _ChunkTables | None:
         raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path, offset=offset) from None
 
 
+def _process_in_place(data: bytearray, a: int, b: int, path: Path) -> _ChunkTables | None:
+    """process_document on data[a:b] without copying it: the separator bytes just outside the span are
+    set to '[' and ']' while it is decoded, then restored. Raw values never include those bytes.
+
+        data:  [ {e0} , {e1} , {e2} ]        span (a, b) = {e1}
+        view:        [ {e1} ]                 (the commas around it, briefly)
+    """
+    before, after = data[a - 1], data[b]
+    data[a - 1], data[b] = 0x5B, 0x5D
+    try:
+        return process_document(memoryview(data)[a - 1 : b + 1], str(path), a)
+    finally:
+        data[a - 1], data[b] = before, after
+
+
 def _shifted(chunk: _ChunkTables, first_index: int) -> _ChunkTables:
     if first_index == 0:
         return chunk
@@ -300,7 +355,7 @@ def _shifted(chunk: _ChunkTables, first_index: int) -> _ChunkTables:
                         n_input=chunk.n_input)
 
 
-def iter_chunk_tables(data: bytes, start: int, end: int, path: Path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                       jobs: int = 1) -> Iterator[_ChunkTables]:
     """Yield the tables of each span of traceEvents in file order, decoding spans in `jobs` processes.
 
@@ -342,18 +397,18 @@ def iter_chunk_tables(data: bytes, start: int, end: int, path: Path, *, chunk_by
             index += chunk.n_input
 
 
-def _merge_bad_cuts(data: bytes, spans: list[tuple[int, int]], i: int, first: _ChunkTables | None, path: Path,
+def _merge_bad_cuts(data: bytearray, spans: list[tuple[int, int]], i: int, first: _ChunkTables | None, path: Path,
                     in_flight: dict[int, Any] | None = None) -> tuple[_ChunkTables, int]:
     """The tables for span i, merging it with the following spans while the cut is bad; the next index."""
     a = spans[i][0]
-    result = first if in_flight is not None else process_span(data[a : spans[i][1]], str(path), a)
+    result = first if in_flight is not None else _process_in_place(data, a, spans[i][1], path)
     j = i + 1
     while result is None:
         if j >= len(spans):
             raise TraceFormatError("malformed traceEvents array", path=path, offset=a)
         if in_flight is not None and j in in_flight:
             in_flight.pop(j).cancel()
-        result = process_span(data[a : spans[j][1]], str(path), a)
+        result = _process_in_place(data, a, spans[j][1], path)
         j += 1
     return result, j
 
@@ -693,14 +748,13 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
     started = time.perf_counter()
     path = Path(path)
     out_dir = Path(out_dir)
-    sha = file_sha256(path) if path.is_file() else None
-    if sha is None:
-        raise InputError("not found or not a file", path=path)
+    if not path.exists():
+        raise InputError("not found", path=path)
+    data, sha = read_trace(path)
     if not force and is_ingested(out_dir, sha):
         meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
         return IngestResult(source=path, out_dir=out_dir, skipped=True, n_events=int(meta["counts"]["events"]),
                             seconds=time.perf_counter() - started)
-    data = read_trace_bytes(path)
     start, end, top = split_document(data, path)
     if len(data) < PARALLEL_MIN_BYTES:
         jobs = 1

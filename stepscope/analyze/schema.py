@@ -78,7 +78,7 @@ CPU_KINDS: tuple[Kind, ...] = (Kind.CPU_OP, Kind.PYTHON_FUNCTION, Kind.USER_ANNO
 
 ArgType = Literal["int", "float", "str", "json"]
 # Which kinds of event carry an argument; extraction runs per group, so an event pays only for its keys.
-ArgGroup = Literal["gpu", "cpu", "runtime", "memory"]
+ArgGroup = Literal["gpu", "cpu", "python", "runtime", "memory"]
 
 GROUP_OF_KIND: dict[Kind, ArgGroup] = {
     Kind.KERNEL: "gpu",
@@ -87,7 +87,7 @@ GROUP_OF_KIND: dict[Kind, ArgGroup] = {
     Kind.GPU_USER_ANNOTATION: "gpu",
     Kind.SYNC: "gpu",
     Kind.CPU_OP: "cpu",
-    Kind.PYTHON_FUNCTION: "cpu",
+    Kind.PYTHON_FUNCTION: "python",
     Kind.USER_ANNOTATION: "cpu",
     Kind.OTHER: "cpu",
     Kind.RUNTIME: "runtime",
@@ -107,8 +107,6 @@ class ArgColumn:
     doc: str
     folded_into: str | None = None  # read at ingest, then merged into a base column instead of stored
 
-
-_ALL: tuple[ArgGroup, ...] = ("gpu", "cpu", "runtime", "memory")
 
 #: The declarative args table (raw key -> column, type). `json` columns keep the value's JSON text.
 ARG_COLUMNS: tuple[ArgColumn, ...] = (
@@ -145,10 +143,10 @@ ARG_COLUMNS: tuple[ArgColumn, ...] = (
               doc="thread of the forward op for a backward op"),
     ArgColumn(column="record_function_id", keys=("Record function id",), type="int", groups=("cpu",),
               doc="record_function id"),
-    ArgColumn(column="ev_idx", keys=("Ev Idx",), type="int", groups=("cpu", "memory"), doc="profiler event index"),
-    ArgColumn(column="python_id", keys=("Python id",), type="int", groups=("cpu",),
+    ArgColumn(column="ev_idx", keys=("Ev Idx",), type="int", groups=("cpu", "python", "memory"), doc="profiler event index"),
+    ArgColumn(column="python_id", keys=("Python id",), type="int", groups=("python",),
               doc="python_function frame id (with_stack)"),
-    ArgColumn(column="python_parent_id", keys=("Python parent id",), type="int", groups=("cpu",),
+    ArgColumn(column="python_parent_id", keys=("Python parent id",), type="int", groups=("python",),
               doc="python_function parent frame id"),
     ArgColumn(column="call_stack", keys=("Call stack",), type="str", groups=("cpu",),
               doc="Python stack of an op, ';'-separated (older with_stack format)"),
