@@ -221,7 +221,7 @@ def read_trace_bytes(path: Path) -> bytearray:
     return read_trace(path)[0]
 
 
-def _decode_error(exc: Exception, data: bytes, path: Path, base: int = 0) -> TraceFormatError:
+def _decode_error(exc: Exception, data: bytes | bytearray, path: Path, base: int = 0) -> TraceFormatError:
     text = str(exc)
     if isinstance(exc, UnicodeDecodeError):
         return TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=base + exc.start)
@@ -238,7 +238,7 @@ def _decode_error(exc: Exception, data: bytes, path: Path, base: int = 0) -> Tra
     return TraceFormatError(f"malformed JSON: {message}", path=path, offset=offset)
 
 
-def split_document(data: bytes, path: Path) -> tuple[int, int, dict[str, Any]]:
+def split_document(data: bytes | bytearray, path: Path) -> tuple[int, int, dict[str, Any]]:
     """Validate the whole document; return the byte span of the traceEvents array and the other top keys."""
     first = re.search(rb"\S", data)
     if first is None:
@@ -271,7 +271,7 @@ def split_document(data: bytes, path: Path) -> tuple[int, int, dict[str, Any]]:
     return span[0], span[1], meta
 
 
-def _locate(data: bytes, raw: msgspec.Raw) -> tuple[int, int] | None:
+def _locate(data: bytes | bytearray, raw: msgspec.Raw) -> tuple[int, int] | None:
     """Byte span of a Raw value inside `data` (Raw keeps no offset: find the key, check both ends)."""
     view = memoryview(raw)
     size = len(view)
@@ -285,7 +285,7 @@ def _locate(data: bytes, raw: msgspec.Raw) -> tuple[int, int] | None:
     return None  # pragma: no cover - the key is always there when decode found it
 
 
-def iter_chunks(data: bytes, start: int, end: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+def iter_chunks(data: bytes | bytearray, start: int, end: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
     """Cut the array data[start:end] ('[' ... ']') into spans of whole events, about chunk_bytes each."""
     body_start = start + 1
     body_end = data.rindex(b"]", start, end)
@@ -304,7 +304,7 @@ def iter_chunks(data: bytes, start: int, end: int, chunk_bytes: int) -> Iterator
         pos = match.end() - 1  # at the next opening brace
 
 
-def process_span(body: bytes, path: str, offset: int) -> _ChunkTables | None:
+def process_span(body: bytes | bytearray, path: str, offset: int) -> _ChunkTables | None:
     """Decode and build one span of whole events (the bytes between two cuts, without brackets).
 
     Event ids are local to the span (0-based); the caller shifts them. Returns None when the cut that
@@ -568,7 +568,7 @@ class _ChunkTables:
     n_input: int  # traceEvents entries in the span (events + flows + metadata)
 
 
-def build_chunk(events: list[_RawEvent], first_index: int, body: bytes) -> _ChunkTables:
+def build_chunk(events: list[_RawEvent], first_index: int, body: bytes | memoryview) -> _ChunkTables:
     """One decoded chunk -> the events table, the flows table and the M (metadata) events."""
     n = len(events)
     ph = _text_array([e.ph for e in events])
