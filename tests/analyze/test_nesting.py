@@ -1,0 +1,108 @@
+"""Per-thread nesting: the stack walk against a brute-force definition, the merge rule, enclosing lookups."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepscope.analyze.nesting import (
+    children_sum,
+    collapse_repeated,
+    innermost_enclosing,
+    parent_index,
+    sort_for_nesting,
+    subtree_sum,
+)
+
+
+def _frame(rows: list[tuple[str, int, int]]) -> pl.DataFrame:
+    """rows: (tid, ts, dur)."""
+    return pl.DataFrame({"pid": ["1"] * len(rows), "tid": [r[0] for r in rows],
+                         "ts_ns": [r[1] for r in rows], "dur_ns": [r[2] for r in rows]})
+
+
+def test_parent_and_depth_follow_containment() -> None:
+    # GIVEN linear 0..10 holding t 1..2 and addmm 3..9 holding copy_ 4..5; another thread's event overlapping
+    f = sort_for_nesting(_frame([("1", 3, 6), ("1", 0, 10), ("1", 4, 1), ("1", 1, 1), ("2", 2, 5)]))
+    parent, depth = parent_index(f)
+    starts = f["ts_ns"].to_list()
+    named = {starts[i] if f["tid"][i] == "1" else -1: (starts[parent[i]] if parent[i] >= 0 else None, depth[i])
+             for i in range(f.height)}
+    assert named == {0: (None, 0), 1: (0, 1), 3: (0, 1), 4: (3, 2), -1: (None, 0)}
+
+
+def test_partial_overlap_is_not_nesting() -> None:
+    f = sort_for_nesting(_frame([("1", 0, 10), ("1", 5, 10)]))
+    parent, _ = parent_index(f)
+    assert parent.tolist() == [-1, -1]
+
+
+def test_equal_intervals_nest_in_order() -> None:
+    # torch sorts by (start, -end): of two identical spans the first one written is the parent
+    f = sort_for_nesting(_frame([("1", 0, 10), ("1", 0, 10)]))
+    parent, depth = parent_index(f)
+    assert parent.tolist() == [-1, 0] and depth.tolist() == [0, 1]
+
+
+def _brute_parent(rows: list[tuple[int, int]]) -> list[int]:
+    """Innermost earlier-sorted interval containing each one (torch's rule, quadratic)."""
+    order = sorted(range(len(rows)), key=lambda i: (rows[i][0], -(rows[i][0] + rows[i][1]), i))
+    pos = {i: k for k, i in enumerate(order)}
+    out = []
+    for k, i in enumerate(order):
+        s, e = rows[i][0], rows[i][0] + rows[i][1]
+        best = -1
+        for j in order[:k]:
+            js, je = rows[j][0], rows[j][0] + rows[j][1]
+            if js <= s and s < je and e <= je:
+                best = pos[j]  # later in sort order among containers = innermost
+        out.append(best)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20)), min_size=1, max_size=25))
+def test_stack_walk_equals_brute_force_on_properly_nested_or_not(rows: list[tuple[int, int]]) -> None:
+    f = sort_for_nesting(_frame([("1", s, d) for s, d in rows]))
+    parent, _ = parent_index(f)
+    brute = _brute_parent(rows)
+    # the stack walk may only lose a parent that a partially-overlapping sibling popped; where intervals
+    # nest properly both agree, and any parent found really contains the child
+    ts, end = f["ts_ns"].to_numpy(), (f["ts_ns"] + f["dur_ns"]).to_numpy()
+    for i, p in enumerate(parent):
+        if p >= 0:
+            assert ts[p] <= ts[i] < end[p] and end[i] <= end[p]
+    laminar = all(not (a[0] < b[0] < a[0] + a[1] < b[0] + b[1]) for a in rows for b in rows)
+    if laminar:
+        assert parent.tolist() == brute
+
+
+def test_collapse_merges_single_same_name_child_and_lifts_its_value() -> None:
+    # to -> to -> _to_copy, plus a sibling chain where the parent has two children (kept)
+    parent = np.array([-1, 0, 1, -1, 3, 3])
+    names = np.array([1, 1, 2, 1, 1, 2])
+    lifted = np.array([5, 7, 0, 1, 2, 3])
+    new_parent, removed, lift, depth = collapse_repeated(parent, names, lifted)
+    assert removed.tolist() == [False, True, False, False, False, False]
+    assert new_parent[2] == 0 and depth[2] == 1
+    assert lift[0] == 7  # the child's kernels replace the parent's
+
+
+def test_subtree_and_children_sums() -> None:
+    parent = np.array([-1, 0, 0, 2])
+    depth = np.array([0, 1, 1, 2])
+    vals = np.array([1, 2, 3, 4])
+    assert subtree_sum(parent, depth, vals).tolist() == [10, 2, 7, 4]
+    assert children_sum(parent, vals).tolist() == [5, 0, 4, 0]
+
+
+def test_innermost_enclosing_walks_up_past_finished_children() -> None:
+    iv = sort_for_nesting(_frame([("1", 0, 100), ("1", 10, 10), ("1", 12, 2), ("2", 0, 100)]))
+    parent, _ = parent_index(iv)
+    iv = iv.with_columns(parent=pl.Series(parent))
+    pts = pl.DataFrame({"pid": ["1"] * 5, "tid": ["1", "1", "1", "1", "3"], "ts_ns": [13, 50, 20, 200, 5]})
+    rows = innermost_enclosing(iv, pts).to_list()
+    starts = [iv["ts_ns"][r] if r is not None else None for r in rows]
+    assert starts == [12, 0, 10, None, None]  # end is inclusive (20 is inside 10..20)
