@@ -113,11 +113,9 @@ def _attributed(trace: Trace) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The memory series with op_row (innermost enclosing cpu_op on the same thread), op name and step."""
     series = memory_series(trace)
     ops = _ops_with_parents(trace)
-    rows = innermost_enclosing(ops, series)
-    names = ops["name"]
-    series = series.with_columns(op_row=rows).with_columns(
-        op=pl.col("op_row").map_batches(lambda r: names.gather(r.fill_null(0)).zip_with(r.is_not_null(), pl.Series(
-            [None] * len(r), dtype=pl.String)), return_dtype=pl.String))
+    names = ops.select(op_row=pl.int_range(pl.len(), dtype=pl.Int64), op="name")
+    series = series.with_columns(op_row=innermost_enclosing(ops, series)).join(
+        names, on="op_row", how="left", maintain_order="left")
     return _with_step(series, trace), ops
 
 
@@ -273,7 +271,8 @@ def activation_memory(trace: Trace) -> ActivationMemory:
     parent, _ = parent_index(modules)
     modules = modules.with_columns(parent=pl.Series(parent))
     rows = innermost_enclosing(modules, series)
-    names = modules["name"].str.strip_prefix(MODULE_PREFIX)
+    names = modules.select(module_row=pl.int_range(pl.len(), dtype=pl.Int64),
+                           module=pl.col("name").str.strip_prefix(MODULE_PREFIX))
     live = pl.DataFrame(schema={"module": pl.String, "live_bytes": pl.Int64, "allocations": pl.UInt32})
     if device is not None and peak_ts is not None and modules.height:
         allocs = _with_free(series.with_columns(module_row=rows))
@@ -282,7 +281,7 @@ def activation_memory(trace: Trace) -> ActivationMemory:
                           & (pl.col("ts_ns") <= peak_ts)
                           & (pl.col("freed_ts_ns").is_null() | (pl.col("freed_ts_ns") > peak_ts))
                           & ~(pl.col("freed_ts_ns").is_null() & ~pl.col("never_freed")))
-            .with_columns(module=pl.col("module_row").map_batches(lambda r: names.gather(r), return_dtype=pl.String))
+            .join(names, on="module_row", how="left")
             .group_by("module").agg(live_bytes=pl.col("alloc_bytes").sum(), allocations=pl.len())
             .sort("live_bytes", "module", descending=[True, False])
         )
