@@ -1,0 +1,54 @@
+"""`stepscope memory`: headline, tables, JSON; a trace without [memory] says so; --by-layer; raw timeline files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from builders import cpu_op, memory, python_fn, step, trace, write_trace
+from click.testing import CliRunner
+
+from stepscope.cli import cli, main
+
+MIB = 1024 * 1024
+
+
+def _trace(tmp_path: Path) -> Path:
+    return write_trace(tmp_path, trace(
+        step(3, 0, 100), python_fn("nn.Module: Linear_0", 5, 40), cpu_op("aten::addmm", 10, 20),
+        memory(15, 8 * MIB, total_allocated=8 * MIB, total_reserved=10 * MIB, addr=1),
+        memory(60, -8 * MIB, total_allocated=0, total_reserved=10 * MIB, addr=1),
+        memory(70, 1 * MIB, total_allocated=1 * MIB, total_reserved=10 * MIB, addr=2),
+    ), "t.json")
+
+
+def test_table_and_json(tmp_path: Path) -> None:
+    path = _trace(tmp_path)
+    res = CliRunner().invoke(cli, ["memory", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "peak allocated  8 MiB" in res.stdout and "peak op         aten::addmm" in res.stdout
+    assert "mem ops:" in res.stdout and "never freed:" in res.stdout and "timeline:" in res.stdout
+    data = json.loads(CliRunner().invoke(cli, ["memory", str(path), "--json"]).stdout)
+    assert data["peak_step"] == 3 and data["never_freed"][0]["alloc_bytes"] == MIB
+    assert data["devices"][0]["peak_allocated_bytes"] == 8 * MIB
+
+
+def test_by_layer(tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["memory", str(_trace(tmp_path)), "--by-layer", "--json"])
+    data = json.loads(res.stdout)
+    assert data["largest_layer"] == "Linear_0" and data["activation_bytes"] == 8 * MIB
+
+
+def test_no_memory_events_is_said_plainly(tmp_path: Path) -> None:
+    path = write_trace(tmp_path, trace(cpu_op("aten::mm", 0, 1)), "plain.json")
+    res = CliRunner().invoke(cli, ["memory", str(path)])
+    assert res.exit_code == 0 and "no [memory] events in this trace" in res.stdout
+
+
+def test_memory_timeline_export_is_pointed_elsewhere(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = tmp_path / "memory_timeline.raw.json.gz"
+    raw.write_bytes(b"")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["memory", str(raw)])
+    assert exit_info.value.code == 2 and "stepscope memory-timeline" in capsys.readouterr().err

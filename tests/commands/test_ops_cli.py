@@ -1,0 +1,56 @@
+"""`stepscope ops`: torch's table text by default, raw JSON/CSV, --sort/--top/--group-by-shape, bad --sort."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from builders import cpu_op, kernel, memory, runtime, trace, write_trace
+from click.testing import CliRunner
+
+from stepscope.cli import cli, main
+
+
+def _trace(tmp_path: Path) -> Path:
+    return write_trace(tmp_path, trace(
+        cpu_op("aten::linear", 0, 20, external_id=1, **{"Input Dims": [[4, 8], [8, 8]]}),
+        cpu_op("aten::addmm", 2, 10, external_id=2),
+        runtime("cudaLaunchKernel", 3, 2, correlation=7, external_id=2),
+        kernel("sgemm", 30, 10, correlation=7), memory(4, 4096, total_allocated=4096, device=-1),
+    ), "t.json")
+
+
+def test_table_has_torchs_columns_and_footer(tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["ops", str(_trace(tmp_path))])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[1].split()[:3] == ["Name", "Self", "CPU"] and "Self CUDA %" in lines[1] and "# of Calls" in lines[1]
+    assert {lines[3].split()[0], lines[4].split()[0]} == {"sgemm", "aten::addmm"}  # by self device time
+    assert "Self CPU time total: 20.000us" in res.stdout and "Self CUDA time total: 10.000us" in res.stdout
+
+
+def test_json_csv_sort_top_and_shapes(tmp_path: Path) -> None:
+    path = _trace(tmp_path)
+    runner = CliRunner()
+    data = json.loads(runner.invoke(cli, ["ops", str(path), "--json", "--sort", "cpu_total_ns", "--top", "2"]).stdout)
+    assert [r["name"] for r in data["ops"]] == ["aten::linear", "aten::addmm"]
+    assert data["ops"][0]["cpu_total_ns"] == 20_000 and data["ops_total"] == 4
+    csv = runner.invoke(cli, ["ops", str(path), "--csv", "--group-by-shape"]).stdout
+    assert csv.splitlines()[0].startswith("name,kind,input_shapes,calls,self_cpu_ns")
+    assert '"[[4, 8], [8, 8]]"' in csv
+    shaped = runner.invoke(cli, ["ops", str(path), "--group-by-shape"]).stdout
+    assert "Input Shapes" in shaped.splitlines()[1]
+
+
+def test_bad_sort_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ops", str(_trace(tmp_path)), "--sort", "nope"])
+    assert exit_info.value.code == 2 and "cannot sort by 'nope'" in capsys.readouterr().err
+
+
+def test_corpus_trace(corpus: Path) -> None:
+    res = CliRunner().invoke(cli, ["ops", str(corpus / "traces/tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"),
+                                   "--top", "5"])
+    assert res.exit_code == 0, res.output
+    assert "CUDA Mem" in res.stdout.splitlines()[1] and "(top 5 of" in res.stdout
