@@ -28,6 +28,7 @@ events (rare: none in ordinary eager training) are nested as if synchronous.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,6 +48,8 @@ FILTERED_NAMES: tuple[str, ...] = (
 )
 CPU_ROW_KINDS: tuple[Kind, ...] = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER)
 DEVICE_ROW_KINDS: tuple[Kind, ...] = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET, Kind.GPU_USER_ANNOTATION)
+#: every kind a row can have ("memory": [memory] instants outside any CPU event)
+ROW_KINDS: tuple[str, ...] = tuple(k.value for k in (*CPU_ROW_KINDS, *DEVICE_ROW_KINDS, Kind.MEMORY))
 #: c10 DeviceType codes torch counts as CPU memory (CPU, MKLDNN, IDEEP) and as device memory
 CPU_DEVICE_TYPES: tuple[int, ...] = (0, 2, 5)
 DEVICE_DEVICE_TYPES: tuple[int, ...] = (1, 6, 12, 20)
@@ -215,11 +218,13 @@ def op_rows(trace: Trace) -> pl.DataFrame:
     return pl.concat([cpu_rows, mem_rows, dev_rows], how="vertical_relaxed")
 
 
-def op_table(trace: Trace, *, group_by_shape: bool = False, sort_by: str = "auto", top: int | None = None) -> OpTable:
+def op_table(trace: Trace, *, group_by_shape: bool = False, sort_by: str = "auto", top: int | None = None,
+             kinds: Sequence[str] | None = None) -> OpTable:
     """key_averages() from the trace: per op name (and input shapes), calls, CPU/device times, memory, FLOPs.
 
     `sort_by` is one of SORT_COLUMNS or torch's sort keys (descending), `auto` = self device time when the
-    trace has any, else self CPU; `top` keeps the first N rows (percentages stay of the whole).
+    trace has any, else self CPU; `top` keeps the first N rows and `kinds` only rows of those kinds (e.g.
+    cpu_op, kernel); percentages and totals stay of the whole table, as torch's do.
     """
     rows = op_rows(trace)
     keys = ["name", "kind"] + (["input_shapes"] if group_by_shape else [])
@@ -248,6 +253,8 @@ def op_table(trace: Trace, *, group_by_shape: bool = False, sort_by: str = "auto
         "self_device_ns", "self_device_fraction", "device_total_ns", "device_avg_ns",
         "cpu_mem_bytes", "self_cpu_mem_bytes", "device_mem_bytes", "self_device_mem_bytes", "flops",
     ).sort(sort_col, "name", descending=[True, False], nulls_last=True)
+    if kinds is not None:
+        ops = ops.filter(pl.col("kind").is_in(list(kinds)))
     total = ops.height
     if top is not None:
         ops = ops.head(top)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from stepscope.analyze import load
-from stepscope.analyze.ops import SORT_COLUMNS, op_table
+from stepscope.analyze.ops import ROW_KINDS, SORT_COLUMNS, op_table
 from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
 from stepscope.reports.ops_text import render_ops_table
 from stepscope.reports.text import render
@@ -21,14 +21,19 @@ from stepscope.reports.text import render
 @click.option("--top", type=click.IntRange(min=0), default=30, show_default=True,
               help="Show the first N rows (0 = all).")
 @click.option("--group-by-shape", is_flag=True, help="One row per op name and input shapes (record_shapes).")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(ROW_KINDS),
+              help="Only rows of this kind (repeatable), e.g. --kind cpu_op to hide kernels and annotations.")
 @format_options
-def command(trace: Path, sort_by: str, top: int, group_by_shape: bool, fmt: str | None, as_json: bool,
-            as_csv: bool, output: Path | None) -> None:
+def command(trace: Path, sort_by: str, top: int, group_by_shape: bool, kinds: tuple[str, ...], fmt: str | None,
+            as_json: bool, as_csv: bool, output: Path | None) -> None:
     """Per-op totals of TRACE as torch's prof.key_averages().table() prints them, from the trace alone.
 
-    The table output uses torch's column names and formats; --json/--csv give raw values (ns, bytes).
+    Rows are what torch's table holds: CPU ops, Python frames, annotations, runtime calls, and GPU kernels /
+    copies / GPU-side annotations (which torch leaves out of the Self CUDA % denominator, so those can pass
+    100%). The table output uses torch's column names and formats; --json/--csv give raw values (ns, bytes).
     """
     chosen = resolve_format(fmt, as_json, as_csv)
-    result = op_table(load(trace), group_by_shape=group_by_shape, sort_by=sort_by, top=top or None)
+    result = op_table(load(trace), group_by_shape=group_by_shape, sort_by=sort_by, top=top or None,
+                      kinds=kinds or None)
     text = render_ops_table(result) if chosen == "table" else render(result, chosen)
     emit(text, output)

@@ -172,3 +172,13 @@ def test_resnet_table_totals_match_the_reference_busy_time(corpus: Path, tmp_pat
     assert conv["calls"] == 318 and conv["device_total_ns"] > 100_000_000
     text = render_ops_table(result)
     assert "Self CUDA %" in text.splitlines()[1] and "CUDA Mem" in text
+
+
+def test_kinds_filter_keeps_whole_table_percentages(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(
+        cpu_op("aten::addmm", 0, 10, external_id=2), runtime("cudaLaunchKernel", 3, 2, correlation=7, external_id=2),
+        kernel("sgemm", 30, 10, correlation=7),
+    ))
+    result = op_table(t, kinds=["cpu_op"])
+    assert result.ops["name"].to_list() == ["aten::addmm"]
+    assert result.ops["self_cpu_fraction"][0] == pytest.approx(8 / 10) and result.self_device_total_ns == 10_000
