@@ -236,13 +236,14 @@ class ActivationMemory:
     allocations still live at the peak), allocations; largest first.
     """
 
+    module_frames: int  # nn.Module frames in the trace; 0: captured without with_stack/with_modules
     device: str | None
     peak_allocated_bytes: int | None
     peak_offset_ns: int | None
-    activation_bytes: int
-    activation_fraction: float | None
+    activations_bytes: int
+    activations_of_peak_fraction: float | None
     largest_layer: str | None
-    largest_layer_bytes: int
+    largest_layer_size_bytes: int
     checkpoint_saving_estimate_bytes: int
     layers: pl.DataFrame
 
@@ -253,7 +254,7 @@ def activation_memory(trace: Trace) -> ActivationMemory:
     An activation is a block allocated inside an nn.Module frame that is still live at the peak of the
     device with the highest peak (GPU preferred). Checkpointing every layer keeps only one layer's
     activations live at a time while it is recomputed, so the estimate of what it saves is
-    activation_bytes - largest_layer_bytes: an upper bound (the inputs kept at checkpoint boundaries and the
+    activations_bytes - largest_layer_size_bytes: an upper bound (the inputs kept at checkpoint boundaries and the
     recompute's temporaries are not subtracted).
 
         Linear_0 2 MiB, Linear_1 4 MiB live at the peak  ->  activations 6 MiB, largest Linear_1,
@@ -262,7 +263,7 @@ def activation_memory(trace: Trace) -> ActivationMemory:
     tl = memory_timeline(trace, top=1)
     device = tl.peak_device
     series = memory_series(trace)
-    on_device = series.filter(pl.col("device_name") == device)
+    on_device = series.filter(pl.col("device_name") == device) if device is not None else series.clear()
     peak_ts = int(on_device["ts_ns"][on_device["allocated_bytes"].arg_max() or 0]) if on_device.height else None
     modules = sort_for_nesting(
         trace.of_kind(Kind.PYTHON_FUNCTION)
@@ -290,8 +291,8 @@ def activation_memory(trace: Trace) -> ActivationMemory:
     largest_bytes = int(live["live_bytes"][0]) if live.height else 0
     peak = tl.peak_allocated_bytes
     return ActivationMemory(
-        device=device, peak_allocated_bytes=peak, peak_offset_ns=tl.peak_offset_ns, activation_bytes=total,
-        activation_fraction=(total / peak) if peak else None, largest_layer=largest_name,
-        largest_layer_bytes=largest_bytes, checkpoint_saving_estimate_bytes=max(0, total - largest_bytes),
-        layers=live,
+        module_frames=modules.height, device=device, peak_allocated_bytes=peak, peak_offset_ns=tl.peak_offset_ns,
+        activations_bytes=total, activations_of_peak_fraction=(total / peak) if peak else None,
+        largest_layer=largest_name, largest_layer_size_bytes=largest_bytes,
+        checkpoint_saving_estimate_bytes=max(0, total - largest_bytes), layers=live,
     )

@@ -16,6 +16,9 @@ from stepscope.reports.text import render
 NO_EVENTS = ("no [memory] events in this trace: capture with torch.profiler.profile(profile_memory=True) "
              "to see memory over time\n")
 
+NO_MODULES = ("no nn.Module frames in this trace: capture with torch.profiler.profile(profile_memory=True, "
+              "with_stack=True, with_modules=True) to see activations per layer\n")
+
 
 @click.command("memory")
 @trace_argument
@@ -36,7 +39,11 @@ def command(trace: Path, top: int, buckets: int, by_layer: bool, fmt: str | None
     chosen = resolve_format(fmt, as_json, as_csv)
     loaded = load(trace)
     if by_layer:
-        emit(render(activation_memory(loaded), chosen), output)
+        layers = activation_memory(loaded)
+        if layers.module_frames == 0 and chosen == "table":
+            emit(NO_MODULES, output)
+            return
+        emit(render(layers, chosen), output)
         return
     result = memory_timeline(loaded, buckets=buckets, top=top)
     if result.memory_events == 0 and chosen == "table":

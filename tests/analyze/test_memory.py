@@ -113,8 +113,8 @@ def test_activation_memory_on_synthetic_modules(tmp_path: Path) -> None:
     ))
     r = activation_memory(t)
     assert r.layers.rows() == [("Linear_1", 6 * MIB, 1), ("Linear_0", 2 * MIB, 1), ("Net_0", 1 * MIB, 1)]
-    assert (r.activation_bytes, r.largest_layer, r.checkpoint_saving_estimate_bytes) == (9 * MIB, "Linear_1", 3 * MIB)
-    assert r.activation_fraction == pytest.approx(1.0)
+    assert (r.activations_bytes, r.largest_layer, r.checkpoint_saving_estimate_bytes) == (9 * MIB, "Linear_1", 3 * MIB)
+    assert r.activations_of_peak_fraction == pytest.approx(1.0)
 
 
 # ------------------------------------------------------------------ real traces
@@ -162,5 +162,5 @@ def test_which_layers_activations_dominate_a_real_capture(tmp_path: Path) -> Non
     layers = dict(r.layers.select("module", "live_bytes").rows())
     assert r.largest_layer == "Linear_1" and layers["Linear_1"] == 256 * 2048 * 4
     assert layers["Linear_0"] == 256 * 128 * 4
-    assert r.checkpoint_saving_estimate_bytes == r.activation_bytes - 256 * 2048 * 4
-    assert 0 < r.activation_fraction < 1  # weights and gradients are the rest of the peak
+    assert r.checkpoint_saving_estimate_bytes == r.activations_bytes - 256 * 2048 * 4
+    assert 0 < r.activations_of_peak_fraction < 1  # weights and gradients are the rest of the peak

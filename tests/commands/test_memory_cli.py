@@ -37,13 +37,15 @@ def test_table_and_json(tmp_path: Path) -> None:
 def test_by_layer(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["memory", str(_trace(tmp_path)), "--by-layer", "--json"])
     data = json.loads(res.stdout)
-    assert data["largest_layer"] == "Linear_0" and data["activation_bytes"] == 8 * MIB
+    assert data["largest_layer"] == "Linear_0" and data["activations_bytes"] == 8 * MIB
 
 
 def test_no_memory_events_is_said_plainly(tmp_path: Path) -> None:
     path = write_trace(tmp_path, trace(cpu_op("aten::mm", 0, 1)), "plain.json")
     res = CliRunner().invoke(cli, ["memory", str(path)])
     assert res.exit_code == 0 and "no [memory] events in this trace" in res.stdout
+    res = CliRunner().invoke(cli, ["memory", str(path), "--by-layer"])
+    assert res.exit_code == 0 and "no nn.Module frames in this trace" in res.stdout
 
 
 def test_memory_timeline_export_is_pointed_elsewhere(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
