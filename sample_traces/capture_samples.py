@@ -1,0 +1,194 @@
+"""Regenerate the bundled sample traces with stepscope's own capture shim.
+
+    python sample_traces/capture_samples.py                 # CPU, into sample_traces/
+    python sample_traces/capture_samples.py --device cuda   # on a GPU box (adds memory snapshots)
+    python sample_traces/capture_samples.py --only convnet_train
+
+Each workload is a small, seeded loop; each writes sample_traces/<name>/ (manifest.json + trace(s)).
+The workloads are the seed exercises: a conv net training step, a model that calls .item() inside
+forward (and the fix), a transformer encoder step with memory profiling, pageable vs pinned host-to-device
+copies, and a DataLoader-bound loop (and the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from stepscope.capture import profile_steps
+
+SCHEDULE: dict[str, Any] = {"baseline": 3, "wait": 1, "warmup": 1, "active": 3}
+
+
+def _steps() -> int:
+    return SCHEDULE["baseline"] + SCHEDULE["wait"] + SCHEDULE["warmup"] + SCHEDULE["active"]
+
+
+class SmallConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def convnet_train(out: Path, device: str) -> None:
+    """(a) A small conv net training step."""
+    model = SmallConvNet().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(16, 3, 32, 32, device=device), torch.randint(0, 10, (16,), device=device)
+    with profile_steps(out, batch_size=16, device=device, **SCHEDULE) as prof:
+        for _ in range(_steps()):
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            prof.step()
+
+
+class GatedMLP(nn.Module):
+    """The "find the bottleneck" model: forward reads a value back to the host to decide a branch."""
+
+    def __init__(self, sync_in_forward: bool) -> None:
+        super().__init__()
+        self.sync_in_forward = sync_in_forward
+        self.layers = nn.ModuleList([nn.Linear(128, 128) for _ in range(6)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+            if self.sync_in_forward:
+                if x.mean().item() > 10.0:  # .item() waits for the device: a host sync per layer
+                    x = x * 0.5
+            else:
+                x = torch.where(x.mean() > 10.0, x * 0.5, x)  # same math, stays on the device
+        return x
+
+
+def _gated(out: Path, device: str, sync: bool) -> None:
+    model = GatedMLP(sync).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 128, device=device)
+    with profile_steps(out, batch_size=64, device=device, **SCHEDULE) as prof:
+        for _ in range(_steps()):
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            prof.step()
+
+
+def item_in_forward(out: Path, device: str) -> None:
+    """(b) .item() inside forward: a host synchronization in every layer."""
+    _gated(out, device, sync=True)
+
+
+def item_in_forward_fixed(out: Path, device: str) -> None:
+    """(b, fixed) the same model with torch.where instead of .item()."""
+    _gated(out, device, sync=False)
+
+
+def transformer_memory(out: Path, device: str) -> None:
+    """(c) A transformer encoder step with memory profiling (shapes, memory, stacks, modules)."""
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=2).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 32, 64, device=device)
+    with profile_steps(out, batch_size=8, device=device, record_shapes=True, profile_memory=True,
+                       with_stack=True, with_modules=True, **SCHEDULE) as prof:
+        for _ in range(_steps()):
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            prof.step()
+
+
+def pageable_vs_pinned(out: Path, device: str) -> None:
+    """(d) Host-to-device copies from pageable and from pinned memory (pinned needs CUDA)."""
+    model = nn.Linear(256, 256).to(device)
+    pageable = [torch.randn(64, 256) for _ in range(4)]
+    pinned = [t.pin_memory() for t in pageable] if device == "cuda" else []
+    with profile_steps(out, batch_size=64, device=device, **SCHEDULE) as prof:
+        for _ in range(_steps()):
+            for t in pageable:  # synchronous copies from pageable memory
+                model(t.to(device)).sum().backward()
+            for t in pinned:  # asynchronous copies from pinned memory
+                model(t.to(device, non_blocking=True)).sum().backward()
+            prof.step()
+
+
+class SlowDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Per-sample Python work standing in for decoding and augmentation."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.0015)
+        g = torch.Generator().manual_seed(index)
+        return torch.randn(3, 32, 32, generator=g), torch.tensor(index % 10)
+
+
+def _loader_loop(out: Path, device: str, workers: int) -> None:
+    model = SmallConvNet().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SlowDataset(), batch_size=16, num_workers=workers, persistent_workers=workers > 0,
+                        pin_memory=device == "cuda", prefetch_factor=4 if workers else None)
+    batches = iter(loader)
+    with profile_steps(out, batch_size=16, device=device, **SCHEDULE) as prof:
+        for _ in range(_steps()):
+            x, y = next(batches)
+            loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            prof.step()
+
+
+def dataloader_bound(out: Path, device: str) -> None:
+    """(e) num_workers=0 with a slow per-sample transform: the step waits for data."""
+    _loader_loop(out, device, workers=0)
+
+
+def dataloader_fixed(out: Path, device: str) -> None:
+    """(e, fixed) the same loop with 2 loader workers prefetching."""
+    _loader_loop(out, device, workers=2)
+
+
+WORKLOADS: dict[str, Callable[[Path, str], None]] = {
+    f.__name__: f for f in (convnet_train, item_in_forward, item_in_forward_fixed, transformer_memory,
+                            pageable_vs_pinned, dataloader_bound, dataloader_fixed)
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--only", choices=sorted(WORKLOADS), action="append")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for name in args.only or list(WORKLOADS):
+        torch.manual_seed(0)
+        out = args.out / (name if args.device == "cpu" else f"{name}_{args.device}")
+        shutil.rmtree(out, ignore_errors=True)
+        started = time.perf_counter()
+        WORKLOADS[name](out, args.device)
+        size = sum(p.stat().st_size for p in out.iterdir())
+        print(f"{out}: {size / 1024:.0f} KiB in {time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
