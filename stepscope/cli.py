@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "info": "info",
     "ops": "ops",
     "memory": "memory",
+    "capture": "capture",
 }
 
 
