@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "ops": "ops",
     "memory": "memory",
     "capture": "capture",
+    "snapshot": "snapshot",
+    "memory-timeline": "memory_timeline",
 }
 
 

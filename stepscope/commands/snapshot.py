@@ -1,0 +1,31 @@
+"""`stepscope snapshot FILE.pickle`: what held CUDA memory at the peak, from an allocator snapshot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stepscope.analyze.snapshot import activation_estimate, analyze_snapshot, read_snapshot
+from stepscope.commands._options import emit, format_options, resolve_format
+from stepscope.reports.text import render
+
+
+@click.command("snapshot")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--top", type=click.IntRange(min=0), default=15, show_default=True, help="Rows per table (0: all).")
+@click.option("--device", type=int, default=None, help="Only this device.")
+@click.option("--activations", is_flag=True,
+              help="Which layer's activations hold the most at the peak, and what checkpointing could save.")
+@format_options
+def command(file: Path, top: int, device: int | None, activations: bool, fmt: str | None, as_json: bool,
+            as_csv: bool, output: Path | None) -> None:
+    """Peak allocated memory, the live blocks at the peak by the user code that allocated them, the largest
+    allocations, segments and fragmentation, and OOM events, from a torch.cuda.memory._dump_snapshot pickle.
+
+    The pickle is read as data only: a pickle that asks to run code is refused.
+    """
+    tables = read_snapshot(file)
+    result = activation_estimate(tables, device=device) if activations else analyze_snapshot(
+        tables, top=top, device=device)
+    emit(render(result, resolve_format(fmt, as_json, as_csv), max_rows=top or None), output)
