@@ -265,15 +265,23 @@ def _peaks(tables: SnapshotTables, series: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([with_history, without]).sort("device")
 
 
-def live_blocks_at_peak(tables: SnapshotTables, peaks: pl.DataFrame) -> pl.DataFrame:
-    """One row per block alive at its device's peak: device, size, frame_id, forward_frame_id, origin."""
+def lifetimes(tables: SnapshotTables) -> pl.DataFrame:
+    """alloc and free_completed entries with, on each, the seq of the next free_completed of its address.
+
+        addr 7: alloc (seq 1), free_completed (4), alloc (6)  ->  next_free_seq 4, 4, null
+    """
     ev = tables.events.filter(pl.col("action").is_in(["alloc", "free_completed"])).sort("device", "addr", "seq")
-    ev = ev.with_columns(
+    return ev.with_columns(
         next_free_seq=pl.when(pl.col("action") == "free_completed").then(pl.col("seq"))
         .backward_fill().over("device", "addr"),
         first_action=pl.col("action").first().over("device", "addr"),
         first_seq=pl.col("seq").first().over("device", "addr"),
-    ).join(peaks.select("device", "peak_seq"), on="device", how="left")
+    )
+
+
+def live_blocks_at_peak(tables: SnapshotTables, peaks: pl.DataFrame) -> pl.DataFrame:
+    """One row per block alive at its device's peak: device, size, frame_id, forward_frame_id, origin."""
+    ev = lifetimes(tables).join(peaks.select("device", "peak_seq"), on="device", how="left")
     in_trace = ev.filter(
         (pl.col("action") == "alloc") & (pl.col("seq") <= pl.col("peak_seq"))
         & (pl.col("next_free_seq").is_null() | (pl.col("next_free_seq") > pl.col("peak_seq")))
@@ -317,16 +325,11 @@ def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | Non
         .with_columns(share_fraction=pl.col("live_bytes") / pl.col("peak_allocated_bytes"))
         .drop("peak_allocated_bytes").sort("live_bytes", descending=True)
     )
-    fc = (tables.events.filter(pl.col("action") == "free_completed").select("device", "addr", free_seq="seq"))
     largest = (
-        tables.events.filter(pl.col("action") == "alloc").sort("size", descending=True).head(top)
+        lifetimes(tables).filter(pl.col("action") == "alloc").sort("size", descending=True).head(top or 1_000_000)
         .join(frames, on="frame_id", how="left")
-        .join(fc, on=["device", "addr"], how="left").filter(
-            pl.col("free_seq").is_null() | (pl.col("free_seq") > pl.col("seq")))
-        .group_by("device", "seq").agg(pl.all().exclude("free_seq").first(), freed=pl.col("free_seq").is_not_null().any())
-        .sort("size", descending=True)
         .select("device", size_bytes="size", time_us="time_us", frame=pl.col("frame").fill_null(NO_FRAME),
-                freed="freed")
+                freed=pl.col("next_free_seq").is_not_null())
     )
     segments = (
         tables.blocks.group_by("device", "segment_address").agg(
@@ -386,7 +389,8 @@ def _bucketed(series: pl.DataFrame, buckets: int) -> pl.DataFrame:
                                     "reserved_bytes": pl.Int64})
     return (
         series.with_columns(bucket=(pl.col("seq") * buckets // (pl.col("seq").max().over("device") + 1)))
-        .group_by("device", "bucket").agg(time_us=pl.col("time_us").last(), allocated_bytes=pl.col("allocated_bytes").max(),
+        .group_by("device", "bucket").agg(time_us=pl.col("time_us").last(),
+                                          allocated_bytes=pl.col("allocated_bytes").max(),
                                           reserved_bytes=pl.col("reserved_bytes").max())
         .sort("device", "bucket").drop("bucket")
     )

@@ -10,7 +10,6 @@ import click
 from stepscope.analyze import load
 from stepscope.analyze.memory import activation_memory, memory_timeline
 from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
-from stepscope.errors import UsageError
 from stepscope.reports.text import render
 
 NO_EVENTS = ("no [memory] events in this trace: capture with torch.profiler.profile(profile_memory=True) "
@@ -33,10 +32,12 @@ def command(trace: Path, top: int, buckets: int, by_layer: bool, fmt: str | None
             output: Path | None) -> None:
     """Memory over time from TRACE's [memory] events: per-device peak (time, step, op), reserved vs
     allocated, MiB allocated per op (self and inclusive), and allocations never freed in the trace."""
-    if ".raw." in trace.name:
-        raise UsageError("this looks like an export_memory_timeline file; use `stepscope memory-timeline`",
-                         path=trace)
     chosen = resolve_format(fmt, as_json, as_csv)
+    if ".raw." in trace.name or "memory_timeline" in trace.name:  # an export_memory_timeline file
+        from stepscope.analyze.memory_categories import memory_categories
+
+        emit(render(memory_categories(trace), chosen, max_rows=20), output)
+        return
     loaded = load(trace)
     if by_layer:
         layers = activation_memory(loaded)

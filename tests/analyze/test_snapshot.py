@@ -51,7 +51,9 @@ def test_peak_live_blocks_largest_segments_and_ooms(tmp_path: Path) -> None:
                     PRE_HISTORY: 2 * MB, "model.py:70 loss": 1 * MB, "model.py:5 setup": 1 * MB}
     assert sum(live.values()) == result.peak_allocated_bytes
     assert result.largest_allocations["size_bytes"].to_list()[0] == 10 * MB
-    assert result.largest_allocations.filter(result.largest_allocations["size_bytes"] == 4 * MB)["freed"].to_list() == [True]
+    largest = result.largest_allocations
+    assert largest.filter(largest["size_bytes"] == 4 * MB)["freed"].to_list() == [True]
+    assert largest.filter(largest["size_bytes"] == 6 * MB)["freed"].to_list() == [False]
     seg = result.segments.row(0, named=True)
     assert (seg["free_bytes"], seg["largest_free_bytes"], seg["fragmentation_fraction"]) == (47 * MB, 47 * MB, 0.0)
     oom = result.ooms.row(0, named=True)
@@ -77,7 +79,8 @@ def test_legacy_list_format_and_empty_history(tmp_path: Path) -> None:
 
 
 def test_user_frames_skip_torch_stdlib_and_cpp() -> None:
-    assert is_user_frame("/home/me/train.py") and is_user_frame("C:\\proj\\.venv\\Lib\\site-packages\\transformers\\x.py")
+    assert is_user_frame("/home/me/train.py")
+    assert is_user_frame("C:\\proj\\.venv\\Lib\\site-packages\\transformers\\x.py")
     for f in ("/x/site-packages/torch/nn/modules/module.py", "<frozen runpy>", "/usr/lib/python3.11/runpy.py",
               "C:\\Python311\\Lib\\threading.py", "c10/core/Allocator.cpp", "??"):
         assert not is_user_frame(f), f
@@ -131,3 +134,13 @@ def test_corpus_peak_matches_the_reference_script(corpus: Path, name: str) -> No
 def test_cs336_activations_dominate_its_peak(corpus: Path) -> None:
     est = activation_estimate(read_snapshot(corpus / "snapshots/cs336_magma27/memory_snapshot.pickle"))
     assert est.largest_layer == "model.py:399 forward" and est.activations_of_peak_fraction > 0.8  # type: ignore[operator]
+
+
+def test_an_address_reused_after_a_free_keeps_both_lifetimes(tmp_path: Path) -> None:
+    stack = frames((3, "step"))
+    trace = [entry("alloc", 10, 2 * MB, t=1, stack=stack), entry("free_completed", 10, 2 * MB, t=2),
+             entry("alloc", 10, 5 * MB, t=3, stack=stack)]
+    data = {"segments": [segment(0, [block(10, 5 * MB, "active_allocated", stack)])], "device_traces": [trace]}
+    result = analyze_snapshot(read_snapshot(write(tmp_path / "s.pickle", data)))
+    assert result.largest_allocations.select("size_bytes", "freed").rows() == [(5 * MB, False), (2 * MB, True)]
+    assert result.peak_allocated_bytes == 5 * MB

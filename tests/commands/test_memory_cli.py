@@ -48,9 +48,13 @@ def test_no_memory_events_is_said_plainly(tmp_path: Path) -> None:
     assert res.exit_code == 0 and "no nn.Module frames in this trace" in res.stdout
 
 
-def test_memory_timeline_export_is_pointed_elsewhere(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_memory_timeline_export_is_read_by_category(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "transformer_memory"
+    export = next(sample.glob("*.memory_timeline.raw.json.gz"))
+    main_result = CliRunner().invoke(cli, ["memory", str(export)])
+    assert main_result.exit_code == 0 and "at peak:" in main_result.stdout and "activation" in main_result.stdout
     raw = tmp_path / "memory_timeline.raw.json.gz"
     raw.write_bytes(b"")
     with pytest.raises(SystemExit) as exit_info:
         main(["memory", str(raw)])
-    assert exit_info.value.code == 2 and "stepscope memory-timeline" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "not a memory timeline export" in capsys.readouterr().err
