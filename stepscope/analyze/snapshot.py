@@ -24,6 +24,7 @@ Definitions:
 
 from __future__ import annotations
 
+import gc
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,16 @@ def _int(value: Any) -> int | None:
 def read_snapshot(path: str | Path) -> SnapshotTables:
     """Load a snapshot pickle safely and convert it to tables, releasing the Python objects as it goes."""
     path = Path(path)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of fresh acyclic dicts: the cyclic collector would only rescan them, repeatedly
+    try:
+        return _read_snapshot(path)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _read_snapshot(path: Path) -> SnapshotTables:
     data = load_plain_pickle(path)
     traces: Any
     settings: Any
