@@ -420,7 +420,7 @@ class ActivationEstimate:
     activations_bytes: int
     activations_of_peak_fraction: float | None
     largest_layer: str | None
-    largest_layer_bytes: int
+    largest_layer_live_bytes: int
     checkpoint_saving_estimate_bytes: int
     layers: pl.DataFrame
 
@@ -448,7 +448,7 @@ def activation_estimate(tables: SnapshotTables, *, device: int | None = None) ->
         activations_bytes=total,
         activations_of_peak_fraction=total / peak if peak else None,
         largest_layer=largest["layer"] if largest else None,
-        largest_layer_bytes=int(largest["live_bytes"]) if largest else 0,
+        largest_layer_live_bytes=int(largest["live_bytes"]) if largest else 0,
         checkpoint_saving_estimate_bytes=total - (int(largest["live_bytes"]) if largest else 0),
         layers=layers,
     )

@@ -63,7 +63,7 @@ def test_peak_live_blocks_largest_segments_and_ooms(tmp_path: Path) -> None:
 def test_activation_estimate_names_the_largest_layer(tmp_path: Path) -> None:
     est = activation_estimate(read_snapshot(write(tmp_path / "s.pickle", _snapshot())))
     assert est.activations_bytes == 10 * MB and est.largest_layer == "model.py:60 forward"
-    assert est.largest_layer_bytes == 6 * MB and est.checkpoint_saving_estimate_bytes == 4 * MB
+    assert est.largest_layer_live_bytes == 6 * MB and est.checkpoint_saving_estimate_bytes == 4 * MB
 
 
 def test_legacy_list_format_and_empty_history(tmp_path: Path) -> None:
