@@ -371,11 +371,11 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
             yield _shifted(chunk, index)
             index += chunk.n_input
         return
-    import multiprocessing
     from concurrent.futures import Future, ProcessPoolExecutor
 
-    # spawn, not fork: polars and pyarrow keep thread pools that must not be forked
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    from stepscope.analyze.dataset import worker_context
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=worker_context()) as pool:
         in_flight: dict[int, Future[_ChunkTables | None]] = {}
         next_span = 0
 
