@@ -5,9 +5,14 @@ from __future__ import annotations
 import math
 
 
+def missing(value: float | int | None) -> bool:
+    """None or NaN: shown as '-'."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def human_ns(value: float | int | None) -> str:
     """Nanoseconds as a short human duration: 850 ns, 12.4 µs, 3.21 ms, 1.50 s."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or missing(value):
         return "-"
     v = float(value)
     sign = "-" if v < 0 else ""
@@ -23,7 +28,7 @@ def human_ns(value: float | int | None) -> str:
 
 def human_bytes(value: float | int | None) -> str:
     """Bytes in binary units: 512 B, 1.5 KiB, 3.25 MiB, 2.00 GiB."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or missing(value):
         return "-"
     v = float(value)
     sign = "-" if v < 0 else ""
@@ -37,6 +42,6 @@ def human_bytes(value: float | int | None) -> str:
 
 def human_fraction(value: float | None) -> str:
     """A 0..1 share as a percentage with one decimal."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or missing(value):
         return "-"
     return f"{100 * value:.1f}%"
