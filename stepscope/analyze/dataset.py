@@ -16,7 +16,6 @@ Ingest is a per-file map (`ingest_one`), so it runs unchanged under any executor
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepscope.analyze._workers import worker_context
 from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested, trace_id_for
 from stepscope.errors import StepscopeError
 
@@ -54,18 +54,6 @@ class BatchResult:
     def failed(self) -> int:
         """How many files could not be ingested."""
         return sum(o.status == "failed" for o in self.outcomes)
-
-
-def worker_context() -> multiprocessing.context.BaseContext:
-    """Processes for parallel ingest: a forkserver that has already imported stepscope (and so polars,
-    pyarrow and msgspec), so each worker starts in milliseconds; spawn where forkserver is unavailable.
-    Never plain fork: polars and pyarrow keep thread pools that must not be forked mid-use."""
-    try:
-        context = multiprocessing.get_context("forkserver")
-    except ValueError:  # pragma: no cover - Windows
-        return multiprocessing.get_context("spawn")
-    context.set_forkserver_preload(["stepscope.analyze.dataset"])
-    return context
 
 
 def _partition_dir(dataset: Path, trace_id: str, rank: int | None) -> Path:

@@ -373,7 +373,7 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
         return
     from concurrent.futures import Future, ProcessPoolExecutor
 
-    from stepscope.analyze.dataset import worker_context
+    from stepscope.analyze._workers import worker_context
 
     with ProcessPoolExecutor(max_workers=jobs, mp_context=worker_context()) as pool:
         in_flight: dict[int, Future[_ChunkTables | None]] = {}
