@@ -1,0 +1,31 @@
+"""`stepscope kernels TRACE`: GPU time per kernel name or per category (GEMM, convolution, attention, …)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import click
+
+from stepscope.analyze import load
+from stepscope.analyze.kernels import kernel_summary
+from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
+from stepscope.reports.text import render
+
+
+@click.command("kernels")
+@trace_argument
+@click.option("--top", type=click.IntRange(min=1), default=30, show_default=True, help="Longest N kernel names.")
+@click.option("--by", type=click.Choice(["name", "category"]), default="name", show_default=True,
+              help="name: both tables; category: the category table only.")
+@format_options
+def command(trace: Path, top: int, by: str, fmt: str | None, as_json: bool, as_csv: bool,
+            output: Path | None) -> None:
+    """GPU time of TRACE by kernel name and by category (memcpy/memset included); busy = union of GPU work."""
+    result = kernel_summary(load(trace), top=top)
+    if result.gpu_events == 0:
+        emit("no GPU kernels, memcpy or memset in this trace (CPU-only trace)\n", output)
+        return
+    if by == "category":
+        result = dataclasses.replace(result, by_name=result.by_name.clear())
+    emit(render(result, resolve_format(fmt, as_json, as_csv), max_rows=None), output)

@@ -1,0 +1,143 @@
+"""Kernel categories (ordered rule table) and the per-name / per-category tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from builders import kernel, load_events, memcpy, memset, trace
+
+from stepscope.analyze import load
+from stepscope.analyze.kernels import CATEGORY_RULES, KernelCategory, category_expr, classify, kernel_summary
+
+REAL_NAMES = {  # real kernel names from the corpus (GPU in brackets) -> expected category
+    "void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int)": KernelCategory.CONVOLUTION,  # V100
+    "void implicit_convolve_sgemm<float, float, 1024, 6, 7, 3, 3, 5, 1, false, true, true>(int)":
+        KernelCategory.CONVOLUTION,  # V100: conv before GEMM's sgemm
+    "volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1": KernelCategory.CONVOLUTION,  # V100
+    "volta_sgemm_64x64_nt": KernelCategory.GEMM,  # V100
+    "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 512, true, 1>(float)": KernelCategory.NORMALIZATION,
+    "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw": KernelCategory.CONVOLUTION,  # A100
+    "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(Params)": KernelCategory.GEMM,  # A100
+    "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)": KernelCategory.COMMUNICATION,
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cublas": KernelCategory.GEMM,  # H100
+    "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, "
+    "cutlass::bfloat16_t>>": KernelCategory.ATTENTION,  # H100: attention before GEMM's cutlass
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float>>>":
+        KernelCategory.REDUCTION,  # H100
+    "nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT": KernelCategory.GEMM,  # B200
+    "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext": KernelCategory.ATTENTION,
+    "void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)":
+        KernelCategory.COMMUNICATION,  # B200
+    "std::enable_if<vllm::_typeConvert<c10::BFloat16>::exists, void>::type vllm::fused_add_rms_norm_kernel<>":
+        KernelCategory.NORMALIZATION,  # B200: typeConvert is not a convolution
+    "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64_MI16x16x1": KernelCategory.GEMM,  # MI300
+    "attn_fwd": KernelCategory.ATTENTION,  # MI300
+    "igemm_wrw_gtcx2_nhwc_bf16_bx0_ex1_bt256x128x16_wt32x32x8": KernelCategory.CONVOLUTION,  # MI210 (MIOpen)
+    "void at::native::batch_norm_backward_kernel<c10::BFloat16, c10::BFloat16, float, int>()":
+        KernelCategory.NORMALIZATION,  # MI210
+    "batched_transpose_16x64_pack_1x4_ediv_1x2_half": KernelCategory.ELEMENTWISE,  # MI210
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": KernelCategory.ELEMENTWISE,
+    "triton_red_fused__unsafe_view_add_mean_mul_pow_rsqrt_1": KernelCategory.TRITON,  # MI300 compile: before reduction
+    "triton_poi_fused__unsafe_view_mul_silu_2": KernelCategory.TRITON,
+}
+
+
+@pytest.mark.parametrize(("name", "expected"), list(REAL_NAMES.items()))
+def test_real_names_land_in_their_category(name: str, expected: KernelCategory) -> None:
+    assert classify(name) is expected
+    assert pl.DataFrame({"name": [name], "kind": ["kernel"]}).select(category_expr()).item() == expected.value
+
+
+def test_rule_order_matters() -> None:
+    """Reversing the table changes the answer for names two rules match: the first rule wins."""
+    flash = "void pytorch_flash::flash_fwd_kernel<cutlass::bfloat16_t>"
+    conv = "void implicit_convolve_sgemm<float, float, 128>"
+    order = [c for c, _ in CATEGORY_RULES]
+    assert order.index(KernelCategory.ATTENTION) < order.index(KernelCategory.GEMM)
+    assert order.index(KernelCategory.CONVOLUTION) < order.index(KernelCategory.GEMM)
+    reversed_first = next(c for c, rx in reversed(CATEGORY_RULES) if rx.search(flash))
+    assert reversed_first is KernelCategory.GEMM and classify(flash) is KernelCategory.ATTENTION
+    assert next(c for c, rx in reversed(CATEGORY_RULES) if rx.search(conv)) is KernelCategory.GEMM
+    assert classify(conv) is KernelCategory.CONVOLUTION
+
+
+def test_memcpy_and_memset_by_kind_not_name() -> None:
+    assert classify("Memcpy HtoD (Pageable -> Device)", "memcpy") is KernelCategory.MEMCPY
+    assert classify("Memset (Device)", "memset") is KernelCategory.MEMSET
+    assert classify("mystery_kernel") is KernelCategory.OTHER
+
+
+OCC = "est. achieved occupancy %"
+
+
+def test_summary_exact(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(
+        kernel("volta_sgemm_64x64_nt", ts=0, dur=10, grid=[4, 1, 1], block=[256, 1, 1], **{OCC: 50}),
+        kernel("volta_sgemm_64x64_nt", ts=20, dur=30, grid=[4, 1, 1], block=[256, 1, 1], **{OCC: 25}),
+        kernel("volta_sgemm_64x64_nt", ts=60, dur=20, grid=[8, 1, 1], block=[256, 1, 1]),
+        kernel("ncclKernel_AllReduce", ts=5, dur=10, stream=9),  # overlaps the first sgemm 5..10
+        memcpy("HtoD", ts=100, dur=5, nbytes=1024),
+        memset(ts=110, dur=5, nbytes=64),
+    ))
+    r = kernel_summary(t)
+    assert (r.gpu_events, r.kernels, r.gpu_total_ns) == (6, 4, 80_000)
+    assert r.gpu_busy_ns == (15 + 30 + 20 + 5 + 5) * 1000  # 0..15 is one busy stretch
+    row = r.by_name.row(0, named=True)
+    assert row["name"] == "volta_sgemm_64x64_nt" and row["category"] == "gemm"
+    assert (row["count"], row["total_ns"], row["min_ns"], row["max_ns"]) == (3, 60_000, 10_000, 30_000)
+    assert row["mean_ns"] == pytest.approx(20_000)
+    assert row["grid"] == "[4, 1, 1]" and row["block"] == "[256, 1, 1]"
+    assert row["mean_occupancy_pct"] == pytest.approx(37.5)
+    assert row["busy_share"] == pytest.approx(60 / 75)
+    cats = dict(zip(r.by_category["category"], r.by_category["total_ns"], strict=True))
+    assert cats == {"gemm": 60_000, "communication": 10_000, "memcpy": 5_000, "memset": 5_000}
+    assert r.by_category["time_share"].sum() == pytest.approx(1.0)
+    assert r.other_share == 0.0
+    assert kernel_summary(t, top=1).by_name.height == 1
+
+
+def test_cpu_only_trace_is_empty(tmp_path: Path) -> None:
+    from builders import cpu_op
+    r = kernel_summary(load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5))))
+    assert (r.gpu_events, r.gpu_busy_ns, r.other_share) == (0, 0, None)
+    assert r.by_name.height == 0 and r.by_category.height == 0
+
+
+TRACES = {  # corpus trace -> max share of GPU time left in "other"
+    "kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz": 0.02,  # V100
+    "hta/nccl_parser_config/nccl_data.json.gz": 0.01,  # A100
+    "tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz": 0.01,
+    "tracelens/b200/eager_trace.json.gz": 0.03,
+    "tracelens/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz": 0.01,
+    "tracelens/mi210/gpu_only_trace/gpu_only_trace.json.gz": 0.01,
+    "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz": 0.01,
+}
+
+
+@pytest.mark.parametrize(("rel", "max_other"), list(TRACES.items()))
+def test_other_stays_small_on_real_traces(corpus: Path, tmp_path: Path, rel: str, max_other: float) -> None:
+    r = kernel_summary(load(corpus / "traces" / rel, cache_dir=tmp_path))
+    assert r.other_share is not None and r.other_share <= max_other
+
+
+def test_resnet50_figures(corpus: Path, tmp_path: Path) -> None:
+    """Busy time = the corpus README's 603,558 µs; convolution dominates, then batch norm."""
+    r = kernel_summary(load(corpus / "traces/kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
+                            cache_dir=tmp_path))
+    assert r.kernels == 8_772 and r.gpu_busy_ns == 603_558_000
+    share = dict(zip(r.by_category["category"], r.by_category["time_share"], strict=True))
+    assert 0.55 < share["convolution"] < 0.61 and 0.14 < share["normalization"] < 0.18
+
+
+def test_hta_counts(corpus: Path, tmp_path: Path) -> None:
+    nccl = kernel_summary(load(corpus / "traces/hta/nccl_parser_config/nccl_data.json.gz", cache_dir=tmp_path))
+    assert int(nccl.by_name.filter(pl.col("name").str.starts_with("ncclKernel"))["count"].sum()) == 21
+    ns = kernel_summary(load(corpus / "traces/hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+                             cache_dir=tmp_path))
+    # HTA's test says 4,876 "GPU kernels". The file holds 4,350 `kernel` events (= its 4,350 cudaLaunchKernel
+    # calls), 1,600 memcpy (= 1,600 cudaMemcpyAsync) and 145 memset: 6,095 GPU events. Neither 4,350 nor
+    # 6,095 (nor the 5,074 inside the ProfilerStep spans) is 4,876, so HTA's figure counts something its
+    # loader derives (a filtered frame), not the events in the file; we assert what the file holds.
+    assert (ns.kernels, ns.gpu_events) == (4_350, 6_095)

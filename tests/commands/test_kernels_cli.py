@@ -1,0 +1,28 @@
+"""`stepscope kernels` end to end with click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builders import cpu_op, kernel, trace, write_trace
+from click.testing import CliRunner
+
+from stepscope.cli import cli
+
+
+def test_kernels_table_json_and_category(tmp_path: Path) -> None:
+    path = write_trace(tmp_path, trace(kernel("volta_sgemm_64x64_nt", ts=0, dur=10),
+                                       kernel("ncclKernel_AllReduce", ts=20, dur=5)))
+    out = CliRunner().invoke(cli, ["kernels", str(path)])
+    assert out.exit_code == 0, out.output
+    assert "by category" in out.output and "volta_sgemm_64x64_nt" in out.output
+    data = json.loads(CliRunner().invoke(cli, ["kernels", str(path), "--json", "--by", "category"]).output)
+    assert {r["category"] for r in data["by_category"]} == {"gemm", "communication"}
+    assert data["by_name"] == []
+
+
+def test_kernels_cpu_only(tmp_path: Path) -> None:
+    path = write_trace(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
+    out = CliRunner().invoke(cli, ["kernels", str(path)])
+    assert out.exit_code == 0 and "no GPU kernels" in out.output
