@@ -1,0 +1,204 @@
+"""Figures as PNG bytes (matplotlib, Agg backend): they draw analysis results, they compute nothing.
+
+Every function returns PNG bytes, or None when there is nothing to draw (e.g. no GPU work, no [memory]
+events); the caller says so in words. Colours come from `palette`, units from `units`.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import polars as pl  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+
+from stepscope.reports.palette import color  # noqa: E402
+from stepscope.reports.units import human_bytes, human_ns  # noqa: E402
+
+if TYPE_CHECKING:
+    from stepscope.analyze import Trace
+    from stepscope.analyze.memory import MemoryTimeline
+    from stepscope.analyze.ops import OpTable
+
+DPI = 100
+_LABEL_CHARS = 48
+
+
+def _short(label: str, n: int = _LABEL_CHARS) -> str:
+    label = " ".join(str(label).split())
+    return label if len(label) <= n else label[: n - 1] + "…"
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+_NS_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
+
+
+def _ns_axis(ax: Any, axis: str = "x", top: float | None = None) -> str:
+    """Plain numbers in one unit chosen from the axis range (no per-tick units that collide); returns it."""
+    lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    span = top if top is not None else max(abs(lo), abs(hi))
+    scale, unit = next(((f, u) for f, u in _NS_UNITS if span >= 2 * f), (1.0, "ns"))
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(MaxNLocator(nbins=7))
+    target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v / scale:g}"))
+    return unit
+
+
+def _style(ax: Any) -> None:
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def ops_figure(table: OpTable, n: int = 12) -> bytes | None:
+    """Top ops by self CPU time and (when the trace has device time) by self device time, as bars."""
+    ops = table.ops
+    if ops.height == 0:
+        return None
+    not_step = ~pl.col("name").str.starts_with("ProfilerStep#")
+    panels: list[tuple[str, str, str, pl.Expr]] = [
+        ("self_cpu_ns", "Top ops by self CPU time", "cpu", pl.col("kind").is_in(["cpu_op", "runtime"]) & not_step)]
+    if table.self_device_total_ns > 0:
+        panels.append(("self_device_ns", f"Top ops by self {table.device_name or 'device'} time", "device",
+                       (pl.col("kind") == "cpu_op") & not_step))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 0.32 * n + 1.4), squeeze=False)
+    for ax, (col, title, cat, keep) in zip(axes[0], panels, strict=True):
+        top = ops.filter(keep & (pl.col(col) > 0)).sort(col, descending=True).head(n)
+        labels = [_short(x, 40) for x in top["name"].to_list()][::-1]
+        values = top[col].to_list()[::-1]
+        ax.barh(range(len(values)), values, color=color(cat))
+        ax.set_yticks(range(len(values)), labels, fontsize=8)
+        ax.set_title(title, fontsize=11)
+        for i, v in enumerate(values):
+            ax.text(v, i, " " + human_ns(v), va="center", fontsize=7)
+        ax.margins(x=0.18)
+        ax.set_xlabel(f"time over the whole trace ({_ns_axis(ax)})")
+        _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def memory_figure(result: MemoryTimeline) -> bytes | None:
+    """Allocated and reserved bytes over time, one panel per device, the peak marked with its op and step."""
+    tl = result.timeline
+    if result.memory_events == 0 or tl.height == 0:
+        return None
+    devices = tl["device_name"].unique(maintain_order=True).to_list()
+    fig, axes = plt.subplots(len(devices), 1, figsize=(10, 2.8 * len(devices) + 0.6), squeeze=False)
+    peaks = {r["device_name"]: r for r in result.devices.iter_rows(named=True)}
+    for ax, dev in zip(axes[:, 0], devices, strict=True):
+        d = tl.filter(pl.col("device_name") == dev).sort("offset_ns")
+        x = d["offset_ns"].to_list()
+        alloc = d["allocated_bytes"].to_list()
+        ax.step(x, d["reserved_bytes"].to_list(), where="post", color=color("reserved"), label="reserved")
+        ax.step(x, alloc, where="post", color=color("allocated"), label="allocated")
+        ax.fill_between(x, alloc, step="post", color=color("allocated"), alpha=0.15)
+        p = peaks.get(dev)
+        if p is not None and p.get("peak_offset_ns") is not None and p.get("peak_allocated_bytes") is not None:
+            ax.plot([p["peak_offset_ns"]], [p["peak_allocated_bytes"]], "o", color=color("peak"), zorder=5)
+            where = _short(str(p["peak_op"]), 40) if p.get("peak_op") else "outside any op"
+            step = f", step {p['peak_step']}" if p.get("peak_step") is not None else ""
+            label = f"peak {human_bytes(p['peak_allocated_bytes'])}\n{where}{step}"
+            right = p["peak_offset_ns"] > (x[-1] if x else 0) * 0.6
+            ax.annotate(label, (p["peak_offset_ns"], p["peak_allocated_bytes"]), xytext=(-10 if right else 10, -4),
+                        textcoords="offset points", ha="right" if right else "left", va="top", fontsize=8,
+                        color=color("peak"), bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none",
+                                                   "alpha": 0.85})
+        ax.set_title(f"Memory on {dev}", fontsize=11)
+        ax.set_ylabel("bytes")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
+        ax.set_xlabel(f"time since trace start ({_ns_axis(ax)})")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="lower right", fontsize=8, frameon=True, framealpha=0.85)
+        _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def timeline_figure(trace: Trace, step: int | None = None) -> bytes | None:
+    """GPU timeline strip, one row per device/stream, for one step (default: the first step with GPU work,
+    else the whole trace): kernels, memcpy and memset coloured by kind, idle time left blank."""
+    gpu = trace.gpu.select("kind", "name", "device", "stream", "ts_ns", "dur_ns").collect()
+    if gpu.height == 0:
+        return None
+    steps = trace.steps.collect()
+    window: tuple[int, int] | None = None
+    title = "GPU timeline (whole trace)"
+    if steps.height:
+        if step is not None:
+            row = steps.filter(pl.col("step") == step)
+            if row.height == 0:
+                from stepscope.errors import UsageError
+
+                raise UsageError(f"no step {step} in this trace (steps: {', '.join(map(str, steps['step']))})")
+        else:
+            starts = gpu["ts_ns"]
+            with_gpu = steps.filter([((starts >= s) & (starts < e)).any() for s, e in
+                                     zip(steps["ts_ns"], steps["end_ns"], strict=True)]) if steps.height < 500 else steps
+            row = with_gpu.head(1) if with_gpu.height else steps.head(1)
+        s, e, n = row["ts_ns"][0], row["end_ns"][0], row["step"][0]
+        # GPU work launched in a step runs a little after it: extend to the last GPU event starting inside
+        inside = gpu.filter((pl.col("ts_ns") >= s) & (pl.col("ts_ns") < e))
+        end = max(e, int((inside["ts_ns"] + inside["dur_ns"]).max() or e)) if inside.height else e
+        window = (s, end)
+        title = f"GPU timeline, step {n} ({human_ns(e - s)} on the CPU)"
+    if window is not None:
+        gpu = gpu.filter((pl.col("ts_ns") + pl.col("dur_ns") > window[0]) & (pl.col("ts_ns") < window[1]))
+        origin = window[0]
+    else:
+        origin = int(gpu["ts_ns"].min())  # type: ignore[arg-type]
+    lanes = gpu.select("device", "stream").unique().sort("device", "stream", nulls_last=True)
+    fig, ax = plt.subplots(figsize=(12, 0.55 * max(lanes.height, 1) + 1.6))
+    for i, (dev, stream) in enumerate(lanes.iter_rows()):
+        lane = gpu.filter((pl.col("device") == dev) & (pl.col("stream") == stream))
+        for kind, part in lane.group_by("kind"):
+            bars = list(zip((part["ts_ns"] - origin).to_list(), part["dur_ns"].to_list(), strict=True))
+            ax.broken_barh(bars, (i - 0.4, 0.8), facecolors=color(str(kind[0])), linewidth=0)
+    ax.set_yticks(range(lanes.height), [f"GPU {d} stream {s}" for d, s in lanes.iter_rows()], fontsize=8)
+    ax.invert_yaxis()
+    length = (window[1] - window[0]) if window else int((gpu["ts_ns"] + gpu["dur_ns"]).max()) - origin  # type: ignore[operator]
+    ax.set_xlim(0, length)
+    unit = _ns_axis(ax, top=length)
+    ax.set_xlabel(f"time since step start ({unit})" if window else f"time since the first GPU event ({unit})")
+    ax.set_title(title, fontsize=11, loc="left")
+    kinds = sorted(set(gpu["kind"].to_list()))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color(k)) for k in kinds]
+    handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#999999"))
+    ax.legend(handles, [*kinds, "idle (blank)"], loc="lower right", bbox_to_anchor=(1.0, 1.0),
+              ncol=len(handles), fontsize=8, frameon=False)
+    _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def steps_figure(trace: Trace) -> bytes | None:
+    """Duration of each ProfilerStep on the CPU (the step spans as recorded), with the median marked."""
+    steps = trace.steps.collect()
+    if steps.height == 0:
+        return None
+    fig, ax = plt.subplots(figsize=(min(12, 2 + 0.5 * steps.height), 3.2))
+    labels = [str(s) for s in steps["step"].to_list()]
+    ax.bar(labels, steps["dur_ns"].to_list(), color=color("kernel"))
+    med = float(steps["dur_ns"].median())  # type: ignore[arg-type]
+    ax.axhline(med, color="#555555", linestyle="--", linewidth=1)
+    ax.text(len(labels) - 0.5, med, f" median {human_ns(med)}", va="bottom", ha="right", fontsize=8)
+    ax.set_title("Step time", fontsize=11)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"duration ({_ns_axis(ax, 'y')})")
+    ax.grid(axis="y", alpha=0.3)
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    if steps.height > 30:
+        ax.set_xticks(range(0, steps.height, max(1, steps.height // 20)))
+    fig.tight_layout()
+    return _png(fig)

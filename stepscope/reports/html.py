@@ -1,0 +1,329 @@
+"""The HTML report: analysis results rendered into one self-contained page (inline CSS, PNGs as data URIs,
+a small inline table sorter; readable with JavaScript off). Nothing here computes an analysis.
+
+A report is a list of sections. Each section comes from one small builder function registered in
+`SECTIONS` (in page order): it takes a `ReportContext` and returns a `Section`, or None when the trace has
+nothing for it. Adding a section is one function and one line; a builder that raises turns into a warning
+on the page, the rest of the report still renders.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as _dt
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+import polars as pl
+
+from stepscope import __version__
+from stepscope.reports.text import format_value, result_headline
+
+if TYPE_CHECKING:
+    from stepscope.analyze import Trace
+    from stepscope.analyze.info import TraceInfo
+    from stepscope.analyze.memory import MemoryTimeline
+    from stepscope.analyze.ops import OpTable
+
+MAX_TABLE_ROWS = 50
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    """One PNG figure with its caption."""
+
+    title: str
+    png: bytes
+
+    @property
+    def data_uri(self) -> str:
+        return "data:image/png;base64," + base64.b64encode(self.png).decode("ascii")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    """A table cell: the text shown and the raw value the sorter orders by (None sorts last)."""
+
+    text: str
+    sort: float | str | None = None
+    href: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Table:
+    """A sortable table."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[Cell]]
+    total_rows: int = 0
+    numeric: list[bool] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Section:
+    """One section of the page: headline figures, PNG figures, tables and plain-text notes."""
+
+    id: str
+    title: str
+    headline: list[tuple[str, str]] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+
+
+def display_name(name: str) -> str:
+    """Column name without its unit suffix, underscores as spaces: self_cpu_ns -> self cpu."""
+    for suffix in ("_ns", "_bytes", "_fraction", "_share"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)] + (" %" if suffix in ("_fraction", "_share") else "")
+            break
+    return name.replace("_", " ")
+
+
+def _sort_value(value: Any) -> float | str | None:
+    if value is None or isinstance(value, bool):
+        return None if value is None else int(value)
+    if isinstance(value, (int, float)):
+        return None if value != value else float(value)  # NaN sorts last
+    return str(value)
+
+
+def frame_table(frame: pl.DataFrame, title: str, *, max_rows: int | None = MAX_TABLE_ROWS,
+                columns: Sequence[str] | None = None) -> Table:
+    """A DataFrame as a Table: cells formatted by the unit their column name carries, raw values to sort."""
+    cols = [c for c in (columns or frame.columns) if c in frame.columns]
+    shown = frame.select(cols)
+    if max_rows is not None:
+        shown = shown.head(max_rows)
+    rows = [[Cell(text=format_value(c, v), sort=_sort_value(v)) for c, v in zip(cols, r, strict=True)]
+            for r in shown.iter_rows()]
+    numeric = [frame.schema[c].is_numeric() for c in cols]
+    return Table(title=title, columns=[display_name(c) for c in cols], rows=rows, total_rows=frame.height,
+                 numeric=numeric)
+
+
+def headline_items(result: Any, skip: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """The non-table fields of a result, formatted by their units (dicts and empty values left out)."""
+    out = []
+    for name, value in result_headline(result).items():
+        if name in skip or isinstance(value, dict) or value is None or value == "":
+            continue
+        out.append((display_name(name), format_value(name, value)))
+    return out
+
+
+@dataclass
+class ReportContext:
+    """What section builders share: the trace, the chosen step, how to reproduce, and cached results."""
+
+    trace: Trace
+    source: str
+    step: int | None = None
+    memory_buckets: int = 200
+
+    @cached_property
+    def info(self) -> TraceInfo:
+        from stepscope.analyze.info import trace_info
+
+        return trace_info(self.trace)
+
+    @cached_property
+    def ops(self) -> OpTable:
+        from stepscope.analyze.ops import op_table
+
+        return op_table(self.trace)
+
+    @cached_property
+    def memory(self) -> MemoryTimeline:
+        from stepscope.analyze.memory import memory_timeline
+
+        return memory_timeline(self.trace, buckets=self.memory_buckets)
+
+    @cached_property
+    def steps(self) -> pl.DataFrame:
+        return self.trace.steps.collect()
+
+    def command(self, *args: str) -> str:
+        return shlex.join(["stepscope", *args])
+
+
+SectionBuilder = Callable[[ReportContext], Section | None]
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def steps_section(ctx: ReportContext) -> Section | None:
+    """Step spans as recorded (ProfilerStep#N) and the GPU timeline of one step."""
+    from stepscope.reports import figures
+
+    steps = ctx.steps
+    figs = []
+    timeline = figures.timeline_figure(ctx.trace, ctx.step)
+    if timeline is not None:
+        figs.append(Figure(title="GPU timeline of one step, one row per device and stream", png=timeline))
+    if steps.height == 0 and not figs:
+        return None
+    notes = []
+    headline: list[tuple[str, str]] = []
+    if steps.height:
+        png = figures.steps_figure(ctx.trace)
+        if png is not None:
+            figs.insert(0, Figure(title="Duration of each profiled step", png=png))
+        durations = steps["dur_ns"]
+        headline = [("steps", f"{steps.height:,}"), ("median step", format_value("x_ns", durations.median())),
+                    ("slowest step", format_value("x_ns", durations.max())),
+                    ("fastest step", format_value("x_ns", durations.min()))]
+    else:
+        notes.append("No ProfilerStep#N spans in this trace (profile with a schedule and call prof.step()): "
+                     "the timeline shows the whole trace.")
+    tables = [frame_table(steps.select("step", "dur_ns"), "Steps")] if steps.height else []
+    return Section(id="steps", title="Steps", headline=headline, figures=figs, tables=tables, notes=notes,
+                   commands=[ctx.command("plot", "timeline", ctx.source, "-o", "timeline.png")])
+
+
+def ops_section(ctx: ReportContext) -> Section | None:
+    """key_averages()-style op table, sortable, and the top ops as bars."""
+    from stepscope.reports import figures
+
+    table = ctx.ops
+    if table.ops.height == 0:
+        return None
+    png = figures.ops_figure(table)
+    cols = [c for c in ("name", "kind", "calls", "self_cpu_ns", "self_cpu_fraction", "cpu_total_ns",
+                        "self_device_ns", "self_device_fraction", "device_total_ns", "self_device_mem_bytes",
+                        "flops") if c in table.ops.columns]
+    if table.self_device_total_ns == 0:
+        cols = [c for c in cols if "device" not in c]
+    if not table.has_flops:
+        cols = [c for c in cols if c != "flops"]
+    return Section(
+        id="ops", title="Operators",
+        headline=headline_items(table, skip=("sort_by", "group_by_shape")),
+        figures=[Figure(title="Top ops", png=png)] if png else [],
+        tables=[frame_table(table.ops, f"Ops (top {MAX_TABLE_ROWS} by {table.sort_by}; click a header to sort)",
+                            columns=cols)],
+        commands=[ctx.command("ops", ctx.source)],
+    )
+
+
+def memory_section(ctx: ReportContext) -> Section | None:
+    """Allocated/reserved over time per device, the peak with its op and step, bytes per op, never freed."""
+    from stepscope.reports import figures
+
+    result = ctx.memory
+    if result.memory_events == 0:
+        return Section(id="memory", title="Memory", notes=[
+            "No [memory] events in this trace: capture with torch.profiler.profile(profile_memory=True) to "
+            "see memory over time."])
+    png = figures.memory_figure(result)
+    tables = [frame_table(result.devices, "Per device")]
+    if result.mem_ops.height:
+        tables.append(frame_table(result.mem_ops, "Allocated per op (MiB; frees not subtracted)", max_rows=20))
+    if result.never_freed.height:
+        tables.append(frame_table(result.never_freed, "Allocations never freed in the trace (largest)",
+                                  max_rows=20))
+    return Section(id="memory", title="Memory", headline=headline_items(result), tables=tables,
+                   figures=[Figure(title="Allocated and reserved over time", png=png)] if png else [],
+                   commands=[ctx.command("memory", ctx.source)])
+
+
+def info_section(ctx: ReportContext) -> Section | None:
+    """Trace metadata, event counts, devices and the trace's warnings."""
+    info = ctx.info
+    tables = [frame_table(info.devices, "Devices"), frame_table(info.counts_by_kind, "Events by kind")]
+    notes = []
+    if info.warnings.height:
+        tables.insert(0, frame_table(info.warnings, "Warnings"))
+    else:
+        notes.append("No warnings.")
+    options = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in info.profiler_options.items())
+    headline = headline_items(info) + ([("profiler options", options)] if options else [])
+    versions = ", ".join(f"{k} {v}" for k, v in info.versions.items())
+    if versions:
+        headline.append(("versions", versions))
+    return Section(id="info", title="Trace info and warnings", headline=headline, tables=tables, notes=notes,
+                   commands=[ctx.command("info", ctx.source)])
+
+
+# page order; register a new section with one line here
+SECTIONS: list[tuple[str, SectionBuilder]] = [
+    ("steps", steps_section),
+    ("ops", ops_section),
+    ("memory", memory_section),
+    ("info", info_section),
+]
+
+
+def build_sections(ctx: ReportContext) -> tuple[list[Section], list[str]]:
+    """Run every registered builder; one that raises becomes a problem line, the others still render."""
+    sections: list[Section] = []
+    problems: list[str] = []
+    for name, builder in SECTIONS:
+        try:
+            section = builder(ctx)
+        except Exception as exc:  # a broken section must not lose the rest of the report
+            problems.append(f"section {name!r} could not be built: {type(exc).__name__}: {exc}")
+            continue
+        if section is not None:
+            sections.append(section)
+    return sections, problems
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+_ENV: jinja2.Environment | None = None
+
+
+def environment() -> jinja2.Environment:
+    """The jinja2 environment (autoescape on for every template)."""
+    global _ENV
+    if _ENV is None:
+        _ENV = jinja2.Environment(
+            loader=jinja2.PackageLoader("stepscope.reports", "templates"),
+            autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        )
+    return _ENV
+
+
+def render_page(*, title: str, subtitle: str, sections: Sequence[Section], problems: Sequence[str] = (),
+                reproduce: Sequence[str] = (), back_link: str | None = None) -> str:
+    """One self-contained HTML page."""
+    return environment().get_template("report.html.j2").render(
+        title=title, subtitle=subtitle, sections=sections, problems=problems, reproduce=reproduce,
+        back_link=back_link, version=__version__,
+        generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+
+
+def trace_report(trace: Trace, *, source: str, step: int | None = None,
+                 back_link: str | None = None) -> str:
+    """The full HTML report of one trace."""
+    ctx = ReportContext(trace=trace, source=source, step=step)
+    sections, problems = build_sections(ctx)
+    reproduce = [ctx.command("report", source, "-o", "OUT/")]
+    for s in sections:
+        reproduce.extend(s.commands)
+    name = trace.source_name
+    rank = f", rank {trace.rank}" if trace.rank is not None else ""
+    return render_page(title=f"stepscope report: {name}", subtitle=f"trace {trace.trace_id}{rank}",
+                       sections=sections, problems=problems, reproduce=reproduce, back_link=back_link)
+
+
+def result_section(result: Any, *, id: str, title: str, figures: Sequence[Figure] = (),
+                   notes: Sequence[str] = ()) -> Section:
+    """A generic section for any result dataclass: its headline figures and each of its tables."""
+    tables = [frame_table(getattr(result, f.name), display_name(f.name).capitalize())
+              for f in dataclasses.fields(result) if isinstance(getattr(result, f.name), pl.DataFrame)
+              and getattr(result, f.name).height]
+    return Section(id=id, title=title, headline=headline_items(result), figures=list(figures), tables=tables,
+                   notes=list(notes))
+
+
+def write_html(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
