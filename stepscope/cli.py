@@ -18,6 +18,9 @@ from stepscope.errors import StepscopeError
 # command name -> module under stepscope.commands that defines `command: click.Command`
 COMMANDS: dict[str, str] = {
     "ingest": "ingest",
+    "report": "report",
+    "plot": "plot",
+    "diff": "diff",
     "info": "info",
     "ops": "ops",
     "memory": "memory",

@@ -1,0 +1,115 @@
+"""Before/after comparison of two traces: step time, GPU busy share, memory peak, and the ops and kernels
+whose time changed most. A pure function over two traces' results (op table, memory timeline, steps).
+
+    before: median step 176 ms, after: 60 ms  ->  step_time_change_fraction = -0.66
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from stepscope.analyze.memory import memory_timeline
+from stepscope.analyze.ops import op_table
+from stepscope.analyze.trace import Trace
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceDiff:
+    """AFTER minus BEFORE. `*_change_fraction` = (after - before) / before (null when before is 0/unknown).
+
+    gpu_busy_fraction: union of GPU work (kernels, memcpy, memset, all devices merged) over the span from the
+      first to the last GPU event (null without GPU work).
+    ops: name, kind, before_self_cpu_ns, after_self_cpu_ns, delta_self_cpu_ns, before_self_device_ns,
+      after_self_device_ns, delta_self_device_ns; CPU ops and runtime calls, largest |delta| (CPU or
+      device, whichever is larger) first.
+    kernels: name, before_ns, after_ns, delta_ns, calls_before, calls_after (GPU kernels, memcpy, memset),
+      largest |delta| first.
+    """
+
+    before: str
+    after: str
+    before_steps: int
+    after_steps: int
+    before_median_step_ns: int | None
+    after_median_step_ns: int | None
+    step_time_change_fraction: float | None
+    before_gpu_busy_fraction: float | None
+    after_gpu_busy_fraction: float | None
+    before_self_device_total_ns: int
+    after_self_device_total_ns: int
+    before_peak_memory_bytes: int | None
+    after_peak_memory_bytes: int | None
+    peak_memory_change_fraction: float | None
+    ops: pl.DataFrame
+    kernels: pl.DataFrame
+
+
+def _change(before: float | None, after: float | None) -> float | None:
+    if before is None or after is None or before == 0:
+        return None
+    return (after - before) / before
+
+
+def gpu_busy_fraction(trace: Trace) -> float | None:
+    """Union of GPU busy time over the GPU span (first start to last end), all devices and streams merged.
+
+    Intervals [0,10) and [5,20), then [30,40): busy 30 ns of a 40 ns span -> 0.75.
+    """
+    gpu = trace.gpu.select("ts_ns", "dur_ns").drop_nulls().sort("ts_ns").collect()
+    if gpu.height == 0:
+        return None
+    start = gpu["ts_ns"].to_numpy()
+    end = start + gpu["dur_ns"].to_numpy()
+    reach = np.maximum.accumulate(end)
+    # a new merged interval begins where the start passes everything before it
+    new = np.ones(len(start), dtype=bool)
+    new[1:] = start[1:] > reach[:-1]
+    idx = np.flatnonzero(new)
+    ends = np.append(reach[idx[1:] - 1], reach[-1])
+    busy = float((ends - start[idx]).sum())
+    span = float(reach[-1] - start[0])
+    return busy / span if span > 0 else None
+
+
+def _median_step(trace: Trace) -> tuple[int, int | None]:
+    steps = trace.steps.select("dur_ns").collect()
+    if steps.height == 0:
+        return 0, None
+    return steps.height, int(steps["dur_ns"].median())  # type: ignore[arg-type]
+
+
+def diff_traces(before: Trace, after: Trace, *, top: int = 15) -> TraceDiff:
+    """Compare two traces of the same program (e.g. before and after a fix)."""
+    ob, oa = op_table(before), op_table(after)
+    mb, ma = memory_timeline(before, buckets=1), memory_timeline(after, buckets=1)
+    nb, sb = _median_step(before)
+    na, sa = _median_step(after)
+    cols = ["self_cpu_ns", "self_device_ns"]
+    keep = pl.col("kind").is_in(["cpu_op", "runtime"]) & ~pl.col("name").str.starts_with("ProfilerStep#")
+    left = ob.ops.filter(keep).select("name", "kind", *[pl.col(c).alias(f"before_{c}") for c in cols])
+    right = oa.ops.filter(keep).select("name", "kind", *[pl.col(c).alias(f"after_{c}") for c in cols])
+    ops = left.join(right, on=["name", "kind"], how="full", coalesce=True).fill_null(0)
+    ops = ops.with_columns(*[(pl.col(f"after_{c}") - pl.col(f"before_{c}")).alias(f"delta_{c}") for c in cols])
+    ops = ops.select("name", "kind", *[f"{w}_{c}" for c in cols for w in ("before", "after", "delta")])
+    ops = ops.sort(pl.max_horizontal(pl.col("delta_self_cpu_ns").abs(), pl.col("delta_self_device_ns").abs()),
+                   descending=True).head(top)
+    gpu_kinds = ["kernel", "memcpy", "memset"]
+    kb = ob.ops.filter(pl.col("kind").is_in(gpu_kinds)).select(
+        "name", before_ns="self_device_ns", calls_before="calls")
+    ka = oa.ops.filter(pl.col("kind").is_in(gpu_kinds)).select("name", after_ns="self_device_ns", calls_after="calls")
+    kernels = (kb.group_by("name").sum().join(ka.group_by("name").sum(), on="name", how="full", coalesce=True)
+               .fill_null(0).with_columns(delta_ns=pl.col("after_ns") - pl.col("before_ns"))
+               .select("name", "before_ns", "after_ns", "delta_ns", "calls_before", "calls_after")
+               .sort(pl.col("delta_ns").abs(), descending=True).head(top))
+    return TraceDiff(
+        before=before.source_name, after=after.source_name, before_steps=nb, after_steps=na,
+        before_median_step_ns=sb, after_median_step_ns=sa, step_time_change_fraction=_change(sb, sa),
+        before_gpu_busy_fraction=gpu_busy_fraction(before), after_gpu_busy_fraction=gpu_busy_fraction(after),
+        before_self_device_total_ns=ob.self_device_total_ns, after_self_device_total_ns=oa.self_device_total_ns,
+        before_peak_memory_bytes=mb.peak_allocated_bytes, after_peak_memory_bytes=ma.peak_allocated_bytes,
+        peak_memory_change_fraction=_change(mb.peak_allocated_bytes, ma.peak_allocated_bytes),
+        ops=ops, kernels=kernels,
+    )

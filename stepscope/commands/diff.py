@@ -1,0 +1,37 @@
+"""`stepscope diff BEFORE AFTER [-o OUT/]`: what changed between two traces (terminal summary, optional HTML)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stepscope.analyze import load
+from stepscope.analyze.diff import diff_traces
+from stepscope.commands._options import emit
+from stepscope.reports.text import render
+
+
+@click.command("diff")
+@click.argument("before", type=click.Path(exists=True, path_type=Path))
+@click.argument("after", type=click.Path(exists=True, path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write an HTML page OUT/index.html (directory replaced atomically).")
+@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Rows of the ops/kernels tables.")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of the text summary.")
+def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool) -> None:
+    """AFTER vs BEFORE: median step time, GPU busy share, memory peak, and the ops and kernels whose time
+    changed most (delta = after - before; negative is faster)."""
+    result = diff_traces(load(before), load(after), top=top)
+    emit(render(result, "json" if as_json else "table"), None)
+    if out is not None:
+        from stepscope.analyze._io import atomic_dir
+        from stepscope.reports.html import render_page, result_section
+
+        page = render_page(title=f"stepscope diff: {result.before} -> {result.after}",
+                           subtitle="after minus before; negative deltas are faster",
+                           sections=[result_section(result, id="diff", title="What changed")],
+                           reproduce=[f"stepscope diff {before} {after} -o {out}"])
+        with atomic_dir(out) as tmp:
+            (tmp / "index.html").write_text(page, encoding="utf-8")
+        click.echo(f"wrote {out / 'index.html'}", err=True)

@@ -1,0 +1,46 @@
+"""`stepscope plot KIND TRACE -o file.png`: one figure of the report, alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stepscope.analyze import load
+from stepscope.commands._options import trace_argument
+
+KINDS = ("timeline", "steps", "ops", "memory")
+
+
+@click.command("plot")
+@click.argument("kind", type=click.Choice(KINDS))
+@trace_argument
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="PNG file to write (atomically).")
+@click.option("--step", type=int, default=None, help="timeline: the step to show (default: first with GPU work).")
+def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
+    """Write one PNG: timeline (GPU work of one step per device/stream), steps (step durations), ops (top
+    ops by self CPU and device time) or memory (allocated/reserved over time, peak marked)."""
+    from stepscope.analyze._io import atomic_write_bytes
+    from stepscope.reports import figures
+
+    loaded = load(trace)
+    png: bytes | None
+    if kind == "timeline":
+        png, empty = figures.timeline_figure(loaded, step), "no GPU work (kernels, memcpy, memset) in this trace"
+    elif kind == "steps":
+        png, empty = figures.steps_figure(loaded), "no ProfilerStep#N spans in this trace"
+    elif kind == "ops":
+        from stepscope.analyze.ops import op_table
+
+        png, empty = figures.ops_figure(op_table(loaded)), "no ops in this trace"
+    else:
+        from stepscope.analyze.memory import memory_timeline
+
+        png = figures.memory_figure(memory_timeline(loaded, buckets=200))
+        empty = "no [memory] events in this trace: capture with profile_memory=True"
+    if png is None:
+        click.echo(f"{empty}: nothing to plot, {output} not written")
+        return
+    atomic_write_bytes(output, png)
+    click.echo(f"wrote {output}", err=True)

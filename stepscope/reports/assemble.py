@@ -1,0 +1,222 @@
+"""Reports for one trace, a capture run (manifest + one trace per rank) or a batch (a dataset from
+`stepscope ingest`, or a directory of raw traces): HTML pages written atomically under one directory.
+
+    OUT/index.html            the report (one trace), the run overview, or the batch index
+    OUT/<name>/index.html     one report per rank (runs) or per trace (batches), linked from the index
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stepscope.analyze import Trace, load
+from stepscope.analyze._io import atomic_dir
+from stepscope.reports.html import Cell, ReportContext, Section, Table, render_page, trace_report
+from stepscope.reports.units import human_bytes, human_ns
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportOutcome:
+    """What `build_report` wrote: the mode, the main page, and each input that failed (name, error)."""
+
+    mode: str  # "trace", "run" or "batch"
+    index: Path
+    reports: int
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _manifests(directory: Path) -> list[Path]:
+    return sorted(directory.glob("manifest*.json"))
+
+
+def _is_dataset(directory: Path) -> bool:
+    return any(directory.glob("trace=*/rank=*/meta.json"))
+
+
+def detect_mode(path: Path, batch: bool = False) -> str:
+    """"run" for a capture run directory, "batch" for a dataset or (with batch) a directory of traces, else
+    "trace"."""
+    if path.is_dir():
+        if _manifests(path):
+            return "run"
+        if batch or _is_dataset(path):
+            return "batch"
+    return "trace"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "trace"
+
+
+def _progress(items: list[Any], label: str, show: bool) -> Iterator[Any]:
+    if not show or len(items) < 2:
+        yield from items
+        return
+    with click.progressbar(items, label=label, file=sys.stderr) as bar:
+        yield from bar
+
+
+def trace_row(trace: Trace) -> dict[str, Any]:
+    """The index figures of one trace, from the analyses that exist (None where a trace has none)."""
+    ctx = ReportContext(trace=trace, source="")
+    steps = ctx.steps
+    memory = ctx.memory
+    info = ctx.info
+    return {
+        "trace": trace.source_name,
+        "rank": trace.rank,
+        "steps": steps.height,
+        "median_step_ns": steps["dur_ns"].median() if steps.height else None,
+        "slowest_step_ns": steps["dur_ns"].max() if steps.height else None,
+        "gpu_span_ns": info.gpu_span_ns,
+        "peak_memory_bytes": memory.peak_allocated_bytes,
+        "peak_device": memory.peak_device,
+        "warnings": info.warnings.height,
+    }
+
+
+_INDEX_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("rank", "rank", lambda v: "-" if v is None else str(v)),
+    ("steps", "steps", lambda v: f"{v:,}"),
+    ("median_step_ns", "median step", human_ns),
+    ("slowest_step_ns", "slowest step", human_ns),
+    ("gpu_span_ns", "GPU span", human_ns),
+    ("peak_memory_bytes", "peak memory", human_bytes),
+    ("peak_device", "peak on", lambda v: v or "-"),
+    ("warnings", "warnings", str),
+]
+
+
+def _index_table(rows: list[dict[str, Any]], title: str, *, mark: str | None = None) -> Table:
+    cols = [c for c in _INDEX_COLUMNS if any(r.get(c[0]) is not None for r in rows)]
+    cells: list[list[Cell]] = []
+    for r in rows:
+        name = r["trace"] + (f"  ({mark})" if mark and r.get("mark") else "")
+        line = [Cell(text=name, sort=r["trace"], href=r.get("href"))]
+        for key, _label, fmt in cols:
+            v = r.get(key)
+            line.append(Cell(text="-" if v is None else fmt(v), sort=v if v is None or isinstance(v, str)
+                             else float(v)))
+        line.append(Cell(text=r.get("error") or "", sort=r.get("error")))
+        cells.append(line)
+    return Table(title=title, columns=["trace", *[c[1] for c in cols], "error"], rows=cells,
+                 total_rows=len(rows), numeric=[False, *[c[0] not in ("peak_device",) for c in cols], False])
+
+
+def _report_one(path: Path, out: Path, name: str, *, source: str, step: int | None, cache_dir: Path | None,
+                back_link: str | None) -> tuple[Trace, dict[str, Any]]:
+    trace = load(path, cache_dir=cache_dir)
+    (out / name).mkdir(parents=True, exist_ok=True)
+    (out / name / "index.html").write_text(trace_report(trace, source=source, step=step, back_link=back_link),
+                                           encoding="utf-8")
+    return trace, trace_row(trace)
+
+
+def _run_traces(run_dir: Path) -> list[Path]:
+    from stepscope.analyze.ingest import find_trace_files
+
+    return [p for p in find_trace_files([run_dir]) if "memory_timeline" not in p.name]
+
+
+def _manifest_section(manifests: list[Path], rows: list[dict[str, Any]]) -> Section:
+    """The capture run: command, device, profiler settings, and baseline (unprofiled) step time vs profiled."""
+    headline: list[tuple[str, str]] = []
+    notes: list[str] = []
+    first = json.loads(manifests[0].read_text())
+    cmd = first.get("command", {})
+    if cmd.get("argv"):
+        headline.append(("command", " ".join(map(str, cmd["argv"]))))
+    device = first.get("device") or {}
+    if device:
+        headline.append(("device", f"{device.get('type', '?')} {device.get('name', '')}".strip()))
+    headline.append(("status", str(first.get("status"))))
+    headline.append(("ranks", str(len(manifests))))
+    baseline = (first.get("baseline") or {}).get("mean_ns")
+    profiled = [r["median_step_ns"] for r in rows if r.get("median_step_ns") is not None]
+    if baseline:
+        headline.append(("baseline step (mean, unprofiled)", human_ns(baseline)))
+    if profiled:
+        med = sorted(profiled)[len(profiled) // 2]
+        headline.append(("profiled step (median)", human_ns(med)))
+        if baseline:
+            headline.append(("profiled / baseline", f"{med / baseline:.2f}x"))
+    notes.extend(str(n) for n in first.get("notes") or [])
+    if first.get("error"):
+        notes.append(f"capture error: {first['error']}")
+    return Section(id="run", title="Capture run", headline=headline, notes=notes)
+
+
+def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None = None,
+                 cache_dir: Path | None = None, progress: bool = True) -> ReportOutcome:
+    """Write the report(s) for PATH under OUT (replaced atomically); see the module docstring for the layout.
+
+    One bad trace in a run or batch becomes an error row; the others are still reported.
+    """
+    path = Path(path)
+    mode = detect_mode(path, batch)
+    with atomic_dir(Path(out)) as tmp:
+        if mode == "trace":
+            trace = load(path, cache_dir=cache_dir)
+            (tmp / "index.html").write_text(trace_report(trace, source=str(path), step=step), encoding="utf-8")
+            return ReportOutcome(mode=mode, index=Path(out) / "index.html", reports=1)
+        if mode == "run":
+            inputs = [(p, f"rank{i}" if len(_run_traces(path)) > 1 else "trace") for i, p in
+                      enumerate(_run_traces(path))]
+        elif _is_dataset(path):
+            inputs = [(p.parent, _slug(f"{p.parent.parent.name[6:]}_{p.parent.name}"))
+                      for p in sorted(path.glob("trace=*/rank=*/meta.json"))]
+        else:
+            from stepscope.analyze.ingest import find_trace_files
+
+            inputs = [(p, _slug(p.name.removesuffix(".gz").removesuffix(".json"))) for p in find_trace_files([path])]
+        rows: list[dict[str, Any]] = []
+        failed: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for p, name in _progress(inputs, "reporting", progress):
+            while name in seen:
+                name += "_"
+            seen.add(name)
+            try:
+                trace, row = _report_one(p, tmp, name, source=str(p), step=step, cache_dir=cache_dir,
+                                         back_link="../index.html")
+                if mode == "run" and trace.rank is not None:
+                    row["trace"] = f"rank {trace.rank}: {row['trace']}"
+                row["href"] = f"{name}/index.html"
+            except Exception as exc:  # one bad trace is reported; the rest go on
+                row = {"trace": p.name, "error": f"{type(exc).__name__}: {exc}"}
+                failed.append((str(p), row["error"]))
+            rows.append(row)
+        sections: list[Section] = []
+        if mode == "run":
+            rows.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
+            medians = [r["median_step_ns"] for r in rows if r.get("median_step_ns") is not None]
+            if len(medians) > 1:
+                slow = max(medians)
+                for r in rows:
+                    r["mark"] = r.get("median_step_ns") == slow
+            sections.append(_manifest_section(_manifests(path), rows))
+            table = _index_table(rows, "Ranks side by side (click a rank for its report)", mark="straggler")
+            sections.append(Section(id="ranks", title="Ranks", tables=[table]))
+            title = f"stepscope run report: {path.name}"
+        else:
+            sections.append(Section(id="traces", title="Traces", tables=[
+                _index_table(rows, "One row per trace (click a header to sort, a name for its report)")]))
+            title = f"stepscope batch report: {path.name}"
+        problems = [f"{name}: {err}" for name, err in failed]
+        html = render_page(title=title, subtitle=f"{len(rows)} traces from {path}", sections=sections,
+                           problems=problems, reproduce=[f"stepscope report {path} -o OUT/" +
+                                                         (" --batch" if batch else "")])
+        (tmp / "index.html").write_text(html, encoding="utf-8")
+        return ReportOutcome(mode=mode, index=Path(out) / "index.html", reports=len(rows) - len(failed),
+                             failed=failed)
+
+
+__all__ = ["ReportOutcome", "build_report", "detect_mode", "trace_row"]
