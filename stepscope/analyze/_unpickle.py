@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from stepscope.errors import InputError, SnapshotFormatError
 
 
-class _DataOnlyUnpickler(pickle.Unpickler):
+class _RestrictedUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BufferedReader, path: Path) -> None:
         super().__init__(file)
         self._path = path
@@ -33,7 +33,7 @@ def load_plain_pickle(path: Path) -> Any:
                 raise SnapshotFormatError("not a pickle file (expected a torch.cuda.memory._dump_snapshot pickle)",
                                           path=path)
             fh.seek(0)
-            return _DataOnlyUnpickler(fh, path).load()
+            return _RestrictedUnpickler(fh, path).load()
     except SnapshotFormatError:
         raise
     except IsADirectoryError:

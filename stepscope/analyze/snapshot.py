@@ -14,9 +14,11 @@ Definitions:
 - **peak**: the largest allocated value (the start value counts). Without a trace: allocated at dump.
 - **live at the peak**: blocks allocated at or before the peak whose `free_completed` comes after it (or
   never), blocks freed after the peak whose allocation predates the recorded history, and blocks alive
-  at dump that the history never mentions. Their bytes add up to the peak exactly.
-- **user frame**: the innermost stack frame outside torch, Python's standard library, `<frozen …>` and
-  C++ frames: where user code asked for the memory, e.g. `model.py:54 forward`.
+  at dump that the history never mentions. The history records requested sizes and the dump rounded
+  block sizes, so one more row, the rounding of blocks alive at dump, makes them add up to the peak exactly.
+- **user frame**: the innermost stack frame of the user's own code (outside torch, Python's standard
+  library, `<frozen …>`, C++ and site-packages), else the innermost library frame outside torch: where
+  the user's code asked for the memory, e.g. `model.py:54 forward` rather than `einops/_backends.py`.
 
       alloc A 100 (seq 0), alloc B 50 (1), free_completed A (3)  -> allocated 100, 150, 150, 50; peak 150
       at seq 1, live at the peak: A and B
@@ -33,22 +35,33 @@ from typing import Any
 import polars as pl
 
 from stepscope.analyze._unpickle import load_plain_pickle
-from stepscope.errors import SnapshotFormatError
+from stepscope.errors import SnapshotFormatError, UsageError
 
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
            "segment_unmap", "snapshot", "oom")
 PRE_HISTORY = "(allocated before the recorded history)"
 NO_FRAME = "(no Python frame recorded)"
+ROUNDING = "(block rounding: size at dump minus the size the history recorded)"
 
 _NOT_USER = re.compile(
     r"([\\/]torch[\\/]|[\\/]stepscope[\\/]|^<frozen|^<string>|^\?\?$|\.(cpp|cc|h|hpp|cu)$|"
     r"[\\/]lib[\\/]python3\.\d+[\\/](?!site-packages|dist-packages)|[\\/]Lib[\\/](?!site-packages))",
 )
+_LIBRARY = re.compile(r"[\\/](site|dist)-packages[\\/]")
+_CHUNK = 65_536  # trace entries converted (and released) at a time
+_STACK_CACHE_LIMIT = 200_000  # torch shares one frames list per distinct traceback; bound the cache anyway
 
 
 def is_user_frame(filename: str) -> bool:
     """Whether a frame's file is the user's code (not torch, the stdlib, frozen modules or C++)."""
     return bool(filename) and _NOT_USER.search(filename) is None
+
+
+def _frame_rank(filename: str) -> int:
+    """2: the user's own code; 1: a library outside torch (site-packages); 0: not a user frame."""
+    if not is_user_frame(filename):
+        return 0
+    return 1 if _LIBRARY.search(filename) else 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,29 +78,50 @@ class SnapshotTables:
 
 
 class _Interner:
-    """One id per distinct (file, line, function): frames shared by thousands of entries are stored once."""
+    """One id per distinct (file, line, function), so frames shared by thousands of entries are stored once.
+
+    `stack(frames)` returns (user frame id, forward frame id) for one stack, cached by the identity of the
+    frames list: torch writes one shared list per distinct traceback, so most lookups are cache hits.
+    """
 
     def __init__(self) -> None:
         self.ids: dict[tuple[str, int, str], int] = {}
+        self._rank: dict[str, int] = {}
+        self._stacks: dict[int, tuple[Any, int | None, int | None]] = {}
 
-    def first_user(self, frames: Any) -> int | None:
+    def stack(self, frames: Any) -> tuple[int | None, int | None]:
         if not frames:
-            return None
+            return None, None
+        hit = self._stacks.get(id(frames))
+        if hit is not None and hit[0] is frames:
+            return hit[1], hit[2]
+        user, forward = self._scan(frames)
+        if len(self._stacks) >= _STACK_CACHE_LIMIT:
+            self._stacks.clear()
+        self._stacks[id(frames)] = (frames, user, forward)  # holding `frames` keeps its id from being reused
+        return user, forward
+
+    def _scan(self, frames: Any) -> tuple[int | None, int | None]:
+        """The user frame (own code first, else the innermost library frame) and the innermost user forward."""
+        own: int | None = None
+        library: int | None = None
+        forward: int | None = None
         for f in frames:
             filename = str(f.get("filename", ""))
-            if is_user_frame(filename):
-                return self._id(filename, f.get("line"), f.get("name"))
-        return None
-
-    def forward(self, frames: Any) -> int | None:
-        """The innermost user `forward` frame: which layer's forward asked for the memory."""
-        if not frames:
-            return None
-        for f in frames:
-            filename = str(f.get("filename", ""))
-            if f.get("name") == "forward" and is_user_frame(filename):
-                return self._id(filename, f.get("line"), "forward")
-        return None
+            rank = self._rank.get(filename)
+            if rank is None:
+                rank = self._rank[filename] = _frame_rank(filename)
+            if rank == 0:
+                continue
+            if forward is None and f.get("name") == "forward":
+                forward = self._id(filename, f.get("line"), "forward")
+            if rank == 2 and own is None:
+                own = self._id(filename, f.get("line"), f.get("name"))
+            elif rank == 1 and library is None:
+                library = self._id(filename, f.get("line"), f.get("name"))
+            if own is not None and forward is not None:
+                break
+        return (own if own is not None else library), forward
 
     def _id(self, filename: str, line: Any, name: Any) -> int:
         key = (filename, int(line) if isinstance(line, int) else 0, str(name))
@@ -108,7 +142,11 @@ def _int(value: Any) -> int | None:
 
 
 def read_snapshot(path: str | Path) -> SnapshotTables:
-    """Load a snapshot pickle safely and convert it to tables, releasing the Python objects as it goes."""
+    """Load a snapshot pickle safely and convert it to tables, releasing the Python objects as it goes.
+
+    The whole pickle is unpickled first (pickle cannot stream); the device traces are then converted
+    `_CHUNK` entries at a time, each chunk deleted from its list once it is a polars frame.
+    """
     path = Path(path)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of fresh acyclic dicts: the cyclic collector would only rescan them, repeatedly
@@ -132,15 +170,17 @@ def _read_snapshot(path: Path) -> SnapshotTables:
         settings = data.get("allocator_settings") or {}
     else:
         raise SnapshotFormatError("not a CUDA memory snapshot (expected segments / device_traces)", path=path)
-    if not isinstance(segments, list) or not isinstance(traces, list):
+    if not isinstance(segments, list) or not isinstance(traces, list) or \
+            not all(isinstance(t, list) or t is None for t in traces):
         raise SnapshotFormatError("malformed snapshot: segments and device_traces must be lists", path=path)
+    del data  # the lists below are now the only references: emptying them frees the entries
     interner = _Interner()
     try:
         events = _events_table(traces, interner)
         blocks, segs = _segment_tables(segments, interner)
     except (AttributeError, TypeError) as exc:
         raise SnapshotFormatError(f"malformed snapshot entry ({exc})", path=path) from None
-    del data, segments, traces
+    del segments, traces
     return SnapshotTables(source=str(path), format=fmt, events=events, blocks=blocks, segments=segs,
                           frames=interner.table(),
                           allocator_settings={k: v for k, v in settings.items() if isinstance(v, (int, float, str,
@@ -148,28 +188,40 @@ def _read_snapshot(path: Path) -> SnapshotTables:
                           if isinstance(settings, dict) else {})
 
 
+_EVENT_SCHEMA = {"device": pl.Int64, "seq": pl.Int64, "action": pl.String, "addr": pl.Int64, "size": pl.Int64,
+                 "stream": pl.Int64, "time_us": pl.Int64, "frame_id": pl.Int64, "forward_frame_id": pl.Int64,
+                 "device_free": pl.Int64}
+
+
 def _events_table(traces: list[Any], interner: _Interner) -> pl.DataFrame:
-    cols: dict[str, list[Any]] = {k: [] for k in ("device", "seq", "action", "addr", "size", "stream", "time_us",
-                                                  "frame_id", "forward_frame_id", "device_free")}
+    parts = [pl.DataFrame(schema=_EVENT_SCHEMA)]
     for device, trace in enumerate(traces):
-        for seq, e in enumerate(trace or []):
-            cols["device"].append(device)
-            cols["seq"].append(seq)
-            cols["action"].append(str(e.get("action")))
-            cols["addr"].append(_int(e.get("addr")))
-            cols["size"].append(_int(e.get("size")))
-            cols["stream"].append(_int(e.get("stream")))
-            cols["time_us"].append(_int(e.get("time_us")))
-            frames = e.get("frames")
-            cols["frame_id"].append(interner.first_user(frames))
-            cols["forward_frame_id"].append(interner.forward(frames))
-            cols["device_free"].append(_int(e.get("device_free")))
-        if isinstance(trace, list):
-            trace.clear()  # release this device's entries before converting the next
-    return pl.DataFrame(cols, schema={"device": pl.Int64, "seq": pl.Int64, "action": pl.String, "addr": pl.Int64,
-                                      "size": pl.Int64, "stream": pl.Int64, "time_us": pl.Int64,
-                                      "frame_id": pl.Int64, "forward_frame_id": pl.Int64,
-                                      "device_free": pl.Int64})
+        seq = 0
+        while trace:
+            chunk = trace[:_CHUNK]
+            parts.append(_entries_frame(device, seq, chunk, interner))
+            seq += len(chunk)
+            del chunk, trace[:_CHUNK]  # release these entries before converting the next chunk
+    return pl.concat(parts, rechunk=True)
+
+
+def _entries_frame(device: int, seq: int, chunk: list[Any], interner: _Interner) -> pl.DataFrame:
+    """One chunk of a device trace as columns (one pass per column: cheaper than one loop of appends)."""
+    stacks = [interner.stack(e.get("frames")) for e in chunk]
+    n = len(chunk)
+    cols: dict[str, Any] = {
+        "device": pl.repeat(device, n, dtype=pl.Int64, eager=True),
+        "seq": pl.int_range(seq, seq + n, dtype=pl.Int64, eager=True),
+        "action": [str(e.get("action")) for e in chunk],
+        "addr": [_int(e.get("addr")) for e in chunk],
+        "size": [_int(e.get("size")) for e in chunk],
+        "stream": [_int(e.get("stream")) for e in chunk],
+        "time_us": [_int(e.get("time_us")) for e in chunk],
+        "frame_id": [s[0] for s in stacks],
+        "forward_frame_id": [s[1] for s in stacks],
+        "device_free": [_int(e.get("device_free")) for e in chunk],
+    }
+    return pl.DataFrame(cols, schema=_EVENT_SCHEMA)
 
 
 def _segment_tables(segments: list[Any], interner: _Interner) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -187,9 +239,9 @@ def _segment_tables(segments: list[Any], interner: _Interner) -> tuple[pl.DataFr
             if not frames and b.get("history"):  # older snapshots keep the allocation stack in history
                 frames = (b["history"][-1] or {}).get("frames")
             size = _int(b.get("size")) or 0
+            user, forward = interner.stack(frames)
             block_rows.append((device, address, _int(b.get("address")) or offset, size,
-                               _int(b.get("requested_size")), str(b.get("state", "")),
-                               interner.first_user(frames), interner.forward(frames)))
+                               _int(b.get("requested_size")), str(b.get("state", "")), user, forward))
             offset += size
     segs = pl.DataFrame(seg_rows, schema={"device": pl.Int64, "address": pl.Int64, "total_bytes": pl.Int64,
                                           "allocated_bytes": pl.Int64, "active_bytes": pl.Int64,
@@ -203,20 +255,31 @@ def _segment_tables(segments: list[Any], interner: _Interner) -> tuple[pl.DataFr
 
 # ----------------------------------------------------------------------------------------------- analysis
 
+NO_HISTORY = ("no allocation history in this snapshot (torch.cuda.memory._record_memory_history was off): "
+              "the peak shown is the allocated bytes at dump time, and there is no timeline")
+
 
 @dataclass(frozen=True, kw_only=True)
 class SnapshotResult:
-    """Headline figures for the busiest device, and tables for every device."""
+    """Headline figures for the device with the highest peak, and tables for every device.
+
+    Times are `since_start_ns`: nanoseconds after the device's first trace entry; `trace_start_time_us` is
+    that entry's `time_us` on the allocator's clock, to line the snapshot up with other records.
+    """
 
     source: str
     format: str
+    note: str | None
     trace_entries: int
     has_history: bool
     peak_device: int | None
     peak_allocated_bytes: int
-    peak_time_us: int | None
+    peak_since_start_ns: int | None
+    trace_start_time_us: int | None
     allocated_at_dump_bytes: int
     reserved_at_dump_bytes: int
+    inactive_split_at_dump_bytes: int
+    largest_free_block_at_dump_bytes: int | None
     oom_events: int
     devices: pl.DataFrame
     live_at_peak: pl.DataFrame
@@ -226,8 +289,27 @@ class SnapshotResult:
     timeline: pl.DataFrame
 
 
+def _on_device(tables: SnapshotTables, device: int | None) -> SnapshotTables:
+    if device is None:
+        return tables
+    known = sorted(set(tables.segments["device"].to_list()) | set(tables.events["device"].unique().to_list()))
+    if device not in known:
+        raise UsageError(f"device {device} is not in this snapshot (devices: {', '.join(map(str, known)) or 'none'})",
+                         path=tables.source)
+    return SnapshotTables(
+        source=tables.source, format=tables.format, frames=tables.frames, allocator_settings=tables.allocator_settings,
+        events=tables.events.filter(pl.col("device") == device),
+        blocks=tables.blocks.filter(pl.col("device") == device),
+        segments=tables.segments.filter(pl.col("device") == device),
+    )
+
+
 def _series(tables: SnapshotTables) -> pl.DataFrame:
-    """Per trace entry: allocated and reserved bytes after it, per device (start values from the dump)."""
+    """Per trace entry: allocated and reserved bytes after it, per device (start values from the dump).
+
+        at dump 17 MB allocated; entries alloc 10, alloc 4, free_completed 4  (net +10)
+            -> start 7; allocated after each entry 17, 21, 17
+    """
     at_dump = _at_dump(tables)
     ev = tables.events.with_columns(
         d_alloc=pl.when(pl.col("action") == "alloc").then(pl.col("size"))
@@ -244,6 +326,8 @@ def _series(tables: SnapshotTables) -> pl.DataFrame:
         reserved_bytes=pl.col("reserved_at_dump_bytes") - pl.col("d_res").sum().over("device")
         + pl.col("d_res").cum_sum().over("device"),
         start_allocated_bytes=pl.col("allocated_at_dump_bytes") - pl.col("d_alloc").sum().over("device"),
+        trace_start_time_us=pl.col("time_us").min().over("device"),
+        since_start_ns=(pl.col("time_us") - pl.col("time_us").min().over("device")) * 1000,
     )
 
 
@@ -256,43 +340,50 @@ def _at_dump(tables: SnapshotTables) -> pl.DataFrame:
 
 
 def _peaks(tables: SnapshotTables, series: pl.DataFrame) -> pl.DataFrame:
-    """device, peak_allocated_bytes, peak_seq (-1 = before the first entry), peak_time_us."""
+    """device, peak_allocated_bytes, peak_seq (-1: before the first entry), peak_since_start_ns, trace start.
+
+    Ties go to the earliest entry; a device without a trace peaks at its allocated bytes at dump.
+    """
     at_dump = _at_dump(tables)
+    empty = {"peak_seq": pl.lit(None, pl.Int64), "peak_since_start_ns": pl.lit(None, pl.Int64),
+             "trace_start_time_us": pl.lit(None, pl.Int64)}
     if series.height == 0:
-        return at_dump.select("device", peak_allocated_bytes="allocated_at_dump_bytes",
-                              peak_seq=pl.lit(None, pl.Int64), peak_time_us=pl.lit(None, pl.Int64))
-    best = series.sort("allocated_bytes", "seq", descending=[True, False]).group_by("device").first().select(
-        "device", "allocated_bytes", "seq", "time_us", "start_allocated_bytes")
+        return at_dump.select("device", peak_allocated_bytes="allocated_at_dump_bytes", **empty)
+    best = series.sort("allocated_bytes", "seq", descending=[True, False]).group_by("device").first()
+    before = pl.col("start_allocated_bytes") > pl.col("allocated_bytes")
     with_history = best.select(
         "device",
         peak_allocated_bytes=pl.max_horizontal("allocated_bytes", "start_allocated_bytes"),
-        peak_seq=pl.when(pl.col("start_allocated_bytes") > pl.col("allocated_bytes")).then(-1).otherwise("seq"),
-        peak_time_us=pl.when(pl.col("start_allocated_bytes") > pl.col("allocated_bytes")).then(None)
-        .otherwise("time_us"),
+        peak_seq=pl.when(before).then(-1).otherwise("seq"),
+        peak_since_start_ns=pl.when(before).then(0).otherwise("since_start_ns"),
+        trace_start_time_us="trace_start_time_us",
     )
     without = at_dump.join(with_history.select("device"), on="device", how="anti").select(
-        "device", peak_allocated_bytes="allocated_at_dump_bytes", peak_seq=pl.lit(None, pl.Int64),
-        peak_time_us=pl.lit(None, pl.Int64))
+        "device", peak_allocated_bytes="allocated_at_dump_bytes", **empty)
     return pl.concat([with_history, without]).sort("device")
 
 
 def lifetimes(tables: SnapshotTables) -> pl.DataFrame:
-    """alloc and free_completed entries with, on each, the seq of the next free_completed of its address.
+    """alloc and free_completed entries with, on each, the seq and time of the next free_completed of its address.
 
         addr 7: alloc (seq 1), free_completed (4), alloc (6)  ->  next_free_seq 4, 4, null
     """
     ev = tables.events.filter(pl.col("action").is_in(["alloc", "free_completed"])).sort("device", "addr", "seq")
+    is_free = pl.col("action") == "free_completed"
     return ev.with_columns(
-        next_free_seq=pl.when(pl.col("action") == "free_completed").then(pl.col("seq"))
-        .backward_fill().over("device", "addr"),
+        next_free_seq=pl.when(is_free).then(pl.col("seq")).backward_fill().over("device", "addr"),
+        next_free_time_us=pl.when(is_free).then(pl.col("time_us")).backward_fill().over("device", "addr"),
         first_action=pl.col("action").first().over("device", "addr"),
         first_seq=pl.col("seq").first().over("device", "addr"),
     )
 
 
 def live_blocks_at_peak(tables: SnapshotTables, peaks: pl.DataFrame) -> pl.DataFrame:
-    """One row per block alive at its device's peak: device, size, frame_id, forward_frame_id, origin."""
-    ev = lifetimes(tables).join(peaks.select("device", "peak_seq"), on="device", how="left")
+    """One row per block alive at its device's peak: device, size, frame_id, forward_frame_id, origin.
+
+    Sizes are the history's (requested) sizes for blocks it allocated, the block size otherwise.
+    """
+    ev = lifetimes(tables).join(peaks.select("device", "peak_seq"), on="device", how="inner")
     in_trace = ev.filter(
         (pl.col("action") == "alloc") & (pl.col("seq") <= pl.col("peak_seq"))
         & (pl.col("next_free_seq").is_null() | (pl.col("next_free_seq") > pl.col("peak_seq")))
@@ -305,102 +396,150 @@ def live_blocks_at_peak(tables: SnapshotTables, peaks: pl.DataFrame) -> pl.DataF
     mentioned = ev.select("device", address="addr").unique()
     untouched = (
         tables.blocks.filter(pl.col("state") == "active_allocated")
+        .join(peaks.select("device"), on="device", how="semi")
         .join(mentioned, on=["device", "address"], how="anti")
         .select("device", "size", "frame_id", "forward_frame_id", origin=pl.lit("alive at dump, never in the history"))
     )
     return pl.concat([in_trace, pre_history, untouched])
 
 
+def rounding_bytes(tables: SnapshotTables) -> pl.DataFrame:
+    """Per device: block size at dump minus the size the history recorded, over blocks alive at dump.
+
+    The history records requested sizes (4 B), the dump rounded block sizes (512 B); the peak definition
+    (allocated at dump minus the history's net change) carries that difference, so the live blocks at the
+    peak add up to the peak only together with it.
+    """
+    last = (lifetimes(tables).group_by("device", "addr").agg(pl.col("action").last(), pl.col("size").last())
+            .filter(pl.col("action") == "alloc"))
+    return (
+        tables.blocks.filter(pl.col("state") == "active_allocated")
+        .join(last, left_on=["device", "address"], right_on=["device", "addr"], how="inner")
+        .group_by("device").agg(rounding_bytes=(pl.col("size") - pl.col("size_right")).sum())
+    )
+
+
 def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | None = None,
                      buckets: int = 200) -> SnapshotResult:
-    """Peak, live blocks at the peak by user frame, largest allocations, segments, OOMs, timeline."""
-    if device is not None:
-        tables = SnapshotTables(
-            source=tables.source, format=tables.format, frames=tables.frames,
-            allocator_settings=tables.allocator_settings,
-            events=tables.events.filter(pl.col("device") == device),
-            blocks=tables.blocks.filter(pl.col("device") == device),
-            segments=tables.segments.filter(pl.col("device") == device),
-        )
+    """Peak, live blocks at the peak by user frame, largest allocations, segments, OOMs, timeline.
+
+    `top` rows per table (0: all); `device` keeps one device; the timeline is cut into at most `buckets`
+    steps per device (the maximum of each).
+    """
+    tables = _on_device(tables, device)
     series = _series(tables)
     peaks = _peaks(tables, series)
     at_dump = _at_dump(tables)
-    live = live_blocks_at_peak(tables, peaks)
     frames = tables.frames.select("frame_id", "frame")
     live_by_frame = (
-        live.join(frames, on="frame_id", how="left")
+        live_blocks_at_peak(tables, peaks).join(frames, on="frame_id", how="left")
         .with_columns(frame=pl.when(pl.col("origin") == PRE_HISTORY).then(pl.lit(PRE_HISTORY))
                       .otherwise(pl.col("frame").fill_null(NO_FRAME)))
         .group_by("device", "frame").agg(live_bytes=pl.col("size").sum(), blocks=pl.len())
+    )
+    rounding = (
+        rounding_bytes(tables).join(peaks.filter(pl.col("peak_seq").is_not_null()).select("device"), on="device")
+        .filter(pl.col("rounding_bytes") != 0)
+        .select("device", frame=pl.lit(ROUNDING), live_bytes="rounding_bytes", blocks=pl.lit(None, pl.UInt32))
+    )
+    live_by_frame = (
+        pl.concat([live_by_frame, rounding])
         .join(peaks.select("device", "peak_allocated_bytes"), on="device", how="left")
         .with_columns(share_fraction=pl.col("live_bytes") / pl.col("peak_allocated_bytes"))
-        .drop("peak_allocated_bytes").sort("live_bytes", descending=True)
+        .drop("peak_allocated_bytes").sort("live_bytes", "frame", descending=[True, False])
     )
+    starts = peaks.select("device", "trace_start_time_us")
+    allocs = lifetimes(tables).filter(pl.col("action") == "alloc").sort("size", "seq", descending=[True, False])
     largest = (
-        lifetimes(tables).filter(pl.col("action") == "alloc").sort("size", descending=True).head(top or 1_000_000)
-        .join(frames, on="frame_id", how="left")
-        .select("device", size_bytes="size", time_us="time_us", frame=pl.col("frame").fill_null(NO_FRAME),
-                freed=pl.col("next_free_seq").is_not_null())
+        (allocs.head(top) if top else allocs).join(frames, on="frame_id", how="left")
+        .join(starts, on="device", how="left")
+        .select("device", size_bytes="size",
+                since_start_ns=(pl.col("time_us") - pl.col("trace_start_time_us")) * 1000,
+                lifetime_ns=(pl.col("next_free_time_us") - pl.col("time_us")) * 1000,
+                freed=pl.col("next_free_seq").is_not_null(), frame=pl.col("frame").fill_null(NO_FRAME))
     )
-    segments = (
-        tables.blocks.group_by("device", "segment_address").agg(
-            blocks=pl.len(),
-            allocated_bytes=pl.col("size").filter(pl.col("state") == "active_allocated").sum(),
-            free_bytes=pl.col("size").filter(pl.col("state") == "inactive").sum(),
-            largest_free_bytes=pl.col("size").filter(pl.col("state") == "inactive").max(),
-        )
-        .join(tables.segments.select("device", segment_address="address", total_bytes="total_bytes",
-                                     segment_type="segment_type"), on=["device", "segment_address"], how="left")
-        .with_columns(fragmentation_fraction=pl.when(pl.col("free_bytes") > 0)
-                      .then(1 - pl.col("largest_free_bytes") / pl.col("free_bytes")).otherwise(None))
-        .select("device", "segment_address", "segment_type", "total_bytes", "allocated_bytes", "free_bytes",
-                "largest_free_bytes", "fragmentation_fraction", "blocks")
-        .sort("total_bytes", descending=True)
-    )
+    segments = _segment_summary(tables)
     ooms = series.filter(pl.col("action") == "oom").select(
-        "device", "time_us", requested_bytes="size", device_free_bytes="device_free",
+        "device", "since_start_ns", requested_bytes="size", device_free_bytes="device_free",
         allocated_bytes="allocated_bytes", reserved_bytes="reserved_bytes")
-    timeline = _bucketed(series, buckets)
     devices = (
         at_dump.join(peaks, on="device", how="full", coalesce=True)
         .join(series.group_by("device").agg(trace_entries=pl.len(), peak_reserved_bytes=pl.col("reserved_bytes").max(),
                                             oom_events=(pl.col("action") == "oom").sum()),
               on="device", how="left")
-        .with_columns(pl.col("trace_entries", "oom_events").fill_null(0))
-        .select("device", "trace_entries", "allocated_at_dump_bytes", "reserved_at_dump_bytes",
-                "peak_allocated_bytes", "peak_time_us", "peak_reserved_bytes", "oom_events")
+        .with_columns(pl.col("trace_entries", "oom_events").fill_null(0),
+                      pl.col("peak_reserved_bytes").fill_null(pl.col("reserved_at_dump_bytes")))
+        .select("device", "trace_entries", "trace_start_time_us", "allocated_at_dump_bytes", "reserved_at_dump_bytes",
+                "peak_allocated_bytes", "peak_since_start_ns", "peak_reserved_bytes", "oom_events")
         .sort("device")
     )
-    busiest = devices.sort("peak_allocated_bytes", descending=True).head(1)
+    busiest = devices.sort("peak_allocated_bytes", "device", descending=[True, False]).head(1)
     head = busiest.row(0, named=True) if busiest.height else {}
+    dev_segments = segments.filter(pl.col("device") == head["device"]) if head else segments.clear()
+    largest_free = dev_segments["largest_free_bytes"].max()
     return SnapshotResult(
         source=tables.source,
         format=tables.format,
+        note=None if tables.events.height else NO_HISTORY,
         trace_entries=tables.events.height,
         has_history=tables.events.height > 0,
         peak_device=head.get("device"),
         peak_allocated_bytes=int(head.get("peak_allocated_bytes") or 0),
-        peak_time_us=head.get("peak_time_us"),
+        peak_since_start_ns=head.get("peak_since_start_ns"),
+        trace_start_time_us=head.get("trace_start_time_us"),
         allocated_at_dump_bytes=int(head.get("allocated_at_dump_bytes") or 0),
         reserved_at_dump_bytes=int(head.get("reserved_at_dump_bytes") or 0),
+        inactive_split_at_dump_bytes=int(dev_segments["inactive_split_bytes"].sum() or 0),
+        largest_free_block_at_dump_bytes=int(largest_free) if isinstance(largest_free, int) else None,
         oom_events=ooms.height,
         devices=devices,
         live_at_peak=live_by_frame.head(top) if top else live_by_frame,
         largest_allocations=largest,
         segments=segments.head(top) if top else segments,
         ooms=ooms,
-        timeline=timeline,
+        timeline=_bucketed(series, buckets),
+    )
+
+
+def _segment_summary(tables: SnapshotTables) -> pl.DataFrame:
+    """Per segment at dump: sizes, free bytes, the split part of them, the largest free block, fragmentation.
+
+    `inactive_split_bytes`: free blocks in a segment that also holds other blocks (what empty_cache() cannot
+    return); `fragmentation_fraction` = 1 - largest free block / free bytes (0: all free bytes in one block).
+
+        blocks 3 MB allocated, 1 MB free, 2 MB free  ->  free 3 MB, split 3 MB, largest 2 MB, fragmentation 1/3
+    """
+    inactive = pl.col("state") == "inactive"
+    return (
+        tables.blocks.group_by("device", "segment_address").agg(
+            blocks=pl.len(),
+            free_bytes=pl.col("size").filter(inactive).sum(),
+            largest_free_bytes=pl.col("size").filter(inactive).max(),
+        )
+        .join(tables.segments.select("device", "segment_type", "total_bytes", "allocated_bytes", "active_bytes",
+                                     segment_address="address"), on=["device", "segment_address"], how="full",
+              coalesce=True)
+        .with_columns(
+            pl.col("blocks", "free_bytes").fill_null(0),
+            inactive_split_bytes=pl.when(pl.col("blocks") > 1).then(pl.col("free_bytes")).otherwise(0),
+            fragmentation_fraction=pl.when(pl.col("free_bytes") > 0)
+            .then(1 - pl.col("largest_free_bytes") / pl.col("free_bytes")).otherwise(None),
+        )
+        .sort("free_bytes", "total_bytes", "segment_address", descending=[True, True, False])
+        .with_columns(segment_address=pl.col("segment_address").map_elements(hex, return_dtype=pl.String))
+        .select("device", "segment_address", "segment_type", "total_bytes", "allocated_bytes", "active_bytes",
+                "free_bytes", "inactive_split_bytes", "largest_free_bytes", "fragmentation_fraction", "blocks")
     )
 
 
 def _bucketed(series: pl.DataFrame, buckets: int) -> pl.DataFrame:
     """allocated/reserved per device in at most `buckets` steps (the maximum of each bucket)."""
     if series.height == 0:
-        return pl.DataFrame(schema={"device": pl.Int64, "time_us": pl.Int64, "allocated_bytes": pl.Int64,
+        return pl.DataFrame(schema={"device": pl.Int64, "since_start_ns": pl.Int64, "allocated_bytes": pl.Int64,
                                     "reserved_bytes": pl.Int64})
     return (
         series.with_columns(bucket=(pl.col("seq") * buckets // (pl.col("seq").max().over("device") + 1)))
-        .group_by("device", "bucket").agg(time_us=pl.col("time_us").last(),
+        .group_by("device", "bucket").agg(since_start_ns=pl.col("since_start_ns").last(),
                                           allocated_bytes=pl.col("allocated_bytes").max(),
                                           reserved_bytes=pl.col("reserved_bytes").max())
         .sort("device", "bucket").drop("bucket")
@@ -411,44 +550,48 @@ def _bucketed(series: pl.DataFrame, buckets: int) -> pl.DataFrame:
 class ActivationEstimate:
     """Seed exercise: which layer's activations hold the most memory at the peak, and what checkpointing saves.
 
-    Activations = blocks live at the peak whose allocation stack passes through a user `forward` (the
-    layer is that innermost forward frame). Checkpointing keeps roughly one layer's activations at a
-    time, so the saving is estimated as all activations minus the largest layer's (an upper bound).
+    Rule: an *activation* is a block live at the peak whose allocation stack passes through a `forward`
+    method outside torch (the user's or a library's module, e.g. `model.py:39 forward`); its *layer* is the
+    innermost such frame. Activation checkpointing keeps about one layer's activations alive at a time and
+    recomputes the rest in backward, so the saving is estimated as all activations minus the largest
+    layer's: an upper bound (it ignores the layer inputs that checkpointing keeps).
     """
 
+    peak_device: int | None
     peak_allocated_bytes: int
     activations_bytes: int
     activations_of_peak_fraction: float | None
     largest_layer: str | None
-    largest_layer_live_bytes: int
+    largest_layer_activations_bytes: int
     checkpoint_saving_estimate_bytes: int
     layers: pl.DataFrame
 
 
 def activation_estimate(tables: SnapshotTables, *, device: int | None = None) -> ActivationEstimate:
-    """Activations live at the peak, by the layer (forward frame) that allocated them."""
-    result = analyze_snapshot(tables, device=device, top=0)
-    peaks = _peaks(tables, _series(tables))
-    if device is not None:
-        peaks = peaks.filter(pl.col("device") == device)
-    elif result.peak_device is not None:
-        peaks = peaks.filter(pl.col("device") == result.peak_device)
-    live = live_blocks_at_peak(tables, peaks).join(peaks.select("device"), on="device", how="semi")
+    """Activations live at the peak, by the layer (forward frame) that allocated them; see ActivationEstimate.
+
+        live at peak: 10 MB weights (no forward frame), 4 MB via model.py:54 forward, 6 MB via model.py:60 forward
+            -> activations 10 MB, largest layer model.py:60 forward (6 MB), checkpoint saving estimate 4 MB
+    """
+    tables = _on_device(tables, device)
+    peaks = _peaks(tables, _series(tables)).sort("peak_allocated_bytes", "device", descending=[True, False]).head(1)
     layers = (
-        live.filter(pl.col("forward_frame_id").is_not_null())
+        live_blocks_at_peak(tables, peaks).filter(pl.col("forward_frame_id").is_not_null())
         .join(tables.frames.select(forward_frame_id="frame_id", layer="frame"), on="forward_frame_id", how="left")
-        .group_by("layer").agg(live_bytes=pl.col("size").sum(), blocks=pl.len())
-        .sort("live_bytes", descending=True)
+        .group_by("layer").agg(activations_bytes=pl.col("size").sum(), blocks=pl.len())
+        .sort("activations_bytes", "layer", descending=[True, False])
     )
-    total = int(layers["live_bytes"].sum() or 0)
+    total = int(layers["activations_bytes"].sum() or 0)
     largest = layers.row(0, named=True) if layers.height else None
-    peak = result.peak_allocated_bytes
+    largest_bytes = int(largest["activations_bytes"]) if largest else 0
+    peak = int(peaks["peak_allocated_bytes"][0]) if peaks.height else 0
     return ActivationEstimate(
+        peak_device=int(peaks["device"][0]) if peaks.height else None,
         peak_allocated_bytes=peak,
         activations_bytes=total,
         activations_of_peak_fraction=total / peak if peak else None,
         largest_layer=largest["layer"] if largest else None,
-        largest_layer_live_bytes=int(largest["live_bytes"]) if largest else 0,
-        checkpoint_saving_estimate_bytes=total - (int(largest["live_bytes"]) if largest else 0),
+        largest_layer_activations_bytes=largest_bytes,
+        checkpoint_saving_estimate_bytes=total - largest_bytes,
         layers=layers,
     )
