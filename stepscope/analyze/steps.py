@@ -1,0 +1,350 @@
+"""`stepscope steps`: per ProfilerStep wall time, GPU busy/idle, GPU work by kind, and the CPU phase split.
+
+Step window (tb_plugin's rule): a step starts where its ProfilerStep span starts (or where the previous
+step's window ended, if later) and ends at the later of its CPU end and the end of the last GPU work it
+launched. GPU work belongs to the step whose CPU span holds its launch (runtime call); GPU work with no
+launch link belongs to the step whose window holds its start.
+
+CPU phases (exclusive; each instant of the step's CPU span counts once, the first phase in this order
+that covers it wins; `other_cpu_ns` is what none covers):
+
+1. data_loading: `enumerate(DataLoader)#…__next__` annotations,
+2. optimizer: `Optimizer.step#…` / `Optimizer.zero_grad#…`,
+3. backward: ops on an autograd thread (ops carrying `fwd_thread_id`, and the rest of their thread) and
+   ops named `autograd::engine::evaluate_function: …` or `…Backward…`,
+4. forward: every other CPU op on the step's own thread.
+
+Before/after, a 100 µs step on the main thread (M) with an autograd thread (A):
+
+    M: [DataLoader 0-30][aten::conv 30-60]               [Optimizer.step 80-100]
+    A:                        [ConvBackward 55-80]
+    -> data_loading 30, forward 25 (30-55), backward 25 (55-80), optimizer 20, other 0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import polars as pl
+
+from stepscope.analyze.schema import Kind
+from stepscope.analyze.trace import Trace
+
+DATALOADER_PATTERN = r"^enumerate\(DataLoader\)#"
+OPTIMIZER_PATTERN = r"^Optimizer\.(step|zero_grad)#"
+BACKWARD_NAME_PATTERN = r"^autograd::engine::evaluate_function: |Backward"
+PHASES: tuple[str, ...] = ("data_loading", "optimizer", "backward", "forward")
+
+#: A step is an outlier when its wall time is more than 3 robust standard deviations (1.4826 × MAD)
+#: from the median AND more than 10% away from it (so near-identical steps never flag each other).
+OUTLIER_MADS = 3.0
+OUTLIER_MIN_REL = 0.10
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepsResult:
+    """Per-step table, stats across steps, outlier steps and (with nn.Module frames) per-module time."""
+
+    steps_found: int
+    mean_wall_ns: float | None
+    mean_gpu_busy_fraction: float | None
+    mean_data_loading_ns: float | None
+    mean_data_loading_exposed_ns: float | None
+    outlier_steps: list[int]
+    steps: pl.DataFrame
+    stats: pl.DataFrame
+    modules: pl.DataFrame
+
+
+def merge_intervals(frame: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
+    """Merge overlapping [s, e) intervals per `by` group into disjoint ones (columns by..., s, e)."""
+    ivs = frame.filter(pl.col("e") > pl.col("s")).sort(*by, "s")
+    prev_end = pl.col("e").cum_max().shift(1).over(by) if by else pl.col("e").cum_max().shift(1)
+    run = pl.col("new").cum_sum().over(by) if by else pl.col("new").cum_sum()
+    return (
+        ivs.with_columns(prev_end=prev_end)
+        .with_columns(new=(pl.col("prev_end").is_null() | (pl.col("s") > pl.col("prev_end"))).cast(pl.Int64))
+        .with_columns(run=run)
+        .group_by(*by, "run").agg(s=pl.col("s").min(), e=pl.col("e").max())
+        .drop("run")
+    )
+
+
+def step_windows(trace: Trace) -> pl.DataFrame:
+    """step, start_ns, cpu_end_ns, end_ns, wall_ns, cpu_ns, pid, tid (see the module docstring)."""
+    steps = trace.steps.collect()
+    if steps.height == 0:
+        return pl.DataFrame(schema={"step": pl.Int64, "start_ns": pl.Int64, "cpu_start_ns": pl.Int64,
+                                    "cpu_end_ns": pl.Int64,
+                                    "end_ns": pl.Int64, "wall_ns": pl.Int64, "cpu_ns": pl.Int64,
+                                    "pid": pl.String, "tid": pl.String})
+    launched = _gpu_by_step(trace, steps).group_by("step").agg(gpu_end=(pl.col("ts_ns") + pl.col("dur_ns")).max())
+    w = (
+        steps.join(launched, on="step", how="left")
+        .with_columns(end_ns=pl.max_horizontal("end_ns", "gpu_end"))
+        .with_columns(start_ns=pl.max_horizontal("ts_ns", pl.col("end_ns").shift(1)))
+        .with_columns(end_ns=pl.max_horizontal("end_ns", "start_ns"))
+    )
+    return w.select(
+        "step", "start_ns", cpu_start_ns="ts_ns", cpu_end_ns=pl.col("ts_ns") + pl.col("dur_ns"), end_ns="end_ns",
+        wall_ns=pl.col("end_ns") - pl.col("start_ns"), cpu_ns="dur_ns", pid="pid", tid="tid",
+    )
+
+
+def _gpu_by_step(trace: Trace, steps: pl.DataFrame) -> pl.DataFrame:
+    """GPU events (kind, ts_ns, dur_ns, launch_tid, launch_ts_ns) with the step that launched them."""
+    spans = steps.select("step", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).sort("s")
+    gpu = trace.launches().filter(pl.col("dur_ns").is_not_null()).select(
+        "gpu_event_id", "kind", "name", "ts_ns", "dur_ns", "launch_ts_ns", "launch_tid", "launch_pid",
+    ).collect()
+    key = pl.coalesce("launch_ts_ns", "ts_ns").alias("key")
+    return (
+        gpu.with_columns(key).sort("key")
+        .join_asof(spans, left_on="key", right_on="s", strategy="backward")
+        .filter(pl.col("key") < pl.col("e"))
+        .drop("key", "s", "e")
+    )
+
+
+def _covered_length(windows: pl.DataFrame, intervals: pl.DataFrame) -> pl.DataFrame:
+    """Union length of `intervals` (step, s, e) clipped to each step's [start_ns, end_ns): step, busy_ns."""
+    clipped = (
+        intervals.lazy().join(windows.lazy().select("step", "start_ns", "end_ns"), on="step")
+        .select("step", s=pl.max_horizontal("s", "start_ns"), e=pl.min_horizontal("e", "end_ns"))
+    )
+    return (
+        merge_intervals(clipped, ["step"]).group_by("step").agg(busy_ns=(pl.col("e") - pl.col("s")).sum()).collect()
+    )
+
+
+def _phase_intervals(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
+    """(step, phase, s, e) CPU intervals per phase, clipped to the step's CPU span."""
+    cpu = trace.cpu.filter(pl.col("dur_ns").is_not_null()).select(
+        "name", "kind", "pid", "tid", "fwd_thread_id", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")
+    )
+    autograd_tids = (
+        cpu.filter(pl.col("fwd_thread_id").is_not_null()).select("pid", "tid").unique()
+        .with_columns(autograd=pl.lit(True))
+    )
+    main = windows.select("pid", "tid").unique().with_columns(main=pl.lit(True)).lazy()
+    tagged = (
+        cpu.filter(~pl.col("name").str.contains(r"^ProfilerStep#"))
+        .join(autograd_tids, on=["pid", "tid"], how="left")
+        .join(main, on=["pid", "tid"], how="left")
+        .with_columns(
+            phase=pl.when(pl.col("name").str.contains(DATALOADER_PATTERN)).then(pl.lit("data_loading"))
+            .when(pl.col("name").str.contains(OPTIMIZER_PATTERN)).then(pl.lit("optimizer"))
+            .when(pl.col("autograd").fill_null(False) & pl.col("main").is_null()).then(pl.lit("backward"))
+            .when(pl.col("name").str.contains(BACKWARD_NAME_PATTERN)).then(pl.lit("backward"))
+            .when(pl.col("main").fill_null(False) & (pl.col("kind") == Kind.CPU_OP.value)).then(pl.lit("forward"))
+            .otherwise(None)
+        )
+        .filter(pl.col("phase").is_not_null())
+        .select("phase", "s", "e")
+        .collect()
+        .sort("s")
+    )
+    spans = windows.select("step", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
+    # An interval belongs to the step whose CPU span holds its start; it is clipped to that span.
+    return (
+        tagged.join_asof(spans, left_on="s", right_on="cpu_start_ns", strategy="backward")
+        .filter(pl.col("s") < pl.col("cpu_end_ns"))
+        .select("step", "phase", "s", e=pl.min_horizontal("e", "cpu_end_ns"))
+    )
+
+
+def _phase_split(windows: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
+    """Exclusive time per (step, phase) by elementary segments; the first phase in PHASES wins."""
+    merged = merge_intervals(phases.lazy(), ["step", "phase"]).collect()
+    bounds = pl.concat([
+        merged.select("step", b="s"), merged.select("step", b="e"),
+        windows.select("step", b="cpu_start_ns"), windows.select("step", b="cpu_end_ns"),
+    ]).unique().sort("step", "b")
+    segs = (
+        bounds.with_columns(b_end=pl.col("b").shift(-1).over("step"))
+        .filter(pl.col("b_end").is_not_null())
+        .join(windows.select("step", "cpu_start_ns", "cpu_end_ns"), on="step")
+        .filter((pl.col("b") >= pl.col("cpu_start_ns")) & (pl.col("b_end") <= pl.col("cpu_end_ns")))
+        .select("step", "b", "b_end")
+        .with_columns(phase=pl.lit(None, pl.String))
+        .sort("b")
+    )
+    for name in reversed(PHASES):  # later assignments win, so walk from the lowest priority up
+        ivs = merged.filter(pl.col("phase") == name).select("step", "s", "e").sort("s")
+        hit = segs.join_asof(ivs, left_on="b", right_on="s", by="step", strategy="backward",
+                              check_sortedness=False)
+        segs = hit.with_columns(
+            phase=pl.when(pl.col("e").is_not_null() & (pl.col("b") < pl.col("e"))).then(pl.lit(name))
+            .otherwise(pl.col("phase"))
+        ).drop("s", "e")
+    return (
+        segs.group_by("step", "phase").agg(ns=(pl.col("b_end") - pl.col("b")).sum())
+        .with_columns(phase=pl.col("phase").fill_null("other_cpu"))
+        .pivot(on="phase", index="step", values="ns")
+    )
+
+
+def _stats(steps: pl.DataFrame) -> pl.DataFrame:
+    clock = ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")
+    metrics = [c for c in steps.columns if c.endswith("_ns") and c not in clock]
+    rows = []
+    for m in metrics:
+        s = steps[m].cast(pl.Float64)
+        rows.append({
+            "metric": m.removesuffix("_ns"), "mean_ns": s.mean(), "std_ns": s.std() if s.len() > 1 else None,
+            "p50_ns": s.quantile(0.5, "linear"), "p95_ns": s.quantile(0.95, "linear"),
+            "p99_ns": s.quantile(0.99, "linear"), "min_ns": s.min(), "max_ns": s.max(),
+        })
+    schema = {"metric": pl.String, **{k: pl.Float64 for k in ("mean_ns", "std_ns", "p50_ns", "p95_ns", "p99_ns",
+                                                                "min_ns", "max_ns")}}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def outliers(wall_ns: pl.Series) -> pl.Series:
+    """Boolean mask of outlier steps (the OUTLIER_MADS / OUTLIER_MIN_REL rule), all False under 3 steps.
+
+    walls 100, 101, 99, 100, 180 ms -> median 100, MAD 1 -> only 180 is out (|80| > 3 × 1.48 and > 10%).
+    """
+    if wall_ns.len() < 3:
+        return pl.Series([False] * wall_ns.len())
+    x = wall_ns.cast(pl.Float64)
+    med = float(x.median() or 0.0)  # type: ignore[arg-type]
+    mad = float((x - med).abs().median() or 0.0)  # type: ignore[arg-type]
+    dev = (x - med).abs()
+    return (dev > OUTLIER_MADS * 1.4826 * mad) & (dev > OUTLIER_MIN_REL * med)
+
+
+def module_times(trace: Trace, *, top: int = 20) -> pl.DataFrame:
+    """Per `nn.Module: …` python frame name: calls, inclusive CPU time and GPU time of the work launched
+    under it (launch call inside the frame, same thread); empty when the trace has no such frames."""
+    schema = {"module": pl.String, "calls": pl.UInt32, "cpu_ns": pl.Int64, "gpu_ns": pl.Int64}
+    mods = trace.python.filter(pl.col("name").str.starts_with("nn.Module: ") & pl.col("dur_ns").is_not_null())
+    mods_df = mods.select("name", "pid", "tid", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+    if mods_df.height == 0:
+        return pl.DataFrame(schema=schema)
+    launches = (
+        trace.launches().filter(pl.col("launch_ts_ns").is_not_null())
+        .select(pid="launch_pid", tid="launch_tid", t="launch_ts_ns", d="dur_ns").collect()
+        .sort("t").with_columns(cum=pl.col("d").fill_null(0).cum_sum().over("pid", "tid"))
+    )
+    # GPU time launched in [s, e) = cumulative sum at the last launch before e - at the last before s.
+    before = launches.select("pid", "tid", "t", "cum").sort("t")
+
+    def cum_at(col: str) -> pl.DataFrame:
+        left = mods_df.with_row_index("i").select("i", "pid", "tid", at=pl.col(col) - 1).sort("at")
+        return left.join_asof(before, left_on="at", right_on="t", by=["pid", "tid"], strategy="backward",
+                              check_sortedness=False).select(
+            "i", pl.col("cum").fill_null(0).alias(col))
+
+    with_gpu = (
+        mods_df.with_row_index("i").drop("s", "e").join(cum_at("e"), on="i").join(cum_at("s"), on="i", suffix="_s")
+        .select("i", gpu_ns=pl.col("e") - pl.col("s"))
+    )
+    return (
+        mods_df.with_row_index("i").join(with_gpu, on="i")
+        .group_by(module=pl.col("name").str.strip_prefix("nn.Module: "))
+        .agg(calls=pl.len(), cpu_ns=(pl.col("e") - pl.col("s")).sum(), gpu_ns=pl.col("gpu_ns").sum())
+        .sort("cpu_ns", "module", descending=[True, False])
+        .head(top)
+        .cast(schema)  # type: ignore[arg-type]
+    )
+
+
+def step_breakdown(trace: Trace) -> StepsResult:
+    """Per ProfilerStep: window and CPU span, GPU busy/idle, kernel/memcpy/memset time, CPU phases
+    (data loading, forward, backward, optimizer, other), exposed data loading; stats and outliers."""
+    windows = step_windows(trace)
+    modules = module_times(trace)
+    if windows.height == 0:
+        return StepsResult(steps_found=0, mean_wall_ns=None, mean_gpu_busy_fraction=None, mean_data_loading_ns=None,
+                           mean_data_loading_exposed_ns=None,
+                           outlier_steps=[], steps=pl.DataFrame(), stats=pl.DataFrame(), modules=modules)
+    steps_df = trace.steps.collect()
+    gpu = _gpu_by_step(trace, steps_df)
+    by_kind = (
+        gpu.group_by("step").agg(
+            kernel_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value).sum(),
+            memcpy_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.MEMCPY.value).sum(),
+            memset_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.MEMSET.value).sum(),
+        )
+    )
+    all_gpu = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select(
+        s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+    # GPU busy in a window counts any GPU work in it (a previous step's spill-over included); an interval
+    # is found by the windows holding its start and its end (one spanning three windows is not seen whole).
+    per_step_gpu = _in_windows(all_gpu, windows)
+    busy = _covered_length(windows, per_step_gpu).rename({"busy_ns": "gpu_busy_ns"})
+    phases_iv = _phase_intervals(trace, windows)
+    split = _phase_split(windows, phases_iv)
+    dl = phases_iv.filter(pl.col("phase") == "data_loading").select("step", "s", "e")
+    dl_exposed = _exposed(dl, all_gpu)
+    out = (
+        windows.join(busy, on="step", how="left").join(by_kind, on="step", how="left")
+        .join(split, on="step", how="left").join(dl_exposed, on="step", how="left")
+    )
+    for c in (*PHASES, "other_cpu"):
+        if c not in out.columns:
+            out = out.with_columns(pl.lit(0, pl.Int64).alias(c))
+    out = out.with_columns(pl.col(c).fill_null(0) for c in (
+        "gpu_busy_ns", "kernel_ns", "memcpy_ns", "memset_ns", *PHASES, "other_cpu", "data_loading_exposed_ns"))
+    out = out.select(
+        "step", "start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns", "wall_ns", "cpu_ns", "gpu_busy_ns",
+        gpu_idle_ns=pl.col("wall_ns") - pl.col("gpu_busy_ns"),
+        gpu_busy_fraction=pl.when(pl.col("wall_ns") > 0).then(pl.col("gpu_busy_ns") / pl.col("wall_ns")),
+        kernel_ns="kernel_ns", memcpy_ns="memcpy_ns", memset_ns="memset_ns",
+        data_loading_ns="data_loading", data_loading_exposed_ns="data_loading_exposed_ns",
+        forward_ns="forward", backward_ns="backward", optimizer_ns="optimizer", other_cpu_ns="other_cpu",
+    ).sort("step")
+    out = out.with_columns(outlier=outliers(out["wall_ns"]))
+    has_gpu = all_gpu.height > 0
+    wall_total, busy_total = int(out["wall_ns"].sum()), int(out["gpu_busy_ns"].sum())
+    mean_frac = busy_total / wall_total if wall_total and has_gpu else None
+    return StepsResult(
+        steps_found=out.height,
+        mean_wall_ns=_mean(out["wall_ns"]),
+        mean_gpu_busy_fraction=float(mean_frac) if mean_frac is not None else None,
+        mean_data_loading_ns=_mean(out["data_loading_ns"]),
+        mean_data_loading_exposed_ns=_mean(out["data_loading_exposed_ns"]),
+        outlier_steps=out.filter(pl.col("outlier"))["step"].to_list(),
+        steps=out,
+        stats=_stats(out.drop("outlier")),
+        modules=modules,
+    )
+
+
+def _in_windows(ivs: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """(step, s, e) for each interval, once per window holding its start or its last ns."""
+    w = windows.select("step", w_s="start_ns", w_e="end_ns").sort("w_s")
+    out = []
+    for at in (pl.col("s"), pl.col("e") - 1):
+        hit = ivs.with_columns(at=at).sort("at").join_asof(w, left_on="at", right_on="w_s", strategy="backward")
+        out.append(hit.filter(pl.col("at") < pl.col("w_e")).select("step", "s", "e"))
+    return pl.concat(out).unique()
+
+
+def busy_before(times: pl.DataFrame, merged: pl.DataFrame, col: str) -> pl.Series:
+    """For each time in times[col], the length of the disjoint `merged` (s, e) intervals before it."""
+    m = merged.sort("s").select(
+        _s="s", _e="e", _cum=(pl.col("e") - pl.col("s")).cum_sum() - (pl.col("e") - pl.col("s")))
+    hit = times.select(col).with_row_index("_i").sort(col).join_asof(
+        m, left_on=col, right_on="_s", strategy="backward")
+    val = (pl.col("_cum") + pl.min_horizontal(pl.col(col), "_e") - pl.col("_s")).fill_null(0)
+    return hit.sort("_i").select(val)[:, 0]
+
+
+def _exposed(cpu: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
+    """Per step: length of the union of `cpu` intervals not covered by any GPU work (data loading the GPU
+    does not hide, whichever step's GPU work that is). step, data_loading_exposed_ns."""
+    if cpu.height == 0:
+        return pl.DataFrame(schema={"step": pl.Int64, "data_loading_exposed_ns": pl.Int64})
+    c = merge_intervals(cpu.lazy(), ["step"]).collect()
+    g = merge_intervals(gpu.lazy(), []).collect()
+    hidden = busy_before(c, g, "e") - busy_before(c, g, "s")
+    return c.with_columns(hidden=hidden).group_by("step").agg(
+        data_loading_exposed_ns=(pl.col("e") - pl.col("s") - pl.col("hidden")).sum())
+
+
+def _mean(s: pl.Series) -> float | None:
+    m = s.cast(pl.Float64).mean()
+    return float(m) if isinstance(m, (int, float)) and not math.isnan(m) else None

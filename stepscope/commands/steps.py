@@ -1,0 +1,32 @@
+"""`stepscope steps TRACE`: per ProfilerStep wall time, GPU busy/idle and the CPU phase split."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import click
+
+from stepscope.analyze import load
+from stepscope.analyze.steps import step_breakdown
+from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
+from stepscope.reports.text import render
+
+_ABSOLUTE = ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")  # clock readings, not durations
+
+
+@click.command("steps")
+@trace_argument
+@format_options
+def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, output: Path | None) -> None:
+    """Per ProfilerStep of TRACE: window, GPU busy/idle, kernel/memcpy/memset time, data loading / forward /
+    backward / optimizer CPU time, stats across steps, outlier steps and per-module time."""
+    result = step_breakdown(load(trace))
+    if result.steps_found == 0:
+        emit("no ProfilerStep#N spans in this trace: profile with a schedule and call prof.step() "
+             "once per iteration to get per-step figures\n", output)
+        return
+    out_fmt = resolve_format(fmt, as_json, as_csv)
+    if out_fmt == "table":
+        result = dataclasses.replace(result, steps=result.steps.drop(_ABSOLUTE))
+    emit(render(result, out_fmt, max_rows=None), output)
