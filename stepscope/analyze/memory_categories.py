@@ -1,17 +1,23 @@
 """`export_memory_timeline` files: memory by category (parameter, activation, gradient, …) over time.
 
-torch.profiler's `export_memory_timeline(path)` writes one of two formats (torch/profiler/_memory_profiler.py):
-- raw (`*.raw.json.gz`): a list of `[t_ns, action, bytes, category]`; t = -1 for tensors that existed
-  before profiling; action 1 preexisting, 2 create, 3 increment version (two rows: -bytes for the old
-  version's category, +bytes for the new one), 4 destroy (-bytes); category 0..7 in torch's order below.
-- plain (`*.json(.gz)` / `.html` data): `[times_us, sizes]`, each `sizes` row `[0, c0, …, c7]`, cumulative.
+torch.profiler's `prof.export_memory_timeline(path, device)` writes one of two formats, chosen by the
+path's suffix (torch/profiler/_memory_profiler.py):
+- raw (`*.raw.json.gz`): a list of `[t_ns, action, bytes, category]` events; `t_ns` = -1 for tensors that
+  existed before profiling; action 1 preexisting, 2 create, 3 increment version (two events: -bytes in
+  the old version's category, +bytes in the new one's), 4 destroy (-bytes); category 0..7 in the order of
+  `CATEGORIES` (torch's `_CATEGORY_TO_INDEX`; 7 = tensors torch could not categorize).
+- plain (`*.json` / `*.json.gz`): `[times_us, sizes]`, each `sizes` row `[0, c0, …, c7]`, already cumulative.
 
-The raw rows are turned into the plain form the way torch's own `_coalesce_timeline` does it: rows are
-taken in file order, each new timestamp starts a row that copies the previous totals, and each event
-adds its bytes to its category:
+Raw events become rows the way torch's own `_coalesce_timeline` makes the plain form, except for one
+detail: events are taken in file order, a row starts whenever the microsecond timestamp changes, each
+event adds its bytes to its category, and the rows are cumulative. Microseconds are `t_ns // 1000`
+(exact); torch computes `int(t_ns / 1000)`, which rounds through a float and, on epoch-nanosecond
+stamps, moves about one event in eight to the next microsecond. With floor, HolisticTraceAnalysis's
+reference row (row 744 of its test file) comes out exactly; with torch's float rule it does not.
 
-    [-1, 1, 512, 7], [-1, 1, 1024, 0], [5000, 2, 256, 4], [5000, 4, -512, 7]
-        -> t=-1: parameter 1024, unknown 512;  t=5000: parameter 1024, activation 256, unknown 0
+    [-1, 1, 512, 7], [-1, 1, 1024, 0], [5000, 2, 256, 4], [5400, 4, -512, 7]
+        -> before profiling: parameter 1024, unknown 512
+           5 us:             parameter 1024, activation 256, unknown 0
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -27,22 +34,28 @@ from stepscope.errors import InputError, TraceFormatError
 
 CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",
               "unknown")
+_RAW_SCHEMA = {"t_ns": pl.Int64, "action": pl.Int64, "bytes": pl.Int64, "category": pl.Int64}
 
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryCategoriesResult:
-    """Bytes per category over time, and at the peak of their sum."""
+    """Bytes per category at the peak of their sum, and over time.
+
+    `timeline` has at most `buckets` rows (in each bucket, the row with the largest total); `since_start_ns`
+    counts from the first timestamped row, and is null for memory that existed before profiling.
+    """
 
     source: str
     format: str
     rows: int
+    start_time_us: int | None
     peak_total_bytes: int
-    peak_time_us: int | None
+    peak_since_start_ns: int | None
     at_peak: pl.DataFrame
     timeline: pl.DataFrame
 
 
-def _read_json(path: Path) -> object:
+def _read_json(path: Path) -> Any:
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -56,46 +69,78 @@ def _read_json(path: Path) -> object:
         raise TraceFormatError(f"not a memory timeline export (not JSON: {exc})", path=path) from None
 
 
-def timeline_by_category(path: str | Path) -> pl.DataFrame:
-    """One row per distinct timestamp (file order): time_us, then cumulative bytes per category."""
+def _is_plain(data: Any) -> bool:
+    return (isinstance(data, list) and len(data) == 2 and isinstance(data[0], list) and isinstance(data[1], list)
+            and len(data[0]) == len(data[1]) and all(isinstance(r, list) and len(r) == 9 for r in data[1][:100]))
+
+
+def _is_raw(data: Any) -> bool:
+    return isinstance(data, list) and bool(data) and all(isinstance(r, list) and len(r) == 4 for r in data[:100])
+
+
+def read_memory_timeline(path: str | Path) -> tuple[str, pl.DataFrame]:
+    """The export's format ('raw events' or 'category totals') and one row per timestamp, in file order:
+    `time_us` (null before profiling), then the cumulative bytes of each category (columns `CATEGORIES`)."""
     path = Path(path)
     data = _read_json(path)
-    if isinstance(data, list) and len(data) == 2 and isinstance(data[0], list) and isinstance(data[1], list) \
-            and (not data[1] or isinstance(data[1][0], list)):
-        times, sizes = data
-        frame = pl.DataFrame({"time_us": pl.Series(times, dtype=pl.Int64)})
-        cols = {name: pl.Series([row[i + 1] for row in sizes], dtype=pl.Int64) for i, name in enumerate(CATEGORIES)}
-        return frame.with_columns(**cols)
-    if not (isinstance(data, list) and data and all(isinstance(r, list) and len(r) == 4 for r in data[:100])):
-        raise TraceFormatError("not a memory timeline export (expected [t, action, bytes, category] rows or "
-                               "[times, sizes])", path=path)
-    raw = pl.DataFrame(data, schema={"t_ns": pl.Int64, "action": pl.Int64, "bytes": pl.Int64, "category": pl.Int64},
-                       orient="row")
+    try:
+        if _is_plain(data):
+            times, sizes = data
+            frame = pl.DataFrame({"time_us": pl.Series(times, dtype=pl.Int64)})
+            columns = pl.DataFrame(sizes, schema=["_zero", *CATEGORIES], orient="row").drop("_zero")
+            return "category totals", pl.concat([frame, columns.cast(pl.Int64)], how="horizontal")
+        if _is_raw(data):
+            return "raw events", _coalesce(pl.DataFrame(data, schema=_RAW_SCHEMA, orient="row"))
+    except (TypeError, ValueError, pl.exceptions.PolarsError) as exc:
+        first_line = (str(exc).splitlines() or [""])[0]
+        raise TraceFormatError(f"malformed memory timeline export ({type(exc).__name__}: {first_line})",
+                               path=path) from None
+    raise TraceFormatError("not a memory timeline export (expected [t, action, bytes, category] events or "
+                           "[times, sizes] from torch.profiler's export_memory_timeline)", path=path)
+
+
+def _coalesce(raw: pl.DataFrame) -> pl.DataFrame:
+    """Raw events -> one cumulative row per run of equal microsecond timestamps (see the module docstring)."""
     stamped = raw.with_columns(
-        time_us=pl.when(pl.col("t_ns") == -1).then(-1).otherwise(pl.col("t_ns") // 1000),
-    ).with_columns(row=(pl.col("time_us") != pl.col("time_us").shift()).fill_null(True).cum_sum() - 1)
-    deltas = stamped.with_columns(
-        [pl.when(pl.col("category") == i).then(pl.col("bytes")).otherwise(0).alias(name)
-         for i, name in enumerate(CATEGORIES)]
+        time_us=pl.when(pl.col("t_ns") >= 0).then(pl.col("t_ns") // 1000),
+    ).with_columns(row=pl.col("time_us").ne_missing(pl.col("time_us").shift()).fill_null(True).cum_sum())
+    per_row = stamped.group_by("row", maintain_order=True).agg(
+        pl.col("time_us").first(),
+        *[pl.col("bytes").filter(pl.col("category") == i).sum().alias(name) for i, name in enumerate(CATEGORIES)],
     )
-    per_row = deltas.group_by("row", maintain_order=True).agg(
-        pl.col("time_us").first(), *[pl.col(name).sum() for name in CATEGORIES])
-    return per_row.sort("row").select("time_us", *[pl.col(n).cum_sum() for n in CATEGORIES])
+    return per_row.select("time_us", *[pl.col(n).cum_sum() for n in CATEGORIES])
 
 
-def memory_categories(path: str | Path) -> MemoryCategoriesResult:
-    """Bytes per category over time and at the peak of the total."""
+def timeline_by_category(path: str | Path) -> pl.DataFrame:
+    """All rows of an export: `time_us` (null before profiling) and cumulative bytes per category."""
+    return read_memory_timeline(path)[1]
+
+
+def memory_categories(path: str | Path, *, buckets: int = 200) -> MemoryCategoriesResult:
+    """Bytes per category at the peak of the total, and over time (at most `buckets` rows)."""
     path = Path(path)
-    timeline = timeline_by_category(path).with_columns(total_bytes=pl.sum_horizontal(*CATEGORIES))
+    fmt, timeline = read_memory_timeline(path)
     if timeline.height == 0:
         raise TraceFormatError("empty memory timeline export", path=path)
-    peak = timeline.sort("total_bytes", descending=True).row(0, named=True)
-    at_peak = pl.DataFrame({"category": list(CATEGORIES), "size_bytes": [int(peak[c]) for c in CATEGORIES]})
-    at_peak = at_peak.with_columns(share_fraction=pl.col("size_bytes") / max(int(peak["total_bytes"]), 1))
-    fmt = "raw events" if path.name.endswith((".raw.json.gz", ".raw.json", ".raw.gz")) else "category totals"
+    start = timeline["time_us"].min()
+    timeline = timeline.with_columns(
+        since_start_ns=(pl.col("time_us") - pl.col("time_us").min()) * 1000,
+        total_bytes=pl.sum_horizontal(*CATEGORIES),
+    ).with_row_index("row")
+    peak = timeline.sort("total_bytes", "row", descending=[True, False]).row(0, named=True)
+    total = int(peak["total_bytes"])
+    at_peak = pl.DataFrame({"category": list(CATEGORIES), "size_bytes": [int(peak[c]) for c in CATEGORIES]},
+                           schema={"category": pl.String, "size_bytes": pl.Int64})
+    at_peak = at_peak.with_columns(share_fraction=pl.col("size_bytes") / total if total else pl.lit(None, pl.Float64))
+    n = timeline.height
+    shown = (
+        timeline.with_columns(bucket=pl.col("row") * min(buckets, n) // n)
+        .sort("total_bytes", "row", descending=[True, False]).group_by("bucket").first().sort("row")
+        .select("since_start_ns", "total_bytes", *[pl.col(c).alias(f"{c}_bytes") for c in CATEGORIES])
+    )
     return MemoryCategoriesResult(
-        source=str(path), format=fmt, rows=timeline.height, peak_total_bytes=int(peak["total_bytes"]),
-        peak_time_us=peak["time_us"] if peak["time_us"] != -1 else None,
-        at_peak=at_peak.sort("size_bytes", descending=True),
-        timeline=timeline.rename({c: f"{c}_bytes" for c in CATEGORIES}),
+        source=str(path), format=fmt, rows=n, start_time_us=start if isinstance(start, int) else None,
+        peak_total_bytes=total, peak_since_start_ns=peak["since_start_ns"],
+        at_peak=at_peak.sort("size_bytes", "category", descending=[True, False]),
+        timeline=shown,
     )
