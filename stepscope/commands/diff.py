@@ -17,7 +17,8 @@ from stepscope.reports.text import render
 @click.argument("after", type=click.Path(exists=True, path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write an HTML page OUT/index.html (directory replaced atomically).")
-@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Rows of the ops/kernels tables.")
+@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True,
+              help="Rows of the ops/kernels tables.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of the text summary.")
 def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool) -> None:
     """AFTER vs BEFORE: median step time, GPU busy share, memory peak, and the ops and kernels whose time

@@ -15,8 +15,10 @@ from stepscope.reports.assemble import build_report
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output directory (replaced atomically); the main page is OUT/index.html.")
-@click.option("--batch", is_flag=True, help="INPUT is a directory of many raw traces: one report each and an index.")
-@click.option("--step", type=int, default=None, help="Step shown in the GPU timeline (default: the first with GPU work).")
+@click.option("--batch", is_flag=True,
+              help="INPUT is a directory of many raw traces: one report each and an index.")
+@click.option("--step", type=int, default=None,
+              help="Step shown in the GPU timeline (default: the first with GPU work).")
 def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
     """HTML report: steps and GPU timeline, ops, memory, trace info and warnings, how to reproduce; for a
     run or a batch, an index with one sortable row per rank or trace linking to each report."""

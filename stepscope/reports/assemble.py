@@ -190,7 +190,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
                 if mode == "run" and trace.rank is not None:
                     row["trace"] = f"rank {trace.rank}: {row['trace']}"
                 row["href"] = f"{name}/index.html"
-            except Exception as exc:  # one bad trace is reported; the rest go on
+            except Exception as exc:  # noqa: BLE001 - one bad trace is reported; the rest go on
                 row = {"trace": p.name, "error": f"{type(exc).__name__}: {exc}"}
                 failed.append((str(p), row["error"]))
             rows.append(row)

@@ -13,7 +13,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from stepscope.reports.palette import color  # noqa: E402
@@ -142,14 +144,16 @@ def timeline_figure(trace: Trace, step: int | None = None) -> bytes | None:
 
                 raise UsageError(f"no step {step} in this trace (steps: {', '.join(map(str, steps['step']))})")
         else:
-            starts = gpu["ts_ns"]
-            with_gpu = steps.filter([((starts >= s) & (starts < e)).any() for s, e in
-                                     zip(steps["ts_ns"], steps["end_ns"], strict=True)]) if steps.height < 500 else steps
-            row = with_gpu.head(1) if with_gpu.height else steps.head(1)
+            starts = np.sort(gpu["ts_ns"].to_numpy())
+            first = np.searchsorted(starts, steps["ts_ns"].to_numpy(), "left")
+            has_gpu = np.searchsorted(starts, steps["end_ns"].to_numpy(), "left") > first
+            idx = int(np.argmax(has_gpu)) if has_gpu.any() else 0
+            row = steps.slice(idx, 1)
         s, e, n = row["ts_ns"][0], row["end_ns"][0], row["step"][0]
         # GPU work launched in a step runs a little after it: extend to the last GPU event starting inside
         inside = gpu.filter((pl.col("ts_ns") >= s) & (pl.col("ts_ns") < e))
-        end = max(e, int((inside["ts_ns"] + inside["dur_ns"]).max() or e)) if inside.height else e
+        last = (inside["ts_ns"] + inside["dur_ns"]).max() if inside.height else None
+        end = max(e, int(last)) if isinstance(last, int) else e
         window = (s, end)
         title = f"GPU timeline, step {n} ({human_ns(e - s)} on the CPU)"
     if window is not None:
@@ -166,14 +170,15 @@ def timeline_figure(trace: Trace, step: int | None = None) -> bytes | None:
             ax.broken_barh(bars, (i - 0.4, 0.8), facecolors=color(str(kind[0])), linewidth=0)
     ax.set_yticks(range(lanes.height), [f"GPU {d} stream {s}" for d, s in lanes.iter_rows()], fontsize=8)
     ax.invert_yaxis()
-    length = (window[1] - window[0]) if window else int((gpu["ts_ns"] + gpu["dur_ns"]).max()) - origin  # type: ignore[operator]
+    last_end = (gpu["ts_ns"] + gpu["dur_ns"]).max()
+    length = (window[1] - window[0]) if window else (int(last_end) if isinstance(last_end, int) else origin) - origin
     ax.set_xlim(0, length)
     unit = _ns_axis(ax, top=length)
     ax.set_xlabel(f"time since step start ({unit})" if window else f"time since the first GPU event ({unit})")
     ax.set_title(title, fontsize=11, loc="left")
     kinds = sorted(set(gpu["kind"].to_list()))
-    handles = [plt.Rectangle((0, 0), 1, 1, color=color(k)) for k in kinds]
-    handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#999999"))
+    handles = [Rectangle((0, 0), 1, 1, color=color(k)) for k in kinds]
+    handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#999999"))
     ax.legend(handles, [*kinds, "idle (blank)"], loc="lower right", bbox_to_anchor=(1.0, 1.0),
               ncol=len(handles), fontsize=8, frameon=False)
     _style(ax)
@@ -186,7 +191,7 @@ def steps_figure(trace: Trace) -> bytes | None:
     steps = trace.steps.collect()
     if steps.height == 0:
         return None
-    fig, ax = plt.subplots(figsize=(min(12, 2 + 0.5 * steps.height), 3.2))
+    fig, ax = plt.subplots(figsize=(max(5.0, min(12.0, 2 + 0.5 * steps.height)), 3.2))
     labels = [str(s) for s in steps["step"].to_list()]
     ax.bar(labels, steps["dur_ns"].to_list(), color=color("kernel"))
     med = float(steps["dur_ns"].median())  # type: ignore[arg-type]

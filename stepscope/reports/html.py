@@ -268,7 +268,7 @@ def build_sections(ctx: ReportContext) -> tuple[list[Section], list[str]]:
     for name, builder in SECTIONS:
         try:
             section = builder(ctx)
-        except Exception as exc:  # a broken section must not lose the rest of the report
+        except Exception as exc:  # noqa: BLE001 - a broken section must not lose the rest of the report
             problems.append(f"section {name!r} could not be built: {type(exc).__name__}: {exc}")
             continue
         if section is not None:

@@ -1,0 +1,31 @@
+"""stepscope diff BEFORE AFTER [-o OUT]."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from builders import write_trace
+from click.testing import CliRunner
+
+from stepscope.cli import cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
+from _report_traces import gpu_doc  # noqa: E402
+
+
+def test_diff_text_and_html(tmp_path: Path) -> None:
+    a = write_trace(tmp_path / "a", gpu_doc(1.0))
+    b = write_trace(tmp_path / "b", gpu_doc(2.0))
+    result = CliRunner().invoke(cli, ["diff", str(a), str(b), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "sgemm_128x64" in result.output and "10 µs" in result.output  # 2 x 5 µs more kernel time
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "What changed" in page and "&lt;script&gt;" in page
+
+
+def test_corpus_resnet_workers(corpus: Path) -> None:
+    k = corpus / "traces" / "kineto"
+    result = CliRunner().invoke(cli, ["diff", str(k / "resnet50_num_workers_0"), str(k / "resnet50_num_workers_4")])
+    assert result.exit_code == 0, result.output
+    assert "176.3 ms" in result.output and "126.5 ms" in result.output and "-28.2%" in result.output

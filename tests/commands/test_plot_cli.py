@@ -1,0 +1,31 @@
+"""stepscope plot KIND TRACE -o file.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pytest
+from builders import cpu_op, trace, write_trace
+from click.testing import CliRunner
+
+from stepscope.cli import cli
+
+GPU = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5,
+       "args": {"device": 0, "stream": 7}}
+
+
+@pytest.mark.parametrize("kind", ["timeline", "ops"])
+def test_plot_writes_a_png(tmp_path: Path, kind: str) -> None:
+    src = write_trace(tmp_path, trace(cpu_op("aten::mm", ts=0, dur=20), GPU))
+    out = tmp_path / f"{kind}.png"
+    result = CliRunner().invoke(cli, ["plot", kind, str(src), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert mpimg.imread(out).shape[1] > 300
+
+
+def test_nothing_to_plot_is_said_plainly(tmp_path: Path) -> None:
+    src = write_trace(tmp_path, trace(cpu_op("aten::mm", ts=0, dur=20)))
+    result = CliRunner().invoke(cli, ["plot", "memory", str(src), "-o", str(tmp_path / "m.png")])
+    assert result.exit_code == 0
+    assert "no [memory] events" in result.output and not (tmp_path / "m.png").exists()

@@ -1,0 +1,90 @@
+"""stepscope report: one trace, a capture run, a batch with one bad trace; written atomically."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from builders import write_trace
+from click.testing import CliRunner
+
+from stepscope.cli import cli
+
+TESTS = Path(__file__).resolve().parents[1]
+import sys  # noqa: E402
+
+sys.path.insert(0, str(TESTS / "reports"))
+from _report_traces import gpu_doc  # noqa: E402
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def test_single_trace(tmp_path: Path) -> None:
+    src = write_trace(tmp_path / "in", gpu_doc())
+    code, out = run("report", str(src), "-o", str(tmp_path / "out"))
+    assert code == 0, out
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert 'id="ops"' in page and "wrote" in out and "(trace, 1 report(s), 0 failed)" in out
+    assert not list(tmp_path.glob(".out.*"))  # no temporary directory left behind
+
+
+def test_batch_with_a_bad_trace(tmp_path: Path) -> None:
+    write_trace(tmp_path / "in", gpu_doc(), "a.pt.trace.json")
+    write_trace(tmp_path / "in", gpu_doc(scale=2), "b.pt.trace.json")
+    (tmp_path / "in" / "bad.pt.trace.json").write_text("{not json")
+    code, out = run("report", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--batch")
+    assert code == 0, out
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert 'href="a.pt.trace/index.html"' in index and 'href="b.pt.trace/index.html"' in index
+    assert "bad.pt.trace.json" in index and "could not report" in out and "2 report(s), 1 failed" in out
+    assert (tmp_path / "out" / "a.pt.trace" / "index.html").is_file()
+
+
+def test_capture_run_with_two_ranks_marks_the_straggler(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    for rank, scale in ((0, 1.0), (1, 3.0)):
+        doc = gpu_doc(scale)
+        doc["distributedInfo"] = {"rank": rank, "world_size": 2, "backend": "nccl"}
+        if rank == 1:  # rank 1's steps take longer
+            for e in doc["traceEvents"]:
+                if e["name"].startswith("ProfilerStep#"):
+                    e["dur"] = 150
+        write_trace(run_dir, doc, f"host_{rank}.pt.trace.json")
+        (run_dir / f"manifest.rank{rank}.json").write_text(json.dumps({
+            "status": "ok", "command": {"argv": ["train.py"]}, "device": {"type": "cuda", "name": "H100"},
+            "baseline": {"mean_ns": 80_000.0}, "notes": []}))
+    code, out = run("report", str(run_dir), "-o", str(tmp_path / "out"))
+    assert code == 0, out
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "(run, 2 report(s)" in out
+    assert "rank 1: host_1.pt.trace.json  (straggler)" in index
+    assert "baseline step (mean, unprofiled)" in index and "80 µs" in index
+    assert (tmp_path / "out" / "rank0" / "index.html").is_file()
+
+
+def test_sample_run(tmp_path: Path) -> None:
+    sample = TESTS.parent / "sample_traces" / "convnet_train"
+    if not sample.is_dir():
+        pytest.skip("sample_traces/convnet_train is not present")
+    shutil.copytree(sample, tmp_path / "run")
+    code, out = run("report", str(tmp_path / "run"), "-o", str(tmp_path / "out"))
+    assert code == 0, out
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "profiled / baseline" in index
+
+
+def test_corpus_dataset_batch(corpus: Path, tmp_path: Path) -> None:
+    k = corpus / "traces" / "kineto"
+    code, out = run("ingest", str(k / "resnet50_num_workers_0"), str(k / "resnet50_num_workers_4"), "-o",
+                    str(tmp_path / "ds"))
+    assert code == 0, out
+    code, out = run("report", str(tmp_path / "ds"), "-o", str(tmp_path / "out"))
+    assert code == 0, out
+    assert "(batch, 2 report(s), 0 failed)" in out
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "176.3 ms" in index and "126.5 ms" in index  # median step: num_workers 0 vs 4

@@ -1,0 +1,63 @@
+"""Figures: valid PNGs of sensible size on synthetic and real traces; None where there is nothing to draw."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pytest
+from _report_traces import gpu_doc
+from builders import cpu_op, load_events, trace
+
+from stepscope.analyze import load
+from stepscope.analyze.memory import memory_timeline
+from stepscope.analyze.ops import op_table
+from stepscope.errors import StepscopeError
+from stepscope.reports import figures
+from stepscope.reports.palette import color, idle_color
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(data: bytes | None, min_w: int = 300, min_h: int = 100) -> None:
+    assert data is not None and data.startswith(PNG_MAGIC)
+    img = mpimg.imread(io.BytesIO(data), format="png")
+    h, w = img.shape[:2]
+    assert min_w <= w <= 2500 and min_h <= h <= 4000
+    assert img.std() > 0.01  # not blank
+
+
+def test_every_figure_on_a_synthetic_gpu_trace(tmp_path: Path) -> None:
+    t = load_events(tmp_path, gpu_doc())
+    assert_png(figures.timeline_figure(t))
+    assert_png(figures.timeline_figure(t, step=2))
+    assert_png(figures.steps_figure(t))
+    assert_png(figures.ops_figure(op_table(t)))
+    assert_png(figures.memory_figure(memory_timeline(t, buckets=50)))
+
+
+def test_unknown_step_is_a_usage_error(tmp_path: Path) -> None:
+    t = load_events(tmp_path, gpu_doc())
+    with pytest.raises(StepscopeError, match="no step 9"):
+        figures.timeline_figure(t, step=9)
+
+
+def test_nothing_to_draw_gives_none(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
+    assert figures.timeline_figure(t) is None
+    assert figures.steps_figure(t) is None
+    assert figures.memory_figure(memory_timeline(t)) is None
+
+
+def test_palette_is_stable_and_distinct() -> None:
+    assert color("kernel") == color("KERNEL") != color("memcpy")
+    assert color("some_new_category") == color("some_new_category")
+    assert idle_color("dataloader") == idle_color("dataloader")
+
+
+def test_real_traces(corpus: Path) -> None:
+    t = load(corpus / "traces" / "tracelens" / "h100")
+    assert_png(figures.timeline_figure(t), min_w=800)
+    assert_png(figures.memory_figure(memory_timeline(t, buckets=100)), min_w=600)
+    assert_png(figures.ops_figure(op_table(t)), min_w=800)

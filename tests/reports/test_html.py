@@ -1,0 +1,57 @@
+"""HTML report: sections present with the analyses' numbers, every trace string escaped, self-contained."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from _report_traces import XSS, gpu_doc
+from builders import cpu_op, load_events, trace
+
+from stepscope.analyze import load
+from stepscope.reports import html as H
+from stepscope.reports.units import human_ns
+
+
+def test_report_sections_numbers_and_escaping(tmp_path: Path) -> None:
+    t = load_events(tmp_path, gpu_doc())
+    page = H.trace_report(t, source="synthetic.json")
+    for sid in ("steps", "ops", "memory", "info", "reproduce"):
+        assert f'id="{sid}"' in page
+    assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "http://" not in page and "https://" not in page  # no CDN, no network
+    assert page.count("data:image/png;base64,") >= 4
+    assert human_ns(100_000) in page  # the median step (100 µs)
+    assert "aten::mm" in page and "sgemm_128x64" in page
+    assert "stepscope report synthetic.json -o OUT/" in page
+    assert re.search(r'<td class="num" data-v="100000(\.0)?">', page)  # raw value for the sorter
+
+
+def test_cpu_only_trace_says_what_is_missing(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
+    page = H.trace_report(t, source="cpu.json")
+    assert "No [memory] events in this trace" in page
+    assert 'id="steps"' not in page  # no steps and no GPU work: no section
+
+
+def test_a_failing_section_becomes_a_problem_line(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def broken(ctx: H.ReportContext) -> H.Section:
+        raise RuntimeError("boom <b>")
+
+    monkeypatch.setattr(H, "SECTIONS", [("broken", broken), *H.SECTIONS])
+    page = H.trace_report(load_events(tmp_path, gpu_doc()), source="x")
+    assert "section &#39;broken&#39; could not be built: RuntimeError: boom &lt;b&gt;" in page
+    assert 'id="ops"' in page
+
+
+def test_display_names() -> None:
+    assert H.display_name("self_cpu_ns") == "self cpu"
+    assert H.display_name("self_cpu_fraction") == "self cpu %"
+    assert H.display_name("peak_allocated_bytes") == "peak allocated"
+
+
+def test_corpus_report(corpus: Path) -> None:
+    t = load(corpus / "traces" / "kineto" / "resnet50_num_workers_0")
+    page = H.trace_report(t, source="resnet")
+    assert "aten::cudnn_convolution" in page and 'id="memory"' in page
+    assert "176.3 ms" in page  # median ProfilerStep (steps 5..10)
