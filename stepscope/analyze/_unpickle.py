@@ -42,6 +42,10 @@ def load_plain_pickle(path: Path) -> Any:
         raise InputError("no such file", path=path) from None
     except EOFError:
         raise SnapshotFormatError("truncated pickle (the file ends early)", path=path) from None
-    except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+    except pickle.UnpicklingError as exc:
+        if "truncated" in str(exc):
+            raise SnapshotFormatError("truncated pickle (the file ends early)", path=path) from None
+        raise SnapshotFormatError(f"corrupt pickle (UnpicklingError: {exc})", path=path) from None
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError,
             UnicodeDecodeError, OverflowError, MemoryError) as exc:
         raise SnapshotFormatError(f"corrupt pickle ({type(exc).__name__}: {exc})", path=path) from None

@@ -16,26 +16,54 @@ def test_snapshot_table_json_and_activations(corpus: Path) -> None:
     path = corpus / "snapshots/decomfl/memory.pickle"
     runner = CliRunner()
     res = runner.invoke(cli, ["snapshot", str(path), "--top", "3"])
-    assert res.exit_code == 0 and "live at peak:" in res.stdout and "1.66 GiB" in res.stdout
+    assert res.exit_code == 0, res.output
+    assert "live at peak:" in res.stdout and "1.66 GiB" in res.stdout and "client.py:176 reset_model" in res.stdout
     data = json.loads(runner.invoke(cli, ["snapshot", str(path), "--json"]).stdout)
-    assert data["peak_allocated_bytes"] == 1786608896
+    assert data["peak_allocated_bytes"] == 1786608896 and data["note"] is None
+    assert sum(r["live_bytes"] for r in json.loads(runner.invoke(cli, ["snapshot", str(path), "--json", "--top", "0"])
+                                                   .stdout)["live_at_peak"]) == 1786608896
     act = runner.invoke(cli, ["snapshot", str(path), "--activations"])
     assert act.exit_code == 0 and "checkpoint saving estimate" in act.stdout
+    csv = runner.invoke(cli, ["snapshot", str(path), "--csv"])
+    assert csv.stdout.splitlines()[0].startswith("device,trace_entries,trace_start_time_us")
+
+
+def test_a_snapshot_without_history_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": []}))
+    res = CliRunner().invoke(cli, ["snapshot", str(path)])
+    assert res.exit_code == 0 and "no allocation history in this snapshot" in res.stdout
 
 
 def test_memory_timeline_cli(corpus: Path) -> None:
-    res = CliRunner().invoke(cli, ["memory-timeline", str(corpus / "traces/hta/memory_analysis/memory_timeline.raw.gz"),
-                                   "--csv"])
-    assert res.exit_code == 0 and res.stdout.splitlines()[0] == "category,size_bytes,share_fraction"
+    path = corpus / "traces/hta/memory_analysis/memory_timeline.raw.gz"
+    res = CliRunner().invoke(cli, ["memory-timeline", str(path), "--csv"])
+    assert res.exit_code == 0 and res.stdout.splitlines()[:2] == ["category,size_bytes,share_fraction",
+                                                                  "activation,2592465920,0.8409364611962662"]
+    table = CliRunner().invoke(cli, ["memory-timeline", str(path)])
+    assert "peak total        2.87 GiB" in table.stdout
 
 
-def test_malicious_snapshot_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "evil.pickle"
-    path.write_bytes(b"\x80\x04\x95\x1c\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c"
-                     b"\x04echo\x94\x85\x94R\x94.")
+@pytest.mark.parametrize(("args", "content", "needle"), [
+    (["snapshot"], b"\x80\x04\x95\x1c\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c"
+                   b"\x04echo\x94\x85\x94R\x94.", "refusing to load os.system"),  # pickle of os.system("echo")
+    (["snapshot"], pickle.dumps({"segments": [1]})[:-4], "truncated pickle"),
+    (["snapshot"], b'{"traceEvents": []}', "not a pickle file"),
+    (["snapshot"], pickle.dumps({"traceEvents": []}), "not a CUDA memory snapshot"),
+    (["snapshot", "--device", "3"], pickle.dumps({"segments": [], "device_traces": [[]]}), "device 3 is not in"),
+    (["memory-timeline"], b'{"traceEvents": []}', "not a memory timeline export"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                         content: bytes, needle: str) -> None:
+    path = tmp_path / "input.bin"
+    path.write_bytes(content)
     with pytest.raises(SystemExit) as info:
-        main(["snapshot", str(path)])
+        main([args[0], str(path), *args[1:]])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "refusing to load os.system" in err[0]
-    assert pickle  # the payload above is what pickle.dumps would write for os.system("echo")
+    assert len(err) == 1 and needle in err[0] and str(path) in err[0]
+
+
+def test_conflicting_formats_are_a_usage_error(corpus: Path) -> None:
+    res = CliRunner().invoke(cli, ["snapshot", str(corpus / "snapshots/decomfl/memory.pickle"), "--json", "--csv"])
+    assert res.exit_code == 2 and "conflicting output formats" in res.output
