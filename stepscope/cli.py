@@ -27,6 +27,9 @@ COMMANDS: dict[str, str] = {
     "capture": "capture",
     "snapshot": "snapshot",
     "memory-timeline": "memory_timeline",
+    "kernels": "kernels",
+    "steps": "steps",
+    "summary": "summary",
 }
 
 

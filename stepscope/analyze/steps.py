@@ -79,7 +79,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
                                     "cpu_end_ns": pl.Int64,
                                     "end_ns": pl.Int64, "wall_ns": pl.Int64, "cpu_ns": pl.Int64,
                                     "pid": pl.String, "tid": pl.String})
-    launched = _gpu_by_step(trace, steps).group_by("step").agg(gpu_end=(pl.col("ts_ns") + pl.col("dur_ns")).max())
+    launched = gpu_by_step(trace, steps).group_by("step").agg(gpu_end=(pl.col("ts_ns") + pl.col("dur_ns")).max())
     w = (
         steps.join(launched, on="step", how="left")
         .with_columns(end_ns=pl.max_horizontal("end_ns", "gpu_end"))
@@ -92,7 +92,7 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     )
 
 
-def _gpu_by_step(trace: Trace, steps: pl.DataFrame) -> pl.DataFrame:
+def gpu_by_step(trace: Trace, steps: pl.DataFrame) -> pl.DataFrame:
     """GPU events (kind, ts_ns, dur_ns, launch_tid, launch_ts_ns) with the step that launched them."""
     spans = steps.select("step", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).sort("s")
     gpu = trace.launches().filter(pl.col("dur_ns").is_not_null()).select(
@@ -261,7 +261,7 @@ def step_breakdown(trace: Trace) -> StepsResult:
                            mean_data_loading_exposed_ns=None,
                            outlier_steps=[], steps=pl.DataFrame(), stats=pl.DataFrame(), modules=modules)
     steps_df = trace.steps.collect()
-    gpu = _gpu_by_step(trace, steps_df)
+    gpu = gpu_by_step(trace, steps_df)
     by_kind = (
         gpu.group_by("step").agg(
             kernel_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value).sum(),

@@ -1,0 +1,257 @@
+"""`stepscope summary`: one verdict on what bounds the training loop, per step and overall, with evidence.
+
+The verdict comes from an ordered rule table, `RULES` (first rule whose condition holds wins), in the
+spirit of Nsight Systems' expert rules and the TensorBoard plugin's advice. Fractions are of the step's
+wall time (tb_plugin's step window, see `stepscope.analyze.steps`), summed over steps for the overall
+verdict (over the GPU span when the trace has no ProfilerStep):
+
+1. no_gpu              the trace holds no GPU kernel, memcpy or memset
+2. data_loading_bound  data loading the GPU does not hide >= 10% of the step (tb_plugin advises from 5%)
+3. sync_bound          synchronizing calls (cuda/hip Device/Stream/EventSynchronize, blocking cudaMemcpy)
+                       take >= 10% of the step on the CPU while the GPU is busy < 60% (a sync while the
+                       GPU is busy only waits for work that had to run anyway)
+4. transfer_bound      memcpy GPU time >= 10% of the step, or pageable memcpy >= 5%
+5. launch_bound        the GPU is busy < 60% of the step (the CPU cannot feed it: launch overhead, Python,
+                       tiny kernels; tiny_kernel_fraction tells which)
+6. gpu_bound           otherwise: the GPU is busy most of the step; speed up the kernels themselves
+
+Before/after: a 100 ms step with 30 ms of exposed data loading and 40 ms GPU busy is data_loading_bound
+(rule 2 comes before rule 5); with 5 ms of data loading it is launch_bound.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+
+from stepscope.analyze.kernels import kernel_summary
+from stepscope.analyze.schema import Kind
+from stepscope.analyze.steps import DATALOADER_PATTERN, step_breakdown
+from stepscope.analyze.trace import Trace
+
+SYNC_PATTERN = r"^(cuda|hip)(Device|Stream|Event)Synchronize$|^(cuda|hip)Memcpy(2D|3D)?$|^(cuda|hip)DeviceSynchronize"
+TINY_KERNEL_NS = 10_000
+
+DATA_LOADING_MIN = 0.10
+SYNC_MIN = 0.10
+MEMCPY_MIN = 0.10
+PAGEABLE_MIN = 0.05
+GPU_BUSY_MIN = 0.60
+
+
+class Verdict(enum.Enum):
+    """What bounds the step."""
+
+    NO_GPU = "no_gpu"
+    DATA_LOADING_BOUND = "data_loading_bound"
+    SYNC_BOUND = "sync_bound"
+    TRANSFER_BOUND = "transfer_bound"
+    LAUNCH_BOUND = "launch_bound"
+    GPU_BOUND = "gpu_bound"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the rule table: when `condition(evidence)` holds, the verdict is `verdict`."""
+
+    verdict: Verdict
+    condition: Callable[[dict[str, float | None]], bool]
+    when: str
+    advice: str
+
+
+def _f(e: dict[str, float | None], key: str) -> float:
+    v = e.get(key)
+    return float(v) if v is not None else 0.0
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(Verdict.NO_GPU, lambda e: _f(e, "gpu_events") == 0, "no GPU work in the trace",
+         "CPU-only trace: see `stepscope ops` for where the CPU time goes."),
+    Rule(Verdict.DATA_LOADING_BOUND, lambda e: _f(e, "data_loading_fraction") >= DATA_LOADING_MIN,
+         f"exposed data loading >= {DATA_LOADING_MIN:.0%} of the step",
+         "Load data in parallel: DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, "
+         "prefetch_factor), and move decoding/augmentation off the training process."),
+    Rule(Verdict.SYNC_BOUND, lambda e: _f(e, "sync_fraction") >= SYNC_MIN
+         and _f(e, "gpu_busy_fraction") < GPU_BUSY_MIN,
+         f"synchronizing calls >= {SYNC_MIN:.0%} of the step while the GPU is busy < {GPU_BUSY_MIN:.0%}",
+         "Remove host syncs from the loop: .item(), .cpu(), print(tensor), torch.cuda.synchronize(), "
+         "blocking copies; log metrics every N steps."),
+    Rule(Verdict.TRANSFER_BOUND, lambda e: _f(e, "memcpy_fraction") >= MEMCPY_MIN
+         or _f(e, "pageable_memcpy_fraction") >= PAGEABLE_MIN,
+         f"memcpy >= {MEMCPY_MIN:.0%} of the step or pageable memcpy >= {PAGEABLE_MIN:.0%}",
+         "Pin host memory (pin_memory=True) and copy with non_blocking=True; keep tensors on the GPU "
+         "between steps."),
+    Rule(Verdict.LAUNCH_BOUND, lambda e: _f(e, "gpu_busy_fraction") < GPU_BUSY_MIN,
+         f"GPU busy < {GPU_BUSY_MIN:.0%} of the step",
+         "The CPU cannot keep the GPU fed: fuse small ops (torch.compile), use CUDA graphs, larger batches; "
+         "see tiny_kernel_fraction and the top ops by launches."),
+    Rule(Verdict.GPU_BOUND, lambda e: True, "otherwise",
+         "The GPU is busy: speed up the longest kernels (mixed precision, channels_last, better algorithms)."),
+)
+
+
+def decide(evidence: dict[str, float | None]) -> Rule:
+    """The first rule of `RULES` whose condition holds for `evidence`."""
+    return next(r for r in RULES if r.condition(evidence))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryResult:
+    """Overall verdict and advice, the evidence behind it, per-step verdicts and the top places to look."""
+
+    verdict: Verdict
+    reason: str
+    advice: str
+    steps_found: int
+    wall_ns: int
+    gpu_busy_fraction: float | None
+    data_loading_fraction: float | None
+    sync_fraction: float | None
+    memcpy_fraction: float | None
+    pageable_memcpy_fraction: float | None
+    tiny_kernel_fraction: float | None
+    sync_calls: int
+    per_step: pl.DataFrame
+    places: pl.DataFrame
+    rules: pl.DataFrame
+
+
+def _sync_calls(trace: Trace) -> pl.DataFrame:
+    return trace.runtime.filter(pl.col("name").str.contains(SYNC_PATTERN) & pl.col("dur_ns").is_not_null()).select(
+        "name", "ts_ns", "dur_ns", "external_id").collect()
+
+
+def _per_step(trace: Trace, steps: pl.DataFrame, syncs: pl.DataFrame) -> pl.DataFrame:
+    from stepscope.analyze.steps import gpu_by_step
+
+    gpu = gpu_by_step(trace, trace.steps.collect())
+    extra = gpu.group_by("step").agg(
+        gpu_events=pl.len(),
+        pageable_ns=pl.col("dur_ns").filter((pl.col("kind") == Kind.MEMCPY.value)
+                                            & pl.col("name").str.contains("Pageable")).sum(),
+        tiny=(pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value) < TINY_KERNEL_NS).sum(),
+        kernels=(pl.col("kind") == Kind.KERNEL.value).sum(),
+    )
+    spans = steps.select("step", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
+    sync = (
+        syncs.sort("ts_ns").join_asof(spans, left_on="ts_ns", right_on="cpu_start_ns", strategy="backward")
+        .filter(pl.col("ts_ns") < pl.col("cpu_end_ns"))
+        .group_by("step").agg(sync_ns=pl.col("dur_ns").sum(), sync_calls=pl.len())
+    )
+    return (
+        steps.join(extra, on="step", how="left").join(sync, on="step", how="left")
+        .with_columns(pl.col("gpu_events", "pageable_ns", "tiny", "kernels", "sync_ns", "sync_calls").fill_null(0))
+    )
+
+
+def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy: int, pageable: int,
+              tiny: int, kernels: int) -> dict[str, float | None]:
+    def frac(x: int) -> float | None:
+        return x / wall if wall else None
+
+    return {
+        "gpu_events": float(gpu_events),
+        "gpu_busy_fraction": frac(busy) if gpu_events else None,
+        "data_loading_fraction": frac(dl),
+        "sync_fraction": frac(sync),
+        "memcpy_fraction": frac(memcpy),
+        "pageable_memcpy_fraction": frac(pageable),
+        "tiny_kernel_fraction": tiny / kernels if kernels else None,
+    }
+
+
+def _places(trace: Trace, verdict: Verdict, syncs: pl.DataFrame) -> pl.DataFrame:
+    """Top three places to look for this verdict: (what, name, total_ns, count)."""
+    ops = trace.cpu_ops.select("name", "ts_ns", "dur_ns", "external_id", "pid", "tid")
+    if verdict is Verdict.DATA_LOADING_BOUND:
+        loaders = trace.cpu.filter(pl.col("name").str.contains(DATALOADER_PATTERN)).select(
+            "pid", "tid", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect().sort("s")
+        inside = (
+            ops.filter(~pl.col("name").str.contains(DATALOADER_PATTERN)).collect().sort("ts_ns")
+            .join_asof(loaders, left_on="ts_ns", right_on="s", by=["pid", "tid"], strategy="backward",
+                       check_sortedness=False)
+            .filter(pl.col("ts_ns") < pl.col("e"))
+        )
+        top = inside.group_by("name").agg(total_ns=pl.col("dur_ns").sum(), count=pl.len())
+        head = loaders.select(name=pl.lit("DataLoader __next__"), total_ns=(pl.col("e") - pl.col("s")).sum(),
+                              count=pl.len().cast(pl.UInt32))
+        out = pl.concat([head.with_columns(what=pl.lit("annotation")),
+                         top.sort("total_ns", descending=True).with_columns(what=pl.lit("op (inside DataLoader)"))],
+                        how="diagonal")
+    elif verdict is Verdict.SYNC_BOUND:
+        by_op = syncs.join(ops.select("external_id", op="name").collect().unique("external_id"),
+                           on="external_id", how="left")
+        out = by_op.group_by(name=pl.coalesce("op", "name")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
+            .with_columns(what=pl.lit("sync call (op)"))
+    elif verdict is Verdict.TRANSFER_BOUND:
+        out = (trace.launches().filter(pl.col("kind") == Kind.MEMCPY.value)
+               .group_by(name=pl.coalesce("op_name", "name")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len())
+               .with_columns(what=pl.lit("memcpy (op)")).collect())
+    elif verdict is Verdict.LAUNCH_BOUND:
+        out = (trace.launches().filter(pl.col("launch_dur_ns").is_not_null())
+               .group_by(name=pl.coalesce("op_name", "runtime_name"))
+               .agg(count=pl.len(), total_ns=pl.col("launch_dur_ns").sum())
+               .with_columns(what=pl.lit("op (launches, launch time)")).collect())
+        out = out.sort("count", descending=True).head(3)
+    elif verdict is Verdict.GPU_BOUND:
+        k = kernel_summary(trace, top=3).by_name
+        out = k.select("name", "total_ns", "count").with_columns(what=pl.lit("kernel"))
+    else:
+        out = ops.group_by("name").agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(
+            what=pl.lit("op (inclusive CPU)")).collect()
+    if verdict is not Verdict.LAUNCH_BOUND:
+        out = out.sort("total_ns", descending=True) if verdict is not Verdict.DATA_LOADING_BOUND else out
+    return out.select("what", "name", pl.col("total_ns").cast(pl.Int64), pl.col("count").cast(pl.Int64)).head(3)
+
+
+def verdict(trace: Trace) -> SummaryResult:
+    """The overall and per-step verdict (rule table `RULES`), its evidence and the top three places."""
+    br = step_breakdown(trace)
+    syncs = _sync_calls(trace)
+    kinds = trace.gpu.group_by("kind").agg(n=pl.len()).collect()
+    gpu_events = int(kinds["n"].sum() or 0)
+    if br.steps_found:
+        per = _per_step(trace, br.steps, syncs)
+        rows = []
+        for r in per.iter_rows(named=True):  # one row per step: a handful, not per event
+            ev = _evidence(r["wall_ns"], gpu_events, r["gpu_busy_ns"], r["data_loading_exposed_ns"], r["sync_ns"],
+                           r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"])
+            rule = decide(ev)
+            rows.append({"step": r["step"], "verdict": rule.verdict.value, "wall_ns": r["wall_ns"],
+                         **{k: v for k, v in ev.items() if k != "gpu_events"}})
+        per_step = pl.DataFrame(rows)
+        tot = per.select(pl.col("wall_ns", "gpu_busy_ns", "data_loading_exposed_ns", "sync_ns", "memcpy_ns",
+                                "pageable_ns", "tiny", "kernels").sum()).row(0, named=True)
+        calls = int(per["sync_calls"].sum())
+        ev = _evidence(tot["wall_ns"], gpu_events, tot["gpu_busy_ns"], tot["data_loading_exposed_ns"], tot["sync_ns"],
+                       tot["memcpy_ns"], tot["pageable_ns"], tot["tiny"], tot["kernels"])
+    else:
+        per_step = pl.DataFrame()
+        g = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select(
+            "kind", "name", "ts_ns", "dur_ns").collect()
+        k = kernel_summary(trace)
+        span = g.select(lo=pl.col("ts_ns").min(), hi=(pl.col("ts_ns") + pl.col("dur_ns")).max())
+        wall = int(span["hi"][0] - span["lo"][0]) if g.height else 0
+        memcpy = g.filter(pl.col("kind") == Kind.MEMCPY.value)
+        kern = g.filter(pl.col("kind") == Kind.KERNEL.value)
+        calls = syncs.height
+        ev = _evidence(wall, gpu_events, k.gpu_busy_ns, 0, int(syncs["dur_ns"].sum() or 0),
+                       int(memcpy["dur_ns"].sum() or 0),
+                       int(memcpy.filter(pl.col("name").str.contains("Pageable"))["dur_ns"].sum() or 0),
+                       int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height)
+        tot = {"wall_ns": wall}
+    rule = decide(ev)
+    rules = pl.DataFrame([{"order": i + 1, "verdict": r.verdict.value, "when": r.when,
+                           "matched": r is rule} for i, r in enumerate(RULES)])
+    return SummaryResult(
+        verdict=rule.verdict, reason=rule.when, advice=rule.advice, steps_found=br.steps_found,
+        wall_ns=int(tot["wall_ns"]),
+        gpu_busy_fraction=ev["gpu_busy_fraction"], data_loading_fraction=ev["data_loading_fraction"],
+        sync_fraction=ev["sync_fraction"], memcpy_fraction=ev["memcpy_fraction"],
+        pageable_memcpy_fraction=ev["pageable_memcpy_fraction"], tiny_kernel_fraction=ev["tiny_kernel_fraction"],
+        sync_calls=calls, per_step=per_step, places=_places(trace, rule.verdict, syncs), rules=rules,
+    )

@@ -1,0 +1,91 @@
+"""The verdict rule table: each rule triggered by a synthetic trace, and the real resnet50 pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import annotation, cpu_op, kernel, load_events, memcpy, runtime, step, trace
+
+from stepscope.analyze import load
+from stepscope.analyze.summary import RULES, SummaryResult, Verdict, verdict
+
+FALLBACKS = {Verdict.LAUNCH_BOUND, Verdict.GPU_BOUND}  # broad rules that also hold under a specific one
+
+
+def _launched(name: str, ts: float, dur: float, corr: int, launch_ts: float) -> list[dict[str, Any]]:
+    return [runtime("cudaLaunchKernel", ts=launch_ts, dur=1, correlation=corr),
+            kernel(name, ts=ts, dur=dur, correlation=corr)]
+
+
+CASES: dict[Verdict, list[dict[str, Any]]] = {
+    Verdict.NO_GPU: [step(1, ts=0, dur=100), cpu_op("aten::add", ts=10, dur=50)],
+    # DataLoader 0-30 with the GPU idle (30% exposed); GPU busy 70%.
+    Verdict.DATA_LOADING_BOUND: [step(1, ts=0, dur=100),
+                                 annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 30),
+                                 *_launched("sgemm", 30, 70, 1, 29)],
+    # cudaDeviceSynchronize 10-40 (30%) while the GPU is busy only 10%.
+    Verdict.SYNC_BOUND: [step(1, ts=0, dur=100), *_launched("sgemm", 5, 10, 1, 2),
+                         runtime("cudaDeviceSynchronize", ts=10, dur=30)],
+    # a 20 µs pageable HtoD copy in a step whose GPU is busy 90%.
+    Verdict.TRANSFER_BOUND: [step(1, ts=0, dur=100), runtime("cudaMemcpyAsync", ts=1, dur=2, correlation=9),
+                             memcpy("HtoD", ts=10, dur=20, nbytes=1 << 20, correlation=9),
+                             *_launched("sgemm", 30, 70, 1, 5)],
+    # ten 2 µs kernels: GPU busy 20%.
+    Verdict.LAUNCH_BOUND: [step(1, ts=0, dur=100),
+                           *[e for i in range(10) for e in _launched("add", 10 * i + 5, 2, 100 + i, 10 * i)]],
+    Verdict.GPU_BOUND: [step(1, ts=0, dur=100), *_launched("sgemm", 3, 97, 1, 1)],
+}
+
+
+def _evidence(r: SummaryResult) -> dict[str, float | None]:
+    return {"gpu_events": 0.0 if r.verdict is Verdict.NO_GPU else 1.0, "gpu_busy_fraction": r.gpu_busy_fraction,
+            "data_loading_fraction": r.data_loading_fraction, "sync_fraction": r.sync_fraction,
+            "memcpy_fraction": r.memcpy_fraction, "pageable_memcpy_fraction": r.pageable_memcpy_fraction,
+            "tiny_kernel_fraction": r.tiny_kernel_fraction}
+
+
+@pytest.mark.parametrize("expected", list(CASES))
+def test_each_rule_triggered_by_its_trace(tmp_path: Path, expected: Verdict) -> None:
+    r = verdict(load_events(tmp_path, trace(*CASES[expected])))
+    assert r.verdict is expected
+    assert r.per_step["verdict"].to_list() == [expected.value]
+    triggered = {rule.verdict for rule in RULES if rule.condition(_evidence(r))}
+    assert triggered - FALLBACKS == ({expected} - FALLBACKS)
+    assert r.rules.filter(r.rules["matched"])["verdict"].to_list() == [expected.value]
+    assert r.places.height >= 1
+
+
+def test_rule_order_data_loading_before_launch(tmp_path: Path) -> None:
+    """The docstring's before/after: exposed data loading wins over low GPU busy (rule 2 before rule 5)."""
+    events = [step(1, ts=0, dur=100), annotation("enumerate(DataLoader)#It.__next__", 0, 30),
+              *_launched("sgemm", 40, 40, 1, 35)]
+    assert verdict(load_events(tmp_path / "a", trace(*events))).verdict is Verdict.DATA_LOADING_BOUND
+    events[1] = annotation("enumerate(DataLoader)#It.__next__", 0, 5)
+    assert verdict(load_events(tmp_path / "b", trace(*events))).verdict is Verdict.LAUNCH_BOUND
+
+
+def test_evidence_figures(tmp_path: Path) -> None:
+    r = verdict(load_events(tmp_path, trace(*CASES[Verdict.TRANSFER_BOUND])))
+    assert r.memcpy_fraction == pytest.approx(0.2) and r.pageable_memcpy_fraction == pytest.approx(0.2)
+    assert r.gpu_busy_fraction == pytest.approx(0.9)
+    assert r.places.row(0, named=True)["total_ns"] == 20_000
+
+
+def test_without_steps_uses_gpu_span(tmp_path: Path) -> None:
+    r = verdict(load_events(tmp_path, trace(*_launched("sgemm", 0, 90, 1, 0), *_launched("add", 95, 5, 2, 1))))
+    assert r.steps_found == 0 and r.wall_ns == 100_000 and r.verdict is Verdict.GPU_BOUND
+
+
+RESNET = "traces/kineto/resnet50_num_workers_{}/"
+
+
+def test_resnet50_pair(corpus: Path, tmp_path: Path) -> None:
+    """num_workers=0 spends a third of each step loading data; num_workers=4 does not."""
+    r0 = verdict(load(next((corpus / RESNET.format(0)).glob("*.json.gz")), cache_dir=tmp_path))
+    r4 = verdict(load(next((corpus / RESNET.format(4)).glob("*.json.gz")), cache_dir=tmp_path))
+    assert r0.verdict is Verdict.DATA_LOADING_BOUND
+    assert r0.data_loading_fraction == pytest.approx(59_262 / 177_592, rel=0.02)  # tb_plugin: 33.37%
+    assert r4.verdict is not Verdict.DATA_LOADING_BOUND
+    assert r4.data_loading_fraction is not None and r4.data_loading_fraction < 0.02  # tb_plugin: 0.84%

@@ -1,0 +1,29 @@
+"""`stepscope summary` end to end with click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builders import annotation, cpu_op, kernel, runtime, step, trace, write_trace
+from click.testing import CliRunner
+
+from stepscope.cli import cli
+
+
+def test_summary_text_and_json(tmp_path: Path) -> None:
+    path = write_trace(tmp_path, trace(
+        step(1, ts=0, dur=100), annotation("enumerate(DataLoader)#It.__next__", 0, 30),
+        runtime("cudaLaunchKernel", ts=29, dur=1, correlation=1), kernel("sgemm", ts=30, dur=70, correlation=1),
+    ))
+    out = CliRunner().invoke(cli, ["summary", str(path)])
+    assert out.exit_code == 0, out.output
+    assert out.output.startswith("verdict: data_loading_bound") and "where to look" in out.output
+    data = json.loads(CliRunner().invoke(cli, ["summary", str(path), "--json"]).output)
+    assert data["verdict"] == "data_loading_bound" and data["per_step"][0]["step"] == 1
+
+
+def test_summary_cpu_only(tmp_path: Path) -> None:
+    path = write_trace(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
+    out = CliRunner().invoke(cli, ["summary", str(path)])
+    assert out.exit_code == 0 and "verdict: no_gpu" in out.output
