@@ -1,7 +1,7 @@
 """Before/after comparison of two traces: step time, GPU busy share, memory peak, and the ops and kernels
 whose time changed most. A pure function over two traces' results (op table, memory timeline, steps).
 
-    before: median step 176 ms, after: 60 ms  ->  step_time_change_fraction = -0.66
+    before: median step 177.4 ms, after: 126.7 ms  ->  step_time_change_fraction = -0.286
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import polars as pl
 
 from stepscope.analyze.memory import memory_timeline
 from stepscope.analyze.ops import op_table
+from stepscope.analyze.steps import step_breakdown
 from stepscope.analyze.trace import Trace
 
 
@@ -20,8 +21,10 @@ from stepscope.analyze.trace import Trace
 class TraceDiff:
     """AFTER minus BEFORE. `*_change_fraction` = (after - before) / before (null when before is 0/unknown).
 
-    gpu_busy_fraction: union of GPU work (kernels, memcpy, memset, all devices merged) over the span from the
-      first to the last GPU event (null without GPU work).
+    *_median_step_ns: median step wall time and *_step_gpu_busy_fraction: mean GPU busy share per step,
+      both from `step_breakdown` (steps.py: the step window includes the GPU work the step launched).
+    *_trace_gpu_busy_fraction: union of GPU work (kernels, memcpy, memset, all devices merged) over the span from
+      the first to the last GPU event (null without GPU work).
     ops: name, kind, before_self_cpu_ns, after_self_cpu_ns, delta_self_cpu_ns, before_self_device_ns,
       after_self_device_ns, delta_self_device_ns; CPU ops and runtime calls, largest |delta| (CPU or
       device, whichever is larger) first.
@@ -36,8 +39,10 @@ class TraceDiff:
     before_median_step_ns: int | None
     after_median_step_ns: int | None
     step_time_change_fraction: float | None
-    before_gpu_busy_fraction: float | None
-    after_gpu_busy_fraction: float | None
+    before_step_gpu_busy_fraction: float | None
+    after_step_gpu_busy_fraction: float | None
+    before_trace_gpu_busy_fraction: float | None
+    after_trace_gpu_busy_fraction: float | None
     before_self_device_total_ns: int
     after_self_device_total_ns: int
     before_peak_memory_bytes: int | None
@@ -74,19 +79,20 @@ def gpu_busy_fraction(trace: Trace) -> float | None:
     return busy / span if span > 0 else None
 
 
-def _median_step(trace: Trace) -> tuple[int, int | None]:
-    steps = trace.steps.select("dur_ns").collect()
-    if steps.height == 0:
-        return 0, None
-    return steps.height, int(steps["dur_ns"].median())  # type: ignore[arg-type]
+def _median_step(trace: Trace) -> tuple[int, int | None, float | None]:
+    """Steps, median step wall time and mean GPU busy share per step, as `stepscope steps` computes them."""
+    result = step_breakdown(trace)
+    if result.steps.height == 0:
+        return 0, None, None
+    return result.steps.height, int(result.steps["wall_ns"].median()), result.mean_gpu_busy_fraction  # type: ignore[arg-type]
 
 
 def diff_traces(before: Trace, after: Trace, *, top: int = 15) -> TraceDiff:
     """Compare two traces of the same program (e.g. before and after a fix)."""
     ob, oa = op_table(before), op_table(after)
     mb, ma = memory_timeline(before, buckets=1), memory_timeline(after, buckets=1)
-    nb, sb = _median_step(before)
-    na, sa = _median_step(after)
+    nb, sb, gb = _median_step(before)
+    na, sa, ga = _median_step(after)
     cols = ["self_cpu_ns", "self_device_ns"]
     keep = pl.col("kind").is_in(["cpu_op", "runtime"]) & ~pl.col("name").str.starts_with("ProfilerStep#")
     left = ob.ops.filter(keep).select("name", "kind", *[pl.col(c).alias(f"before_{c}") for c in cols])
@@ -107,7 +113,9 @@ def diff_traces(before: Trace, after: Trace, *, top: int = 15) -> TraceDiff:
     return TraceDiff(
         before=before.source_name, after=after.source_name, before_steps=nb, after_steps=na,
         before_median_step_ns=sb, after_median_step_ns=sa, step_time_change_fraction=_change(sb, sa),
-        before_gpu_busy_fraction=gpu_busy_fraction(before), after_gpu_busy_fraction=gpu_busy_fraction(after),
+        before_step_gpu_busy_fraction=gb, after_step_gpu_busy_fraction=ga,
+        before_trace_gpu_busy_fraction=gpu_busy_fraction(before),
+        after_trace_gpu_busy_fraction=gpu_busy_fraction(after),
         before_self_device_total_ns=ob.self_device_total_ns, after_self_device_total_ns=oa.self_device_total_ns,
         before_peak_memory_bytes=mb.peak_allocated_bytes, after_peak_memory_bytes=ma.peak_allocated_bytes,
         peak_memory_change_fraction=_change(mb.peak_allocated_bytes, ma.peak_allocated_bytes),

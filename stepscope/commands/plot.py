@@ -9,7 +9,7 @@ import click
 from stepscope.analyze import load
 from stepscope.commands._options import trace_argument
 
-KINDS = ("timeline", "steps", "ops", "memory")
+KINDS = ("timeline", "steps", "kernels", "ops", "memory")
 
 
 @click.command("plot")
@@ -19,8 +19,9 @@ KINDS = ("timeline", "steps", "ops", "memory")
               help="PNG file to write (atomically).")
 @click.option("--step", type=int, default=None, help="timeline: the step to show (default: first with GPU work).")
 def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
-    """Write one PNG: timeline (GPU work of one step per device/stream), steps (step durations), ops (top
-    ops by self CPU and device time) or memory (allocated/reserved over time, peak marked)."""
+    """Write one PNG: timeline (GPU work of one step per device/stream, by kernel category), steps (CPU
+    phases and GPU busy/idle per step), kernels (GPU time by category, top kernels), ops (top ops by self
+    CPU and device time) or memory (allocated/reserved over time, peak marked)."""
     from stepscope.analyze._io import atomic_write_bytes
     from stepscope.reports import figures
 
@@ -29,7 +30,13 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     if kind == "timeline":
         png, empty = figures.timeline_figure(loaded, step), "no GPU work (kernels, memcpy, memset) in this trace"
     elif kind == "steps":
-        png, empty = figures.steps_figure(loaded), "no ProfilerStep#N spans in this trace"
+        from stepscope.analyze.steps import step_breakdown
+
+        png, empty = figures.step_breakdown_figure(step_breakdown(loaded)), "no ProfilerStep#N spans in this trace"
+    elif kind == "kernels":
+        from stepscope.analyze.kernels import kernel_summary
+
+        png, empty = figures.kernels_figure(kernel_summary(loaded)), "no GPU work in this trace"
     elif kind == "ops":
         from stepscope.analyze.ops import op_table
 

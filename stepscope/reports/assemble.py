@@ -20,7 +20,7 @@ import click
 from stepscope.analyze import Trace, load
 from stepscope.analyze._io import atomic_dir
 from stepscope.reports.html import Cell, ReportContext, Section, Table, render_page, trace_report
-from stepscope.reports.units import human_bytes, human_ns
+from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,15 +67,17 @@ def _progress(items: list[Any], label: str, show: bool) -> Iterator[Any]:
 def trace_row(trace: Trace) -> dict[str, Any]:
     """The index figures of one trace, from the analyses that exist (None where a trace has none)."""
     ctx = ReportContext(trace=trace, source="")
-    steps = ctx.steps
+    steps = ctx.step_breakdown.steps
     memory = ctx.memory
     info = ctx.info
     return {
         "trace": trace.source_name,
         "rank": trace.rank,
         "steps": steps.height,
-        "median_step_ns": steps["dur_ns"].median() if steps.height else None,
-        "slowest_step_ns": steps["dur_ns"].max() if steps.height else None,
+        "median_step_ns": steps["wall_ns"].median() if steps.height else None,
+        "slowest_step_ns": steps["wall_ns"].max() if steps.height else None,
+        "gpu_busy_fraction": ctx.step_breakdown.mean_gpu_busy_fraction,
+        "gpu_idle_ns": steps["gpu_idle_ns"].mean() if steps.height else None,
         "gpu_span_ns": info.gpu_span_ns,
         "peak_memory_bytes": memory.peak_allocated_bytes,
         "peak_device": memory.peak_device,
@@ -88,6 +90,8 @@ _INDEX_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("steps", "steps", lambda v: f"{v:,}"),
     ("median_step_ns", "median step", human_ns),
     ("slowest_step_ns", "slowest step", human_ns),
+    ("gpu_busy_fraction", "GPU busy (mean of steps)", human_fraction),
+    ("gpu_idle_ns", "GPU idle per step (mean)", human_ns),
     ("gpu_span_ns", "GPU span", human_ns),
     ("peak_memory_bytes", "peak memory", human_bytes),
     ("peak_device", "peak on", lambda v: v or "-"),

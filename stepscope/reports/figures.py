@@ -23,8 +23,10 @@ from stepscope.reports.units import human_bytes, human_ns  # noqa: E402
 
 if TYPE_CHECKING:
     from stepscope.analyze import Trace
+    from stepscope.analyze.kernels import KernelsResult
     from stepscope.analyze.memory import MemoryTimeline
     from stepscope.analyze.ops import OpTable
+    from stepscope.analyze.steps import StepsResult
 
 DPI = 100
 _LABEL_CHARS = 48
@@ -129,8 +131,11 @@ def memory_figure(result: MemoryTimeline) -> bytes | None:
 
 def timeline_figure(trace: Trace, step: int | None = None) -> bytes | None:
     """GPU timeline strip, one row per device/stream, for one step (default: the first step with GPU work,
-    else the whole trace): kernels, memcpy and memset coloured by kind, idle time left blank."""
-    gpu = trace.gpu.select("kind", "name", "device", "stream", "ts_ns", "dur_ns").collect()
+    else the whole trace): kernels, memcpy and memset coloured by category (kernels.py), idle left blank."""
+    from stepscope.analyze.kernels import category_expr
+
+    gpu = trace.gpu.select("kind", "name", "device", "stream", "ts_ns", "dur_ns").with_columns(
+        category=category_expr()).collect()
     if gpu.height == 0:
         return None
     steps = trace.steps.collect()
@@ -165,9 +170,9 @@ def timeline_figure(trace: Trace, step: int | None = None) -> bytes | None:
     fig, ax = plt.subplots(figsize=(12, 0.55 * max(lanes.height, 1) + 1.6))
     for i, (dev, stream) in enumerate(lanes.iter_rows()):
         lane = gpu.filter((pl.col("device") == dev) & (pl.col("stream") == stream))
-        for kind, part in lane.group_by("kind"):
+        for cat, part in lane.group_by("category"):
             bars = list(zip((part["ts_ns"] - origin).to_list(), part["dur_ns"].to_list(), strict=True))
-            ax.broken_barh(bars, (i - 0.4, 0.8), facecolors=color(str(kind[0])), linewidth=0)
+            ax.broken_barh(bars, (i - 0.4, 0.8), facecolors=color(str(cat[0])), linewidth=0)
     ax.set_yticks(range(lanes.height), [f"GPU {d} stream {s}" for d, s in lanes.iter_rows()], fontsize=8)
     ax.invert_yaxis()
     last_end = (gpu["ts_ns"] + gpu["dur_ns"]).max()
@@ -176,11 +181,12 @@ def timeline_figure(trace: Trace, step: int | None = None) -> bytes | None:
     unit = _ns_axis(ax, top=length)
     ax.set_xlabel(f"time since step start ({unit})" if window else f"time since the first GPU event ({unit})")
     ax.set_title(title, fontsize=11, loc="left")
-    kinds = sorted(set(gpu["kind"].to_list()))
+    kinds = (gpu.group_by("category").agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True)["category"]
+             .to_list())
     handles = [Rectangle((0, 0), 1, 1, color=color(k)) for k in kinds]
     handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#999999"))
-    ax.legend(handles, [*kinds, "idle (blank)"], loc="lower right", bbox_to_anchor=(1.0, 1.0),
-              ncol=len(handles), fontsize=8, frameon=False)
+    fig.legend(handles, [*kinds, "idle (blank)"], loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(handles), 10), fontsize=8, frameon=False)
     _style(ax)
     fig.tight_layout()
     return _png(fig)
@@ -205,5 +211,65 @@ def steps_figure(trace: Trace) -> bytes | None:
     ax.spines["right"].set_visible(False)
     if steps.height > 30:
         ax.set_xticks(range(0, steps.height, max(1, steps.height // 20)))
+    fig.tight_layout()
+    return _png(fig)
+
+
+def step_breakdown_figure(result: StepsResult) -> bytes | None:
+    """Per step: CPU time by phase (stacked) and GPU busy vs idle (stacked), side by side."""
+    steps = result.steps
+    if steps.height == 0:
+        return None
+    labels = [str(s) for s in steps["step"].to_list()]
+    x = np.arange(len(labels))
+    width = max(6.0, min(14.0, 3 + 0.45 * len(labels)))
+    fig, (cpu_ax, gpu_ax) = plt.subplots(1, 2, figsize=(width, 3.6), sharey=True)
+    bottom = np.zeros(len(labels))
+    for phase in ("data_loading", "forward", "backward", "optimizer", "other_cpu"):
+        vals = steps[f"{phase}_ns"].fill_null(0).to_numpy().astype(float)
+        cpu_ax.bar(x, vals, bottom=bottom, color=color(phase), label=phase.replace("_", " "))
+        bottom += vals
+    bottom = np.zeros(len(labels))
+    for part in ("gpu_busy", "gpu_idle"):
+        vals = steps[f"{part}_ns"].fill_null(0).to_numpy().astype(float)
+        gpu_ax.bar(x, vals, bottom=bottom, color=color(part), label=part.replace("gpu_", "GPU "))
+        bottom += vals
+    top = float(max(steps["wall_ns"].max() or 0, steps["cpu_ns"].max() or 0))  # type: ignore[arg-type]
+    for ax, title in ((cpu_ax, "CPU time per step, by phase"), (gpu_ax, "GPU busy and idle per step")):
+        ax.set_title(title, fontsize=11)
+        ax.set_xlabel("step")
+        step_every = max(1, len(labels) // 15)
+        ax.set_xticks(x[::step_every], labels[::step_every])
+        ax.grid(axis="y", alpha=0.3)
+        ax.spines["top"].set_visible(False)
+        ax.spines["right"].set_visible(False)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
+    cpu_ax.set_ylim(0, top * 1.05 if top > 0 else 1)
+    cpu_ax.set_ylabel(f"time ({_ns_axis(cpu_ax, 'y', top=top)})")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def kernels_figure(result: KernelsResult, n: int = 12) -> bytes | None:
+    """GPU time by kernel category and the top kernels by total time (bars coloured by category)."""
+    if result.gpu_events == 0 or result.by_category.height == 0:
+        return None
+    cats = result.by_category.sort("total_ns", descending=True)
+    top = result.by_name.sort("total_ns", descending=True).head(n)
+    fig, (cat_ax, name_ax) = plt.subplots(1, 2, figsize=(13, 0.3 * max(n, cats.height) + 1.6),
+                                          gridspec_kw={"width_ratios": [1, 1.6]})
+    for ax, frame, label_col, title in ((cat_ax, cats, "category", "GPU time by kernel category"),
+                                        (name_ax, top, "name", "Top kernels by total GPU time")):
+        labels = [_short(v, 44) for v in frame[label_col].to_list()][::-1]
+        values = frame["total_ns"].to_list()[::-1]
+        colors = [color(c) for c in frame["category"].to_list()][::-1]
+        ax.barh(range(len(values)), values, color=colors)
+        ax.set_yticks(range(len(values)), labels, fontsize=8)
+        for i, v in enumerate(values):
+            ax.text(v, i, " " + human_ns(v), va="center", fontsize=7)
+        ax.margins(x=0.2)
+        ax.set_title(title, fontsize=11)
+        ax.set_xlabel(f"summed duration ({_ns_axis(ax)})")
+        _style(ax)
     fig.tight_layout()
     return _png(fig)

@@ -28,8 +28,10 @@ from stepscope.reports.text import format_value, result_headline
 if TYPE_CHECKING:
     from stepscope.analyze import Trace
     from stepscope.analyze.info import TraceInfo
+    from stepscope.analyze.kernels import KernelsResult
     from stepscope.analyze.memory import MemoryTimeline
     from stepscope.analyze.ops import OpTable
+    from stepscope.analyze.steps import StepsResult
 
 MAX_TABLE_ROWS = 50
 
@@ -148,8 +150,16 @@ class ReportContext:
         return memory_timeline(self.trace, buckets=self.memory_buckets)
 
     @cached_property
-    def steps(self) -> pl.DataFrame:
-        return self.trace.steps.collect()
+    def step_breakdown(self) -> StepsResult:
+        from stepscope.analyze.steps import step_breakdown
+
+        return step_breakdown(self.trace)
+
+    @cached_property
+    def kernels(self) -> KernelsResult:
+        from stepscope.analyze.kernels import kernel_summary
+
+        return kernel_summary(self.trace)
 
     def command(self, *args: str) -> str:
         return shlex.join(["stepscope", *args])
@@ -160,32 +170,51 @@ SectionBuilder = Callable[[ReportContext], Section | None]
 
 # ---------------------------------------------------------------------------------------------- sections
 def steps_section(ctx: ReportContext) -> Section | None:
-    """Step spans as recorded (ProfilerStep#N) and the GPU timeline of one step."""
+    """Per-step breakdown (steps.py): wall time, GPU busy/idle, CPU phases; and the GPU timeline of one step."""
     from stepscope.reports import figures
 
-    steps = ctx.steps
+    result = ctx.step_breakdown
     figs = []
     timeline = figures.timeline_figure(ctx.trace, ctx.step)
-    if timeline is not None:
-        figs.append(Figure(title="GPU timeline of one step, one row per device and stream", png=timeline))
-    if steps.height == 0 and not figs:
+    if result.steps_found == 0 and timeline is None:
         return None
     notes = []
-    headline: list[tuple[str, str]] = []
-    if steps.height:
-        png = figures.steps_figure(ctx.trace)
+    if result.steps_found:
+        png = figures.step_breakdown_figure(result)
         if png is not None:
-            figs.insert(0, Figure(title="Duration of each profiled step", png=png))
-        durations = steps["dur_ns"]
-        headline = [("steps", f"{steps.height:,}"), ("median step", format_value("x_ns", durations.median())),
-                    ("slowest step", format_value("x_ns", durations.max())),
-                    ("fastest step", format_value("x_ns", durations.min()))]
+            figs.append(Figure(title="Each step: CPU time by phase, and GPU busy vs idle", png=png))
+        if result.outlier_steps:
+            notes.append(f"Outlier steps (wall time far from the median): {', '.join(map(str, result.outlier_steps))}.")
     else:
         notes.append("No ProfilerStep#N spans in this trace (profile with a schedule and call prof.step()): "
                      "the timeline shows the whole trace.")
-    tables = [frame_table(steps.select("step", "dur_ns"), "Steps")] if steps.height else []
-    return Section(id="steps", title="Steps", headline=headline, figures=figs, tables=tables, notes=notes,
-                   commands=[ctx.command("plot", "timeline", ctx.source, "-o", "timeline.png")])
+    if timeline is not None:
+        figs.append(Figure(title="GPU timeline of one step, one row per device and stream, kernels by category",
+                           png=timeline))
+    cols = [c for c in result.steps.columns if c not in ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")]
+    tables = [frame_table(result.steps, "Steps", columns=cols)] if result.steps.height else []
+    if result.stats.height:
+        tables.append(frame_table(result.stats, "Across steps"))
+    if result.modules.height:
+        tables.append(frame_table(result.modules, "Time per nn.Module", max_rows=20))
+    return Section(id="steps", title="Steps", headline=headline_items(result), figures=figs, tables=tables,
+                   notes=notes, commands=[ctx.command("steps", ctx.source),
+                                          ctx.command("plot", "timeline", ctx.source, "-o", "timeline.png")])
+
+
+def kernels_section(ctx: ReportContext) -> Section | None:
+    """GPU time by kernel category and by kernel name (kernels.py)."""
+    from stepscope.reports import figures
+
+    result = ctx.kernels
+    if result.gpu_events == 0:
+        return None
+    png = figures.kernels_figure(result)
+    return Section(id="kernels", title="Kernels", headline=headline_items(result),
+                   figures=[Figure(title="GPU time by category and top kernels", png=png)] if png else [],
+                   tables=[frame_table(result.by_category, "By category"),
+                           frame_table(result.by_name, "By kernel name", max_rows=30)],
+                   commands=[ctx.command("kernels", ctx.source)])
 
 
 def ops_section(ctx: ReportContext) -> Section | None:
@@ -255,6 +284,7 @@ def info_section(ctx: ReportContext) -> Section | None:
 # page order; register a new section with one line here
 SECTIONS: list[tuple[str, SectionBuilder]] = [
     ("steps", steps_section),
+    ("kernels", kernels_section),
     ("ops", ops_section),
     ("memory", memory_section),
     ("info", info_section),

@@ -18,6 +18,8 @@ FIXED: dict[str, str] = {
     # kernel categories
     "gemm": "#4e79a7",
     "conv": "#59a14f",
+    "convolution": "#59a14f",
+    "normalization": "#b6992d",
     "attention": "#b07aa1",
     "elementwise": "#76b7b2",
     "reduction": "#9c755f",
@@ -35,6 +37,14 @@ FIXED: dict[str, str] = {
     "allocated": "#4e79a7",
     "reserved": "#a0cbe8",
     "peak": "#e15759",
+    # CPU phases of a step
+    "data_loading": "#f28e2b",
+    "forward": "#4e79a7",
+    "backward": "#76b7b2",
+    "optimizer": "#b07aa1",
+    "other_cpu": "#bab0ac",
+    "gpu_busy": "#4e79a7",
+    "gpu_idle": "#d3d3d3",
     # CPU / device time in op bars
     "cpu": "#59a14f",
     "device": "#4e79a7",

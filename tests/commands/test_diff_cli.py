@@ -28,4 +28,4 @@ def test_corpus_resnet_workers(corpus: Path) -> None:
     k = corpus / "traces" / "kineto"
     result = CliRunner().invoke(cli, ["diff", str(k / "resnet50_num_workers_0"), str(k / "resnet50_num_workers_4")])
     assert result.exit_code == 0, result.output
-    assert "176.3 ms" in result.output and "126.5 ms" in result.output and "-28.2%" in result.output
+    assert "177.4 ms" in result.output and "126.7 ms" in result.output and "-28.6%" in result.output

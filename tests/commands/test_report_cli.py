@@ -87,4 +87,4 @@ def test_corpus_dataset_batch(corpus: Path, tmp_path: Path) -> None:
     assert code == 0, out
     assert "(batch, 2 report(s), 0 failed)" in out
     index = (tmp_path / "out" / "index.html").read_text()
-    assert "176.3 ms" in index and "126.5 ms" in index  # median step: num_workers 0 vs 4
+    assert "177.4 ms" in index and "126.7 ms" in index  # median step wall: num_workers 0 vs 4
