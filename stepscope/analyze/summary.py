@@ -70,7 +70,8 @@ def _f(e: dict[str, float | None], key: str) -> float:
 
 RULES: tuple[Rule, ...] = (
     Rule(Verdict.NO_GPU, lambda e: _f(e, "gpu_events") == 0, "no GPU work in the trace",
-         "CPU-only trace: see `stepscope ops` for where the CPU time goes."),
+         "No GPU kernel, memcpy or memset was recorded: a CPU-only run, or GPU activity was not captured "
+         "(add ProfilerActivity.CUDA). See `stepscope ops` for where the CPU time goes."),
     Rule(Verdict.DATA_LOADING_BOUND, lambda e: _f(e, "data_loading_fraction") >= DATA_LOADING_MIN,
          f"exposed data loading >= {DATA_LOADING_MIN:.0%} of the step",
          "Load data in parallel: DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, "

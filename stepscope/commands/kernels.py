@@ -10,7 +10,7 @@ import click
 from stepscope.analyze import load
 from stepscope.analyze.kernels import kernel_summary
 from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
-from stepscope.reports.text import render
+from stepscope.reports.text import render, render_frame, render_headline, result_headline
 
 
 @click.command("kernels")
@@ -26,6 +26,11 @@ def command(trace: Path, top: int, by: str, fmt: str | None, as_json: bool, as_c
     if result.gpu_events == 0:
         emit("no GPU kernels, memcpy or memset in this trace (CPU-only trace)\n", output)
         return
+    out_fmt = resolve_format(fmt, as_json, as_csv)
+    if by == "category" and out_fmt == "table":
+        emit(render_headline(result_headline(result)) + "\n"
+             + render_frame(result.by_category, title="\nby category:", max_rows=None) + "\n", output)
+        return
     if by == "category":
         result = dataclasses.replace(result, by_name=result.by_name.clear())
-    emit(render(result, resolve_format(fmt, as_json, as_csv), max_rows=None), output)
+    emit(render(result, out_fmt, table="by_category" if by == "category" else "by_name", max_rows=None), output)

@@ -26,3 +26,13 @@ def test_kernels_cpu_only(tmp_path: Path) -> None:
     path = write_trace(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
     out = CliRunner().invoke(cli, ["kernels", str(path)])
     assert out.exit_code == 0 and "no GPU kernels" in out.output
+
+
+def test_kernels_csv_follows_by(tmp_path: Path) -> None:
+    path = write_trace(tmp_path, trace(kernel("volta_sgemm_64x64_nt", ts=0, dur=10)))
+    by_name = CliRunner().invoke(cli, ["kernels", str(path), "--csv"]).output
+    assert by_name.splitlines()[0].startswith("name,category,count")
+    by_cat = CliRunner().invoke(cli, ["kernels", str(path), "--csv", "--by", "category"]).output
+    assert by_cat.splitlines()[0].startswith("category,count") and "by name" not in by_cat
+    text = CliRunner().invoke(cli, ["kernels", str(path), "--by", "category"]).output
+    assert "by category" in text and "by name" not in text
