@@ -116,7 +116,7 @@ def headline_items(result: Any, skip: Sequence[str] = ()) -> list[tuple[str, str
     """The non-table fields of a result, formatted by their units (dicts and empty values left out)."""
     out = []
     for name, value in result_headline(result).items():
-        if name in skip or isinstance(value, dict) or value is None or value == "":
+        if name in skip or isinstance(value, dict) or value is None or value == "" or value == []:
             continue
         out.append((display_name(name), format_value(name, value)))
     return out

@@ -16,11 +16,12 @@ from stepscope.reports.units import human_ns
 def test_report_sections_numbers_and_escaping(tmp_path: Path) -> None:
     t = load_events(tmp_path, gpu_doc())
     page = H.trace_report(t, source="synthetic.json")
-    for sid in ("steps", "ops", "memory", "info", "reproduce"):
+    for sid in ("steps", "kernels", "ops", "memory", "info", "reproduce"):
         assert f'id="{sid}"' in page
     assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "http://" not in page and "https://" not in page  # no CDN, no network
-    assert page.count("data:image/png;base64,") >= 4
+    assert page.count("data:image/png;base64,") >= 5  # steps, timeline, kernels, ops, memory
+    assert "<dt>outlier steps</dt>" not in page  # empty lists are left out of the headline
     assert human_ns(100_000) in page  # the median step (100 µs)
     assert "aten::mm" in page and "sgemm_128x64" in page
     assert "stepscope report synthetic.json -o OUT/" in page
