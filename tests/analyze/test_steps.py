@@ -7,9 +7,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 from builders import annotation, cpu_op, kernel, load_events, python_fn, runtime, step, trace
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stepscope.analyze import load
-from stepscope.analyze.steps import outliers, step_breakdown
+from stepscope.analyze.kernels import union_length_ns
+from stepscope.analyze.steps import busy_before, merge_intervals, outliers, step_breakdown
 
 AUTOGRAD_TID = 2
 
@@ -118,3 +121,27 @@ def test_resnet50_matches_tb_plugin(corpus: Path, tmp_path: Path, workers: int, 
     assert float(r.steps["kernel_ns"].mean()) == pytest.approx(kernel_us * 1000, rel=1e-3)  # type: ignore[arg-type]
     if workers == 0:  # tb_plugin's per-step totals (its tooltips): 187,948 and 175,153 µs
         assert r.steps["wall_ns"].to_list()[:2] == [187_948_000, 175_153_000]
+
+
+# ---------------------------------------------------------------- interval math (hypothesis)
+_ivs = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), max_size=30)
+
+
+def _covered(ivs: list[tuple[int, int]]) -> set[int]:
+    return {t for s, d in ivs for t in range(s, s + d)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(_ivs, st.lists(st.integers(0, 260), min_size=1, max_size=5))
+def test_merge_union_and_busy_before_match_brute_force(ivs: list[tuple[int, int]], times: list[int]) -> None:
+    frame = pl.DataFrame({"s": [s for s, _ in ivs], "e": [s + d for s, d in ivs]},
+                         schema={"s": pl.Int64, "e": pl.Int64})
+    merged = merge_intervals(frame.lazy(), []).collect().sort("s")
+    covered = _covered(ivs)
+    assert sum(e - s for s, e in merged.iter_rows()) == len(covered)
+    assert all(a_e < b_s for (_, a_e), (b_s, _) in zip(merged.iter_rows(), merged[1:].iter_rows(), strict=False))
+    spans = pl.DataFrame({"ts_ns": [s for s, _ in ivs], "dur_ns": [d for _, d in ivs]},
+                         schema={"ts_ns": pl.Int64, "dur_ns": pl.Int64})
+    assert int(union_length_ns(spans.lazy()).collect().item() or 0) == len(covered)
+    got = busy_before(pl.DataFrame({"t": times}, schema={"t": pl.Int64}), merged, "t").to_list()
+    assert got == [sum(1 for c in covered if c < t) for t in times]
