@@ -14,12 +14,15 @@ import polars as pl
 from stepscope.analyze.memory import memory_timeline
 from stepscope.analyze.ops import op_table
 from stepscope.analyze.steps import step_breakdown
+from stepscope.analyze.summary import verdict
 from stepscope.analyze.trace import Trace
 
 
 @dataclass(frozen=True, kw_only=True)
 class TraceDiff:
-    """AFTER minus BEFORE. `*_change_fraction` = (after - before) / before (null when before is 0/unknown).
+    """AFTER minus BEFORE; *_verdict: what bounds the step (`stepscope summary`).
+
+    `*_change_fraction` = (after - before) / before (null when before is 0/unknown).
 
     *_median_step_ns: median step wall time and *_step_gpu_busy_fraction: mean GPU busy share per step,
       both from `step_breakdown` (steps.py: the step window includes the GPU work the step launched).
@@ -34,6 +37,8 @@ class TraceDiff:
 
     before: str
     after: str
+    before_verdict: str
+    after_verdict: str
     before_steps: int
     after_steps: int
     before_median_step_ns: int | None
@@ -111,7 +116,9 @@ def diff_traces(before: Trace, after: Trace, *, top: int = 15) -> TraceDiff:
                .select("name", "before_ns", "after_ns", "delta_ns", "calls_before", "calls_after")
                .sort(pl.col("delta_ns").abs(), descending=True).head(top))
     return TraceDiff(
-        before=before.source_name, after=after.source_name, before_steps=nb, after_steps=na,
+        before=before.source_name, after=after.source_name,
+        before_verdict=verdict(before).verdict.value, after_verdict=verdict(after).verdict.value,
+        before_steps=nb, after_steps=na,
         before_median_step_ns=sb, after_median_step_ns=sa, step_time_change_fraction=_change(sb, sa),
         before_step_gpu_busy_fraction=gb, after_step_gpu_busy_fraction=ga,
         before_trace_gpu_busy_fraction=gpu_busy_fraction(before),

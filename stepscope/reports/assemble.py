@@ -82,6 +82,7 @@ def trace_row(trace: Trace) -> dict[str, Any]:
         "peak_memory_bytes": memory.peak_allocated_bytes,
         "peak_device": memory.peak_device,
         "warnings": info.warnings.height,
+        "verdict": str(ctx.verdict.verdict.value),
     }
 
 
@@ -96,6 +97,7 @@ _INDEX_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("peak_memory_bytes", "peak memory", human_bytes),
     ("peak_device", "peak on", lambda v: v or "-"),
     ("warnings", "warnings", str),
+    ("verdict", "verdict", lambda v: str(v).replace("_", " ")),
 ]
 
 
@@ -112,7 +114,7 @@ def _index_table(rows: list[dict[str, Any]], title: str, *, mark: str | None = N
         line.append(Cell(text=r.get("error") or "", sort=r.get("error")))
         cells.append(line)
     return Table(title=title, columns=["trace", *[c[1] for c in cols], "error"], rows=cells,
-                 total_rows=len(rows), numeric=[False, *[c[0] not in ("peak_device",) for c in cols], False])
+                 total_rows=len(rows), numeric=[False, *[c[0] not in ("peak_device", "verdict") for c in cols], False])
 
 
 def _report_one(path: Path, out: Path, name: str, *, source: str, step: int | None, cache_dir: Path | None,

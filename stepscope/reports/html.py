@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from stepscope.analyze.memory import MemoryTimeline
     from stepscope.analyze.ops import OpTable
     from stepscope.analyze.steps import StepsResult
+    from stepscope.analyze.summary import SummaryResult
 
 MAX_TABLE_ROWS = 50
 
@@ -74,6 +75,7 @@ class Section:
 
     id: str
     title: str
+    lead: list[str] = field(default_factory=list)  # prominent sentences (the verdict, its advice)
     headline: list[tuple[str, str]] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
@@ -156,6 +158,12 @@ class ReportContext:
         return step_breakdown(self.trace)
 
     @cached_property
+    def verdict(self) -> SummaryResult:
+        from stepscope.analyze.summary import verdict
+
+        return verdict(self.trace)
+
+    @cached_property
     def kernels(self) -> KernelsResult:
         from stepscope.analyze.kernels import kernel_summary
 
@@ -169,6 +177,22 @@ SectionBuilder = Callable[[ReportContext], Section | None]
 
 
 # ---------------------------------------------------------------------------------------------- sections
+def verdict_section(ctx: ReportContext) -> Section | None:
+    """The verdict first (summary.py): what bounds the step, why, what to do, where to look."""
+    result = ctx.verdict
+    name = str(result.verdict.value).replace("_", " ")
+    headline = headline_items(result, skip=("verdict", "reason", "advice"))
+    tables = []
+    if result.places.height:
+        tables.append(frame_table(result.places, "Where to look first"))
+    if result.per_step.height:
+        tables.append(frame_table(result.per_step, "Verdict per step"))
+    if result.rules.height:
+        tables.append(frame_table(result.rules, "Rules, in order (the first that holds decides)"))
+    return Section(id="verdict", title="Verdict", lead=[f"{name}: {result.reason}", result.advice],
+                   headline=headline, tables=tables, commands=[ctx.command("summary", ctx.source)])
+
+
 def steps_section(ctx: ReportContext) -> Section | None:
     """Per-step breakdown (steps.py): wall time, GPU busy/idle, CPU phases; and the GPU timeline of one step."""
     from stepscope.reports import figures
@@ -283,6 +307,7 @@ def info_section(ctx: ReportContext) -> Section | None:
 
 # page order; register a new section with one line here
 SECTIONS: list[tuple[str, SectionBuilder]] = [
+    ("verdict", verdict_section),
     ("steps", steps_section),
     ("kernels", kernels_section),
     ("ops", ops_section),

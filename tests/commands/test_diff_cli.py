@@ -29,3 +29,4 @@ def test_corpus_resnet_workers(corpus: Path) -> None:
     result = CliRunner().invoke(cli, ["diff", str(k / "resnet50_num_workers_0"), str(k / "resnet50_num_workers_4")])
     assert result.exit_code == 0, result.output
     assert "177.4 ms" in result.output and "126.7 ms" in result.output and "-28.6%" in result.output
+    assert "data_loading_bound" in result.output  # num_workers=0 is data-loading bound

@@ -88,3 +88,4 @@ def test_corpus_dataset_batch(corpus: Path, tmp_path: Path) -> None:
     assert "(batch, 2 report(s), 0 failed)" in out
     index = (tmp_path / "out" / "index.html").read_text()
     assert "177.4 ms" in index and "126.7 ms" in index  # median step wall: num_workers 0 vs 4
+    assert "data loading bound" in index  # the verdict column

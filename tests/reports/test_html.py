@@ -16,7 +16,8 @@ from stepscope.reports.units import human_ns
 def test_report_sections_numbers_and_escaping(tmp_path: Path) -> None:
     t = load_events(tmp_path, gpu_doc())
     page = H.trace_report(t, source="synthetic.json")
-    for sid in ("steps", "kernels", "ops", "memory", "info", "reproduce"):
+    assert page.index('id="verdict"') < page.index('id="steps"') < page.index('id="info"')  # verdict first
+    for sid in ("verdict", "steps", "kernels", "ops", "memory", "info", "reproduce"):
         assert f'id="{sid}"' in page
     assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "http://" not in page and "https://" not in page  # no CDN, no network
@@ -56,3 +57,4 @@ def test_corpus_report(corpus: Path) -> None:
     page = H.trace_report(t, source="resnet")
     assert "aten::cudnn_convolution" in page and 'id="memory"' in page
     assert "176.3 ms" in page  # median ProfilerStep (steps 5..10)
+    assert "data loading bound: exposed data loading" in page  # the verdict leads the page
