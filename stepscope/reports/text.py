@@ -101,7 +101,7 @@ def format_value(name: str, value: Any) -> str:
             return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
         return f"{value:,}"
     if isinstance(value, (list, tuple)):
-        return ", ".join(format_value(name, v) for v in value)
+        return ", ".join(format_value(name, v) for v in value) or "none"
     text = str(value).replace("\n", " ")
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
@@ -123,7 +123,9 @@ def render_frame(frame: pl.DataFrame, *, title: str | None = None, max_rows: int
         lines.append("  (none)")
         return "\n".join(lines)
     shown = frame if max_rows is None else frame.head(max_rows)
-    names = [(column_names or {}).get(c, _display_name(c)) for c in shown.columns]
+    short = [_display_name(c) for c in shown.columns]
+    names = [(column_names or {}).get(c, c if short.count(d) > 1 else d) for c, d in zip(shown.columns, short,
+                                                                                        strict=True)]
     cells = [[format_value(c, v) for c, v in zip(shown.columns, row, strict=True)] for row in shown.iter_rows()]
     numeric = [t.is_numeric() for t in shown.dtypes]
     widths = [max(len(n), *(len(r[i]) for r in cells)) for i, n in enumerate(names)]
