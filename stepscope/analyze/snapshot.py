@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import re
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -207,21 +208,25 @@ def _events_table(traces: list[Any], interner: _Interner) -> pl.DataFrame:
 
 def _entries_frame(device: int, seq: int, chunk: list[Any], interner: _Interner) -> pl.DataFrame:
     """One chunk of a device trace as columns (one pass per column: cheaper than one loop of appends)."""
-    stacks = [interner.stack(e.get("frames")) for e in chunk]
     n = len(chunk)
-    cols: dict[str, Any] = {
+
+    def values(key: str) -> list[Any]:  # map(dict.get, …) runs in C: no bytecode per entry
+        return list(map(dict.get, chunk, repeat(key, n)))
+
+    def ints(key: str) -> pl.Series:  # strict=False: a value that is not an integer becomes null
+        return pl.Series(key, values(key), dtype=pl.Int64, strict=False)
+
+    stacks = list(map(interner.stack, values("frames")))
+
+    return pl.DataFrame({
         "device": pl.repeat(device, n, dtype=pl.Int64, eager=True),
         "seq": pl.int_range(seq, seq + n, dtype=pl.Int64, eager=True),
-        "action": [str(e.get("action")) for e in chunk],
-        "addr": [_int(e.get("addr")) for e in chunk],
-        "size": [_int(e.get("size")) for e in chunk],
-        "stream": [_int(e.get("stream")) for e in chunk],
-        "time_us": [_int(e.get("time_us")) for e in chunk],
-        "frame_id": [s[0] for s in stacks],
-        "forward_frame_id": [s[1] for s in stacks],
-        "device_free": [_int(e.get("device_free")) for e in chunk],
-    }
-    return pl.DataFrame(cols, schema=_EVENT_SCHEMA)
+        "action": pl.Series("action", values("action"), dtype=pl.String, strict=False),
+        "addr": ints("addr"), "size": ints("size"), "stream": ints("stream"), "time_us": ints("time_us"),
+        "frame_id": pl.Series("frame_id", [s[0] for s in stacks], dtype=pl.Int64),
+        "forward_frame_id": pl.Series("forward_frame_id", [s[1] for s in stacks], dtype=pl.Int64),
+        "device_free": ints("device_free"),
+    }, schema=_EVENT_SCHEMA)
 
 
 def _segment_tables(segments: list[Any], interner: _Interner) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -349,7 +354,8 @@ def _peaks(tables: SnapshotTables, series: pl.DataFrame) -> pl.DataFrame:
              "trace_start_time_us": pl.lit(None, pl.Int64)}
     if series.height == 0:
         return at_dump.select("device", peak_allocated_bytes="allocated_at_dump_bytes", **empty)
-    best = series.sort("allocated_bytes", "seq", descending=[True, False]).group_by("device").first()
+    best = (series.filter(pl.col("allocated_bytes") == pl.col("allocated_bytes").max().over("device"))
+            .group_by("device").agg(pl.all().sort_by("seq").first()))
     before = pl.col("start_allocated_bytes") > pl.col("allocated_bytes")
     with_history = best.select(
         "device",
@@ -364,26 +370,42 @@ def _peaks(tables: SnapshotTables, series: pl.DataFrame) -> pl.DataFrame:
 
 
 def lifetimes(tables: SnapshotTables) -> pl.DataFrame:
-    """alloc and free_completed entries with, on each, the seq and time of the next free_completed of its address.
+    """alloc and free_completed entries, sorted by address, with the seq and time of the next free_completed
+    of the same address, and the first action and seq seen for that address.
 
         addr 7: alloc (seq 1), free_completed (4), alloc (6)  ->  next_free_seq 4, 4, null
+
+    One sort, then fills checked against the address they came from (no per-address windows).
     """
     ev = tables.events.filter(pl.col("action").is_in(["alloc", "free_completed"])).sort("device", "addr", "seq")
     is_free = pl.col("action") == "free_completed"
+    same_address = pl.struct("device", "addr")
+    starts = same_address.ne_missing(same_address.shift()).fill_null(True)
+
+    def within(value: pl.Expr, fill: str) -> pl.Expr:
+        key = pl.when(is_free).then(same_address)
+        filled_key = key.backward_fill() if fill == "backward" else key.forward_fill()
+        filled = value.backward_fill() if fill == "backward" else value.forward_fill()
+        return pl.when(filled_key.eq_missing(same_address)).then(filled)
+
     return ev.with_columns(
-        next_free_seq=pl.when(is_free).then(pl.col("seq")).backward_fill().over("device", "addr"),
-        next_free_time_us=pl.when(is_free).then(pl.col("time_us")).backward_fill().over("device", "addr"),
-        first_action=pl.col("action").first().over("device", "addr"),
-        first_seq=pl.col("seq").first().over("device", "addr"),
+        next_free_seq=within(pl.when(is_free).then(pl.col("seq")), "backward"),
+        next_free_time_us=within(pl.when(is_free).then(pl.col("time_us")), "backward"),
+        first_action=pl.when(starts).then(pl.col("action")).forward_fill(),
+        first_seq=pl.when(starts).then(pl.col("seq")).forward_fill(),
+        last_of_address=same_address.ne_missing(same_address.shift(-1)).fill_null(True),
     )
 
 
-def live_blocks_at_peak(tables: SnapshotTables, peaks: pl.DataFrame) -> pl.DataFrame:
+def live_blocks_at_peak(tables: SnapshotTables, peaks: pl.DataFrame, *,
+                        life: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per block alive at its device's peak: device, size, frame_id, forward_frame_id, origin.
 
-    Sizes are the history's (requested) sizes for blocks it allocated, the block size otherwise.
+    Sizes are the history's (requested) sizes for blocks it allocated, the block size otherwise. `life`:
+    `lifetimes(tables)` when the caller already has it.
     """
-    ev = lifetimes(tables).join(peaks.select("device", "peak_seq"), on="device", how="inner")
+    life = lifetimes(tables) if life is None else life
+    ev = life.join(peaks.select("device", "peak_seq"), on="device", how="inner")
     in_trace = ev.filter(
         (pl.col("action") == "alloc") & (pl.col("seq") <= pl.col("peak_seq"))
         & (pl.col("next_free_seq").is_null() | (pl.col("next_free_seq") > pl.col("peak_seq")))
@@ -403,15 +425,15 @@ def live_blocks_at_peak(tables: SnapshotTables, peaks: pl.DataFrame) -> pl.DataF
     return pl.concat([in_trace, pre_history, untouched])
 
 
-def rounding_bytes(tables: SnapshotTables) -> pl.DataFrame:
+def rounding_bytes(tables: SnapshotTables, *, life: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per device: block size at dump minus the size the history recorded, over blocks alive at dump.
 
     The history records requested sizes (4 B), the dump rounded block sizes (512 B); the peak definition
     (allocated at dump minus the history's net change) carries that difference, so the live blocks at the
     peak add up to the peak only together with it.
     """
-    last = (lifetimes(tables).group_by("device", "addr").agg(pl.col("action").last(), pl.col("size").last())
-            .filter(pl.col("action") == "alloc"))
+    life = lifetimes(tables) if life is None else life
+    last = life.filter(pl.col("last_of_address") & (pl.col("action") == "alloc")).select("device", "addr", "size")
     return (
         tables.blocks.filter(pl.col("state") == "active_allocated")
         .join(last, left_on=["device", "address"], right_on=["device", "addr"], how="inner")
@@ -431,14 +453,16 @@ def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | Non
     peaks = _peaks(tables, series)
     at_dump = _at_dump(tables)
     frames = tables.frames.select("frame_id", "frame")
+    life = lifetimes(tables)
     live_by_frame = (
-        live_blocks_at_peak(tables, peaks).join(frames, on="frame_id", how="left")
+        live_blocks_at_peak(tables, peaks, life=life).join(frames, on="frame_id", how="left")
         .with_columns(frame=pl.when(pl.col("origin") == PRE_HISTORY).then(pl.lit(PRE_HISTORY))
                       .otherwise(pl.col("frame").fill_null(NO_FRAME)))
         .group_by("device", "frame").agg(live_bytes=pl.col("size").sum(), blocks=pl.len())
     )
     rounding = (
-        rounding_bytes(tables).join(peaks.filter(pl.col("peak_seq").is_not_null()).select("device"), on="device")
+        rounding_bytes(tables, life=life)
+        .join(peaks.filter(pl.col("peak_seq").is_not_null()).select("device"), on="device")
         .filter(pl.col("rounding_bytes") != 0)
         .select("device", frame=pl.lit(ROUNDING), live_bytes="rounding_bytes", blocks=pl.lit(None, pl.UInt32))
     )
@@ -449,9 +473,10 @@ def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | Non
         .drop("peak_allocated_bytes").sort("live_bytes", "frame", descending=[True, False])
     )
     starts = peaks.select("device", "trace_start_time_us")
-    allocs = lifetimes(tables).filter(pl.col("action") == "alloc").sort("size", "seq", descending=[True, False])
+    allocs = life.filter(pl.col("action") == "alloc")
+    allocs = allocs.top_k(top, by=["size", "seq"], reverse=[False, True]) if top else allocs
     largest = (
-        (allocs.head(top) if top else allocs).join(frames, on="frame_id", how="left")
+        allocs.sort("size", "seq", descending=[True, False]).join(frames, on="frame_id", how="left")
         .join(starts, on="device", how="left")
         .select("device", size_bytes="size",
                 since_start_ns=(pl.col("time_us") - pl.col("trace_start_time_us")) * 1000,
