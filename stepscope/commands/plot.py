@@ -9,7 +9,7 @@ import click
 from stepscope.analyze import load
 from stepscope.commands._options import trace_argument
 
-KINDS = ("timeline", "steps", "kernels", "ops", "memory")
+KINDS = ("timeline", "steps", "kernels", "ops", "memory", "snapshot")
 
 
 @click.command("plot")
@@ -21,12 +21,28 @@ KINDS = ("timeline", "steps", "kernels", "ops", "memory")
 def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     """Write one PNG: timeline (GPU work of one step per device/stream, by kernel category), steps (CPU
     phases and GPU busy/idle per step), kernels (GPU time by category, top kernels), ops (top ops by self
-    CPU and device time) or memory (allocated/reserved over time, peak marked)."""
+    CPU and device time), memory (allocated/reserved over time, peak marked; by category for an
+    export_memory_timeline file) or snapshot (a CUDA memory snapshot .pickle as TRACE)."""
     from stepscope.analyze._io import atomic_write_bytes
     from stepscope.reports import figures
 
-    loaded = load(trace)
     png: bytes | None
+    if kind == "snapshot" or (kind == "memory" and "memory_timeline" in trace.name):
+        if kind == "snapshot":
+            from stepscope.analyze.snapshot import analyze_snapshot, read_snapshot
+
+            png = figures.snapshot_figure(analyze_snapshot(read_snapshot(trace)))
+        else:
+            from stepscope.analyze.memory_categories import memory_categories
+
+            png = figures.memory_categories_figure(memory_categories(trace))
+        if png is None:
+            click.echo(f"no allocation history in {trace}: nothing to plot, {output} not written")
+            return
+        atomic_write_bytes(output, png)
+        click.echo(f"wrote {output}", err=True)
+        return
+    loaded = load(trace)
     if kind == "timeline":
         png, empty = figures.timeline_figure(loaded, step), "no GPU work (kernels, memcpy, memset) in this trace"
     elif kind == "steps":

@@ -160,6 +160,21 @@ def _manifest_section(manifests: list[Path], rows: list[dict[str, Any]]) -> Sect
     return Section(id="run", title="Capture run", headline=headline, notes=notes)
 
 
+def _run_file_sections(run_dir: Path, problems: list[str]) -> list[Section]:
+    """Sections for a run's other files: memory timelines by category and CUDA memory snapshots."""
+    from stepscope.reports.html import memory_categories_section, snapshot_section
+
+    sections: list[Section] = []
+    files = [(p, memory_categories_section) for p in sorted(run_dir.glob("*memory_timeline.raw.json*"))]
+    files += [(p, snapshot_section) for p in sorted(run_dir.glob("*.pickle"))]
+    for p, builder in files:
+        try:
+            sections.append(builder(p))
+        except Exception as exc:  # noqa: BLE001 - a bad side file must not lose the run's report
+            problems.append(f"{p.name}: {type(exc).__name__}: {exc}")
+    return sections
+
+
 def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None = None,
                  cache_dir: Path | None = None, progress: bool = True) -> ReportOutcome:
     """Write the report(s) for PATH under OUT (replaced atomically); see the module docstring for the layout.
@@ -185,6 +200,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
             inputs = [(p, _slug(p.name.removesuffix(".gz").removesuffix(".json"))) for p in find_trace_files([path])]
         rows: list[dict[str, Any]] = []
         failed: list[tuple[str, str]] = []
+        problems_extra: list[str] = []
         seen: set[str] = set()
         for p, name in _progress(inputs, "reporting", progress):
             while name in seen:
@@ -209,6 +225,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
                 for r in rows:
                     r["mark"] = r.get("median_step_ns") == slow
             sections.append(_manifest_section(_manifests(path), rows))
+            sections.extend(_run_file_sections(path, problems_extra))
             table = _index_table(rows, "Ranks side by side (click a rank for its report)", mark="straggler")
             sections.append(Section(id="ranks", title="Ranks", tables=[table]))
             title = f"stepscope run report: {path.name}"
@@ -216,7 +233,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
             sections.append(Section(id="traces", title="Traces", tables=[
                 _index_table(rows, "One row per trace (click a header to sort, a name for its report)")]))
             title = f"stepscope batch report: {path.name}"
-        problems = [f"{name}: {err}" for name, err in failed]
+        problems = [f"{name}: {err}" for name, err in failed] + problems_extra
         html = render_page(title=title, subtitle=f"{len(rows)} traces from {path}", sections=sections,
                            problems=problems, reproduce=[f"stepscope report {path} -o OUT/" +
                                                          (" --batch" if batch else "")])

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from stepscope.analyze import Trace
     from stepscope.analyze.kernels import KernelsResult
     from stepscope.analyze.memory import MemoryTimeline
+    from stepscope.analyze.memory_categories import MemoryCategoriesResult
     from stepscope.analyze.ops import OpTable
+    from stepscope.analyze.snapshot import SnapshotResult
     from stepscope.analyze.steps import StepsResult
 
 DPI = 100
@@ -270,6 +272,64 @@ def kernels_figure(result: KernelsResult, n: int = 12) -> bytes | None:
         ax.margins(x=0.2)
         ax.set_title(title, fontsize=11)
         ax.set_xlabel(f"summed duration ({_ns_axis(ax)})")
+        _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def memory_categories_figure(result: MemoryCategoriesResult) -> bytes | None:
+    """Memory by category over time (export_memory_timeline), stacked, the peak of the total marked."""
+    tl = result.timeline.filter(pl.col("since_start_ns").is_not_null()).sort("since_start_ns")
+    cats = [c for c in tl.columns if c.endswith("_bytes") and c != "total_bytes" and tl[c].sum() > 0]
+    if tl.height == 0 or not cats:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    x = tl["since_start_ns"].to_numpy()
+    ys = [tl[c].to_numpy() for c in cats]
+    names = [c.removesuffix("_bytes") for c in cats]
+    ax.stackplot(x, ys, labels=[n.replace("_", " ") for n in names], colors=[color(n) for n in names],
+                 step="post", alpha=0.9)
+    if result.peak_since_start_ns is not None:
+        ax.axvline(result.peak_since_start_ns, color=color("peak"), linestyle="--", linewidth=1)
+        ax.annotate(f"peak {human_bytes(result.peak_total_bytes)}", (result.peak_since_start_ns, 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(4, -4), textcoords="offset points", va="top",
+                    fontsize=8, color=color("peak"))
+    ax.set_title("Memory by category over time (export_memory_timeline)", fontsize=11)
+    ax.set_ylabel("bytes")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
+    ax.set_xlim(float(x.min()), float(x.max()))
+    ax.set_xlabel(f"time since the first record ({_ns_axis(ax)})")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def snapshot_figure(result: SnapshotResult) -> bytes | None:
+    """Allocated and reserved over time from a CUDA memory snapshot's history, one panel per device."""
+    tl = result.timeline
+    if tl.height == 0:
+        return None
+    devices = tl["device"].unique().sort().to_list()
+    fig, axes = plt.subplots(len(devices), 1, figsize=(10, 2.8 * len(devices) + 0.6), squeeze=False)
+    for ax, dev in zip(axes[:, 0], devices, strict=True):
+        d = tl.filter(pl.col("device") == dev).sort("since_start_ns")
+        x = d["since_start_ns"].to_list()
+        ax.step(x, d["reserved_bytes"].to_list(), where="post", color=color("reserved"), label="reserved")
+        ax.step(x, d["allocated_bytes"].to_list(), where="post", color=color("allocated"), label="allocated")
+        ax.fill_between(x, d["allocated_bytes"].to_list(), step="post", color=color("allocated"), alpha=0.15)
+        if dev == result.peak_device and result.peak_since_start_ns is not None:
+            ax.plot([result.peak_since_start_ns], [result.peak_allocated_bytes], "o", color=color("peak"))
+            ax.annotate(f"peak {human_bytes(result.peak_allocated_bytes)}",
+                        (result.peak_since_start_ns, result.peak_allocated_bytes), xytext=(6, -4),
+                        textcoords="offset points", va="top", fontsize=8, color=color("peak"),
+                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+        ax.set_title(f"CUDA memory snapshot, device {dev}", fontsize=11)
+        ax.set_ylabel("bytes")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(f"time since the first allocator event ({_ns_axis(ax)})")
+        ax.legend(loc="lower right", fontsize=8, frameon=True, framealpha=0.85)
         _style(ax)
     fig.tight_layout()
     return _png(fig)

@@ -305,6 +305,38 @@ def info_section(ctx: ReportContext) -> Section | None:
                    commands=[ctx.command("info", ctx.source)])
 
 
+def memory_categories_section(path: Path) -> Section:
+    """Memory by category (parameters, activations, gradients, …) from an export_memory_timeline file."""
+    from stepscope.analyze.memory_categories import memory_categories
+    from stepscope.reports import figures
+
+    result = memory_categories(path)
+    png = figures.memory_categories_figure(result)
+    return Section(id="memory-categories", title=f"Memory by category ({path.name})",
+                   headline=headline_items(result, skip=("source",)),
+                   figures=[Figure(title="Bytes per category over time", png=png)] if png else [],
+                   tables=[frame_table(result.at_peak, "At the peak")],
+                   commands=[shlex.join(["stepscope", "memory", str(path)])])
+
+
+def snapshot_section(path: Path) -> Section:
+    """A CUDA memory snapshot (torch.cuda.memory._dump_snapshot): peak, live blocks at the peak by frame,
+    largest allocations, segments, OOMs."""
+    from stepscope.analyze.snapshot import analyze_snapshot, read_snapshot
+    from stepscope.reports import figures
+
+    result = analyze_snapshot(read_snapshot(path))
+    png = figures.snapshot_figure(result)
+    tables = [frame_table(getattr(result, name), title, max_rows=20) for name, title in (
+        ("devices", "Per device"), ("live_at_peak", "Live at the peak, by user frame"),
+        ("largest_allocations", "Largest allocations"), ("ooms", "Out-of-memory events"))
+        if getattr(result, name).height]
+    return Section(id="snapshot", title=f"Memory snapshot ({path.name})",
+                   headline=headline_items(result, skip=("source",)), notes=[result.note] if result.note else [],
+                   figures=[Figure(title="Allocated and reserved over time", png=png)] if png else [],
+                   tables=tables, commands=[shlex.join(["stepscope", "snapshot", str(path)])])
+
+
 # page order; register a new section with one line here
 SECTIONS: list[tuple[str, SectionBuilder]] = [
     ("verdict", verdict_section),

@@ -37,6 +37,15 @@ FIXED: dict[str, str] = {
     "allocated": "#4e79a7",
     "reserved": "#a0cbe8",
     "peak": "#e15759",
+    # export_memory_timeline categories
+    "parameter": "#4e79a7",
+    "optimizer_state": "#b07aa1",
+    "input": "#f28e2b",
+    "temporary": "#edc948",
+    "activation": "#59a14f",
+    "gradient": "#e15759",
+    "autograd_detail": "#76b7b2",
+    "unknown": "#bab0ac",
     # CPU phases of a step
     "data_loading": "#f28e2b",
     "forward": "#4e79a7",

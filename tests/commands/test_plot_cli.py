@@ -29,3 +29,11 @@ def test_nothing_to_plot_is_said_plainly(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["plot", "memory", str(src), "-o", str(tmp_path / "m.png")])
     assert result.exit_code == 0
     assert "no [memory] events" in result.output and not (tmp_path / "m.png").exists()
+
+
+def test_plot_snapshot(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "snap.png"
+    snap = corpus / "snapshots" / "cs336_magma27" / "memory_snapshot.pickle"
+    result = CliRunner().invoke(cli, ["plot", "snapshot", str(snap), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert mpimg.imread(out).shape[1] > 600

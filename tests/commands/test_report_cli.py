@@ -76,6 +76,20 @@ def test_sample_run(tmp_path: Path) -> None:
     assert code == 0, out
     index = (tmp_path / "out" / "index.html").read_text()
     assert "profiled / baseline" in index
+    assert 'id="memory-categories"' in index and "activation" in index  # the run's export_memory_timeline file
+
+
+def test_run_with_a_snapshot_and_a_bad_side_file(corpus: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_trace(run_dir, gpu_doc(), "host_0.pt.trace.json")
+    (run_dir / "manifest.json").write_text(json.dumps({"status": "ok", "baseline": None}))
+    shutil.copy(corpus / "snapshots" / "cs336_magma27" / "memory_snapshot.pickle", run_dir / "rank0.pickle")
+    (run_dir / "broken.memory_timeline.raw.json.gz").write_bytes(b"not gzip")
+    code, out = run("report", str(run_dir), "-o", str(tmp_path / "out"))
+    assert code == 0, out
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert 'id="snapshot"' in index and "Live at the peak, by user frame" in index
+    assert "broken.memory_timeline.raw.json.gz:" in index  # reported, the rest still rendered
 
 
 def test_corpus_dataset_batch(corpus: Path, tmp_path: Path) -> None:
