@@ -183,6 +183,13 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
     """
     path = Path(path)
     mode = detect_mode(path, batch)
+    if mode == "trace" and path.is_dir():
+        from stepscope.analyze.ingest import find_trace_files, is_ingested
+
+        if not is_ingested(path) and len(find_trace_files([path])) > 1:
+            from stepscope.errors import UsageError
+
+            raise UsageError("holds several traces: add --batch for one report per trace and an index", path=path)
     with atomic_dir(Path(out)) as tmp:
         if mode == "trace":
             trace = load(path, cache_dir=cache_dir)

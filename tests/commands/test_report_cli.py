@@ -45,6 +45,14 @@ def test_batch_with_a_bad_trace(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "a.pt.trace" / "index.html").is_file()
 
 
+def test_directory_of_traces_without_batch_says_so(tmp_path: Path) -> None:
+    write_trace(tmp_path / "in", gpu_doc(), "a.pt.trace.json")
+    write_trace(tmp_path / "in", gpu_doc(), "b.pt.trace.json")
+    result = CliRunner().invoke(cli, ["report", str(tmp_path / "in"), "-o", str(tmp_path / "out")])
+    assert result.exit_code != 0 and "add --batch" in str(result.exception) + result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_capture_run_with_two_ranks_marks_the_straggler(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     for rank, scale in ((0, 1.0), (1, 3.0)):
