@@ -23,6 +23,7 @@ from stepscope.reports.units import human_bytes, human_ns  # noqa: E402
 
 if TYPE_CHECKING:
     from stepscope.analyze import Trace
+    from stepscope.analyze.diff import TraceDiff
     from stepscope.analyze.kernels import KernelsResult
     from stepscope.analyze.memory import MemoryTimeline
     from stepscope.analyze.memory_categories import MemoryCategoriesResult
@@ -331,5 +332,38 @@ def snapshot_figure(result: SnapshotResult) -> bytes | None:
         ax.set_xlabel(f"time since the first allocator event ({_ns_axis(ax)})")
         ax.legend(loc="lower right", fontsize=8, frameon=True, framealpha=0.85)
         _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def diff_figure(result: TraceDiff, n: int = 10) -> bytes | None:
+    """Before vs after: median step time, and the ops whose self time changed most (after - before)."""
+    ops = result.ops.head(n)
+    if result.before_median_step_ns is None and ops.height == 0:
+        return None
+    fig, (step_ax, ops_ax) = plt.subplots(1, 2, figsize=(13, 0.32 * max(n, 4) + 1.6),
+                                          gridspec_kw={"width_ratios": [1, 2.2]})
+    values = [result.before_median_step_ns or 0, result.after_median_step_ns or 0]
+    step_ax.bar(["before", "after"], values, color=[color("before"), color("after")])
+    for i, v in enumerate(values):
+        step_ax.text(i, v, human_ns(v), ha="center", va="bottom", fontsize=8)
+    step_ax.set_title("Median step time", fontsize=11)
+    step_ax.set_ylabel(f"time ({_ns_axis(step_ax, 'y', top=float(max(values) or 1))})")
+    step_ax.spines["top"].set_visible(False)
+    step_ax.spines["right"].set_visible(False)
+    labels = [_short(x, 40) for x in ops["name"].to_list()][::-1]
+    y = np.arange(len(labels))
+    cpu = ops["delta_self_cpu_ns"].to_numpy()[::-1].astype(float)
+    dev = ops["delta_self_device_ns"].to_numpy()[::-1].astype(float)
+    ops_ax.barh(y + 0.2, cpu, height=0.4, color=color("cpu"), label="self CPU")
+    ops_ax.barh(y - 0.2, dev, height=0.4, color=color("device"), label="self device")
+    ops_ax.axvline(0, color="#333333", linewidth=0.8)
+    ops_ax.set_yticks(y, labels, fontsize=8)
+    top = float(max(np.abs(cpu).max(initial=0), np.abs(dev).max(initial=0)) or 1)
+    ops_ax.set_xlim(-top * 1.1, top * 1.1)
+    ops_ax.set_xlabel(f"after - before ({_ns_axis(ops_ax, top=top)}; negative = less time)")
+    ops_ax.set_title("Ops whose self time changed most", fontsize=11)
+    ops_ax.legend(loc="lower right", fontsize=8, frameon=False)
+    _style(ops_ax)
     fig.tight_layout()
     return _png(fig)

@@ -22,6 +22,7 @@ def test_diff_text_and_html(tmp_path: Path) -> None:
     assert "sgemm_128x64" in result.output and "10 µs" in result.output  # 2 x 5 µs more kernel time
     page = (tmp_path / "out" / "index.html").read_text()
     assert "What changed" in page and "&lt;script&gt;" in page
+    assert "data:image/png;base64," in page  # the before/after figure
 
 
 def test_corpus_resnet_workers(corpus: Path) -> None:
