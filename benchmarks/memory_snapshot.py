@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=200.0, help="size of the generated snapshot")
     parser.add_argument("--unshared-frames", action="store_true", help="a new frames list per trace entry")
     args = parser.parse_args()
-    header = f"{'snapshot':<28} {'pickle MB':>9} {'entries':>10} {'step':<14} {'wall s':>7} {'peak RSS MB':>11} " \
+    header = f"{'snapshot':<32} {'pickle MB':>9} {'entries':>10} {'step':<14} {'wall s':>7} {'peak RSS MB':>11} " \
              f"{'RSS/pickle':>10}"
     print(header)
     print("-" * len(header))
@@ -112,7 +112,7 @@ def main() -> None:
             size = path.stat().st_size
             for mode, label in (("unpickle", "unpickle only"), ("full", "full analysis")):
                 r = measure(path, mode)
-                print(f"{path.name:<28} {size / 1e6:9.1f} {int(r['entries']):>10,} {label:<14} {r['wall_s']:7.2f} "
+                print(f"{path.name:<32} {size / 1e6:9.1f} {int(r['entries']):>10,} {label:<14} {r['wall_s']:7.2f} "
                       f"{r['peak_rss_bytes'] / 1e6:11.0f} {r['peak_rss_bytes'] / size:10.2f}")
 
 

@@ -260,8 +260,8 @@ def _segment_tables(segments: list[Any], interner: _Interner) -> tuple[pl.DataFr
 
 # ----------------------------------------------------------------------------------------------- analysis
 
-NO_HISTORY = ("no allocation history in this snapshot (torch.cuda.memory._record_memory_history was off): "
-              "the peak shown is the allocated bytes at dump time, and there is no timeline")
+NO_HISTORY = "no allocation history (_record_memory_history was off): peak = allocated at dump, no timeline"
+ESTIMATE_RULE = "live at peak and allocated inside a forward(); saving = all layers but the largest (upper bound)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -582,6 +582,7 @@ class ActivationEstimate:
     layer's: an upper bound (it ignores the layer inputs that checkpointing keeps).
     """
 
+    rule: str
     peak_device: int | None
     peak_allocated_bytes: int
     activations_bytes: int
@@ -611,6 +612,7 @@ def activation_estimate(tables: SnapshotTables, *, device: int | None = None) ->
     largest_bytes = int(largest["activations_bytes"]) if largest else 0
     peak = int(peaks["peak_allocated_bytes"][0]) if peaks.height else 0
     return ActivationEstimate(
+        rule=ESTIMATE_RULE,
         peak_device=int(peaks["device"][0]) if peaks.height else None,
         peak_allocated_bytes=peak,
         activations_bytes=total,

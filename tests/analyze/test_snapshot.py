@@ -13,6 +13,7 @@ import pytest
 from snapshot_builder import block, entry, frames, segment, write
 
 from stepscope.analyze.snapshot import (
+    ESTIMATE_RULE,
     NO_FRAME,
     NO_HISTORY,
     PRE_HISTORY,
@@ -84,6 +85,7 @@ def test_activation_estimate_names_the_largest_layer(tmp_path: Path) -> None:
     assert (est.peak_allocated_bytes, est.activations_bytes) == (24 * MB, 10 * MB)
     assert est.largest_layer == "model.py:60 forward" and est.largest_layer_activations_bytes == 6 * MB
     assert est.checkpoint_saving_estimate_bytes == 4 * MB and est.activations_of_peak_fraction == 10 / 24
+    assert est.rule == ESTIMATE_RULE and est.peak_device == 0
     assert est.layers.select("layer", "activations_bytes", "blocks").rows() == [
         ("model.py:60 forward", 6 * MB, 1), ("model.py:54 forward", 4 * MB, 1)]
 
