@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from snapshot_builder import block, entry, frames, segment, write
 
 from stepscope.analyze.snapshot import (
@@ -225,3 +227,41 @@ def test_an_address_reused_after_a_free_keeps_both_lifetimes(tmp_path: Path) -> 
     result = analyze_snapshot(read_snapshot(write(tmp_path / "s.pickle", data)))
     assert result.largest_allocations.select("size_bytes", "freed").rows() == [(5 * MB, False), (2 * MB, True)]
     assert result.peak_allocated_bytes == 5 * MB
+
+
+def test_entries_without_time_or_frames(tmp_path: Path) -> None:
+    # GIVEN an older trace: no time_us, no frames
+    trace = [{"action": "alloc", "addr": 0, "size": 8}, {"action": "alloc", "addr": 8, "size": 8},
+             {"action": "free_completed", "addr": 0, "size": 8}]
+    data = {"segments": [segment(0, [block(8, 8, "active_allocated")])], "device_traces": [trace]}
+    result = analyze_snapshot(read_snapshot(write(tmp_path / "s.pickle", data)))
+    assert (result.peak_allocated_bytes, result.peak_since_start_ns, result.trace_start_time_us) == (16, None, None)
+    assert result.live_at_peak.select("frame", "live_bytes", "blocks").rows() == [(NO_FRAME, 16, 2)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.sampled_from([512, 1024, 4096])), max_size=40),
+       before=st.lists(st.integers(6, 8), max_size=3, unique=True))
+def test_peak_matches_brute_force_and_live_blocks_add_up(tmp_path: Path, ops: list[tuple[bool, int, int]],
+                                                         before: list[int]) -> None:
+    # GIVEN blocks alive before the history (addresses 6..8) and a random alloc/free history on addresses 0..5
+    live: dict[int, int] = {a: 2048 for a in before}
+    trace = []
+    for t, (alloc, slot, size) in enumerate(ops):
+        if alloc and slot not in live:
+            live[slot] = size
+            trace.append(entry("alloc", slot, size, t=t, stack=frames((slot, "f"))))
+        elif not alloc and live:
+            addr = sorted(live)[slot % len(live)]
+            trace.append(entry("free_completed", addr, live.pop(addr), t=t))
+    blocks = [block(a, s, "active_allocated") for a, s in sorted(live.items())]
+    data = {"segments": [segment(0, blocks)] if blocks else [], "device_traces": [trace]}
+    result = analyze_snapshot(read_snapshot(write(tmp_path / "p.pickle", data)), top=0)
+    # THEN the peak is the brute-force maximum from the reference definition, and the live blocks sum to it
+    current = sum(live.values()) - sum(e["size"] if e["action"] == "alloc" else -e["size"] for e in trace)
+    peak = current
+    for e in trace:
+        current += e["size"] if e["action"] == "alloc" else -e["size"]
+        peak = max(peak, current)
+    assert result.peak_allocated_bytes == peak
+    assert int(result.live_at_peak["live_bytes"].sum() or 0) == peak
