@@ -234,7 +234,14 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
             sections.append(_manifest_section(_manifests(path), rows))
             sections.extend(_run_file_sections(path, problems_extra))
             table = _index_table(rows, "Ranks side by side (click a rank for its report)", mark="straggler")
-            sections.append(Section(id="ranks", title="Ranks", tables=[table]))
+            from stepscope.reports.figures import ranks_figure
+            from stepscope.reports.html import Figure
+
+            ok = [r for r in rows if "error" not in r]
+            png = ranks_figure([f"rank {r['rank']}" if r.get("rank") is not None else r["trace"][:12] for r in ok],
+                               [r.get("median_step_ns") for r in ok], [r.get("gpu_idle_ns") for r in ok])
+            sections.append(Section(id="ranks", title="Ranks", tables=[table],
+                                    figures=[Figure(title="Ranks side by side", png=png)] if png else []))
             title = f"stepscope run report: {path.name}"
         else:
             sections.append(Section(id="traces", title="Traces", tables=[

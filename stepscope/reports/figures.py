@@ -367,3 +367,27 @@ def diff_figure(result: TraceDiff, n: int = 10) -> bytes | None:
     _style(ops_ax)
     fig.tight_layout()
     return _png(fig)
+
+
+def ranks_figure(labels: list[str], median_step_ns: list[float | None],
+                 gpu_idle_ns: list[float | None]) -> bytes | None:
+    """Ranks side by side: median step time (the slowest, the straggler, in red) and mean GPU idle per step."""
+    if len(labels) < 2 or all(v is None for v in median_step_ns):
+        return None
+    steps = np.array([v or 0 for v in median_step_ns], dtype=float)
+    idle = np.array([v or 0 for v in gpu_idle_ns], dtype=float)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(max(7.0, min(14.0, 3 + 0.5 * len(labels))), 3.2))
+    colors = [color("peak") if v == steps.max() else color("kernel") for v in steps]
+    a.bar(labels, steps, color=colors)
+    a.set_title("Median step time per rank (straggler in red)", fontsize=10)
+    a.set_ylabel(f"time ({_ns_axis(a, 'y', top=float(steps.max() or 1))})")
+    b.bar(labels, idle, color=color("idle"), edgecolor="#999999")
+    b.set_title("GPU idle per step (mean) per rank", fontsize=10)
+    b.set_ylabel(f"time ({_ns_axis(b, 'y', top=float(idle.max() or 1))})")
+    for ax in (a, b):
+        ax.grid(axis="y", alpha=0.3)
+        ax.spines["top"].set_visible(False)
+        ax.spines["right"].set_visible(False)
+        ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    return _png(fig)

@@ -73,6 +73,8 @@ def test_capture_run_with_two_ranks_marks_the_straggler(tmp_path: Path) -> None:
     assert "rank 1: host_1.pt.trace.json  (straggler)" in index
     assert "baseline step (mean, unprofiled)" in index and "80 µs" in index
     assert (tmp_path / "out" / "rank0" / "index.html").is_file()
+    assert "Median step time per rank" not in index  # (figure text is in the PNG, not the page)
+    assert '<figcaption>Ranks side by side</figcaption>' in index
 
 
 def test_sample_run(tmp_path: Path) -> None:
