@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import re
+import sys
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -53,9 +54,20 @@ _CHUNK = 65_536  # trace entries converted (and released) at a time
 _STACK_CACHE_LIMIT = 200_000  # torch shares one frames list per distinct traceback; bound the cache anyway
 
 
+_STDLIB_UNDER_LIB = re.compile(r"[\\/][Ll]ib[\\/]([A-Za-z_][A-Za-z0-9_]*)(?:\.py$|[\\/])")
+
+
 def is_user_frame(filename: str) -> bool:
-    """Whether a frame's file is the user's code (not torch, the stdlib, frozen modules or C++)."""
-    return bool(filename) and _NOT_USER.search(filename) is None
+    """Whether a frame's file is the user's code (not torch, the stdlib, frozen modules or C++).
+
+    The stdlib is recognised by its usual paths (`lib/python3.11/…`, `Lib\\…`) and, for interpreters laid
+    out otherwise (uv's `…\\cpython-3.10.19-windows-x86_64-none\\lib\\copy.py`), by a standard module
+    name right under a `lib` folder.
+    """
+    if not filename or _NOT_USER.search(filename) is not None:
+        return False
+    stdlib = _STDLIB_UNDER_LIB.search(filename)
+    return stdlib is None or stdlib.group(1) not in sys.stdlib_module_names
 
 
 def _frame_rank(filename: str) -> int:

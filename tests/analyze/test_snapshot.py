@@ -154,8 +154,11 @@ def test_the_busiest_of_two_devices_is_the_headline(tmp_path: Path) -> None:
 def test_user_frames_skip_torch_stdlib_and_cpp() -> None:
     assert is_user_frame("/home/me/train.py")
     assert is_user_frame("C:\\proj\\.venv\\Lib\\site-packages\\transformers\\x.py")
+    assert is_user_frame("/home/me/project/lib/model.py")
     for f in ("/x/site-packages/torch/nn/modules/module.py", "<frozen runpy>", "/usr/lib/python3.11/runpy.py",
-              "C:\\Python311\\Lib\\threading.py", "c10/core/Allocator.cpp", "??"):
+              "C:\\Python311\\Lib\\threading.py", "c10/core/Allocator.cpp", "??",
+              "C:\\Users\\me\\AppData\\Roaming\\uv\\python\\cpython-3.10.19-windows-x86_64-none\\lib\\copy.py",
+              "/opt/conda/lib/json/decoder.py"):
         assert not is_user_frame(f), f
 
 
