@@ -201,7 +201,7 @@ def _read_snapshot(path: Path) -> SnapshotTables:
                           if isinstance(settings, dict) else {})
 
 
-_EVENT_SCHEMA = {"device": pl.Int64, "seq": pl.Int64, "action": pl.String, "addr": pl.Int64, "size": pl.Int64,
+_EVENT_SCHEMA = {"device": pl.Int64, "seq": pl.Int64, "action": pl.Categorical, "addr": pl.Int64, "size": pl.Int64,
                  "stream": pl.Int64, "time_us": pl.Int64, "frame_id": pl.Int64, "forward_frame_id": pl.Int64,
                  "device_free": pl.Int64}
 
@@ -233,7 +233,7 @@ def _entries_frame(device: int, seq: int, chunk: list[Any], interner: _Interner)
     return pl.DataFrame({
         "device": pl.repeat(device, n, dtype=pl.Int64, eager=True),
         "seq": pl.int_range(seq, seq + n, dtype=pl.Int64, eager=True),
-        "action": pl.Series("action", values("action"), dtype=pl.String, strict=False),
+        "action": pl.Series("action", values("action"), dtype=pl.String, strict=False).cast(pl.Categorical),
         "addr": ints("addr"), "size": ints("size"), "stream": ints("stream"), "time_us": ints("time_us"),
         "frame_id": pl.Series("frame_id", [s[0] for s in stacks], dtype=pl.Int64),
         "forward_frame_id": pl.Series("forward_frame_id", [s[1] for s in stacks], dtype=pl.Int64),
@@ -328,7 +328,7 @@ def _series(tables: SnapshotTables) -> pl.DataFrame:
             -> start 7; allocated after each entry 17, 21, 17
     """
     at_dump = _at_dump(tables)
-    ev = tables.events.with_columns(
+    ev = tables.events.select("device", "seq", "action", "size", "time_us", "device_free").with_columns(
         d_alloc=pl.when(pl.col("action") == "alloc").then(pl.col("size"))
         .when(pl.col("action") == "free_completed").then(-pl.col("size")).otherwise(0).fill_null(0),
         d_res=pl.when(pl.col("action").is_in(["segment_alloc", "segment_map"])).then(pl.col("size"))
@@ -345,7 +345,7 @@ def _series(tables: SnapshotTables) -> pl.DataFrame:
         start_allocated_bytes=pl.col("allocated_at_dump_bytes") - pl.col("d_alloc").sum().over("device"),
         trace_start_time_us=pl.col("time_us").min().over("device"),
         since_start_ns=(pl.col("time_us") - pl.col("time_us").min().over("device")) * 1000,
-    )
+    ).drop("d_alloc", "d_res", "allocated_at_dump_bytes", "reserved_at_dump_bytes")
 
 
 def _at_dump(tables: SnapshotTables) -> pl.DataFrame:
@@ -389,7 +389,8 @@ def lifetimes(tables: SnapshotTables) -> pl.DataFrame:
 
     One sort, then fills checked against the address they came from (no per-address windows).
     """
-    ev = tables.events.filter(pl.col("action").is_in(["alloc", "free_completed"])).sort("device", "addr", "seq")
+    ev = (tables.events.filter(pl.col("action").is_in(["alloc", "free_completed"]))
+          .drop("stream", "device_free").sort("device", "addr", "seq"))
     is_free = pl.col("action") == "free_completed"
     same_address = pl.struct("device", "addr")
     starts = same_address.ne_missing(same_address.shift()).fill_null(True)
