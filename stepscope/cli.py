@@ -30,6 +30,9 @@ COMMANDS: dict[str, str] = {
     "kernels": "kernels",
     "steps": "steps",
     "summary": "summary",
+    "gaps": "gaps",
+    "overlap": "overlap",
+    "transfers": "transfers",
 }
 
 

@@ -1,0 +1,127 @@
+"""How well CPU and GPU overlap: utilization, CPU busy, both-at-once, launch latency, queue depth, syncs.
+
+Over the analysis window (gaps.py): GPU busy = union of GPU work on all devices; CPU busy = union of CPU
+ops on the threads that launch GPU work (the main/autograd threads); both = the time both run at once
+(|CPU| + |GPU| - |CPU ∪ GPU|). Launch latency = GPU start - start of the runtime call that launched it,
+per stream. Queue depth per stream counts launched-but-unfinished work: +1 at the launch call, -1 when the
+GPU work ends; its time-weighted distribution shows whether the CPU keeps the GPU fed (depth 0 most of
+the time: the GPU waits on the CPU). Synchronizing runtime calls are listed with where in Python (or
+which op) they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from stepscope.analyze.gaps import SYNC_RUNTIME, clip, union
+from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
+from stepscope.analyze.steps import step_windows
+from stepscope.analyze.trace import Trace
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlapResult:
+    """Headline shares over the window, and tables of launch latency, queue depth and sync calls."""
+
+    window_ns: int
+    gpu_busy_fraction: float | None
+    cpu_busy_fraction: float | None
+    both_busy_fraction: float | None
+    gpu_only_fraction: float | None
+    cpu_only_fraction: float | None
+    sync_calls: int
+    sync_ns: int
+    launch_latency: pl.DataFrame
+    queue_depth: pl.DataFrame
+    sync_sources: pl.DataFrame
+
+
+def _length(frame: pl.DataFrame) -> int:
+    return int((frame["end_ns"] - frame["start_ns"]).sum() or 0) if frame.height else 0
+
+
+def _innermost_names(trace_frame: pl.LazyFrame, points: pl.DataFrame) -> pl.Series:
+    iv = sort_for_nesting(trace_frame.select("pid", "tid", "ts_ns", "dur_ns", "name")
+                          .filter(pl.col("dur_ns").is_not_null()).collect())
+    if iv.height == 0 or points.height == 0:
+        return pl.Series([None] * points.height, dtype=pl.String)
+    parent, _ = parent_index(iv)
+    iv = iv.with_columns(parent=pl.Series(parent))
+    return iv["name"].gather(innermost_enclosing(iv, points))
+
+
+def cpu_gpu_overlap(trace: Trace) -> OverlapResult:
+    """Utilization, CPU busy, overlap, launch latency per stream, queue depth per stream, sync calls."""
+    launches = trace.launches().collect()
+    gpu = launches.select("device", "stream", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
+                          launch_ns="launch_ts_ns", pid="launch_pid", tid="launch_tid")
+    sw = step_windows(trace)
+    if sw.height:
+        window = union(sw.select("start_ns", "end_ns"), [])
+    elif gpu.height:
+        window = gpu.select(start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max())
+    else:
+        cpu_all = trace.cpu.select(start_ns=pl.col("ts_ns").min(), end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max())
+        window = cpu_all.collect()
+    window_ns = _length(window)
+    gpu_busy = clip(union(gpu.select("start_ns", "end_ns"), []), window, [])
+    threads = gpu.select("pid", "tid").drop_nulls().unique()
+    if threads.height == 0:
+        threads = trace.steps.select("pid", "tid").unique().collect()
+    cpu = (trace.cpu_ops.select("pid", "tid", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+           .collect().join(threads, on=["pid", "tid"], how="semi"))
+    cpu_busy = clip(union(cpu.select("start_ns", "end_ns").drop_nulls(), []), window, [])
+    g, c = _length(gpu_busy), _length(cpu_busy)
+    either = _length(union(pl.concat([gpu_busy, cpu_busy]), [])) if g or c else 0
+    both = g + c - either
+
+    def share(value: int) -> float | None:
+        return value / window_ns if window_ns else None
+
+    latency = (
+        gpu.filter(pl.col("launch_ns").is_not_null())
+        .with_columns(latency_ns=pl.col("start_ns") - pl.col("launch_ns"))
+        .group_by("device", "stream").agg(
+            launches=pl.len(), p50_ns=pl.col("latency_ns").quantile(0.5), p95_ns=pl.col("latency_ns").quantile(0.95),
+            p99_ns=pl.col("latency_ns").quantile(0.99), max_ns=pl.col("latency_ns").max())
+        .sort("device", "stream")
+    )
+    edges = pl.concat([
+        gpu.filter(pl.col("launch_ns").is_not_null()).select("device", "stream", t="launch_ns", d=pl.lit(1)),
+        gpu.filter(pl.col("launch_ns").is_not_null()).select("device", "stream", t="end_ns", d=pl.lit(-1)),
+    ]).sort("device", "stream", "t", "d")
+    depth = (
+        edges.with_columns(depth=pl.col("d").cum_sum().over("device", "stream"))
+        .with_columns(held_ns=(pl.col("t").shift(-1).over("device", "stream") - pl.col("t")).fill_null(0))
+        .with_columns(bucket=pl.when(pl.col("depth") <= 0).then(pl.lit("0"))
+                      .when(pl.col("depth") == 1).then(pl.lit("1"))
+                      .when(pl.col("depth") <= 4).then(pl.lit("2-4"))
+                      .when(pl.col("depth") <= 16).then(pl.lit("5-16")).otherwise(pl.lit(">16")))
+    )
+    queue = (
+        depth.group_by("device", "stream").agg(
+            max_depth=pl.col("depth").max(),
+            mean_depth=(pl.col("depth").clip(lower_bound=0) * pl.col("held_ns")).sum() / pl.col("held_ns").sum(),
+            **{f"depth_{b}_fraction": pl.col("held_ns").filter(pl.col("bucket") == b).sum() / pl.col("held_ns").sum()
+               for b in ("0", "1", "2-4", "5-16", ">16")})
+        .sort("device", "stream")
+    ) if edges.height else pl.DataFrame()
+    syncs = trace.runtime.filter(pl.col("name").str.contains(SYNC_RUNTIME)).select(
+        "pid", "tid", "ts_ns", "dur_ns", "name").collect()
+    points = syncs.select("pid", "tid", "ts_ns")
+    syncs = syncs.with_columns(python=_innermost_names(trace.python, points),
+                               op=_innermost_names(trace.cpu_ops, points))
+    sources = (
+        syncs.with_columns(source=pl.coalesce("python", "op", pl.lit("(no enclosing op)")))
+        .group_by("name", "source").agg(calls=pl.len(), total_ns=pl.col("dur_ns").sum())
+        .sort("total_ns", descending=True)
+    )
+    return OverlapResult(
+        window_ns=window_ns,
+        gpu_busy_fraction=share(g), cpu_busy_fraction=share(c), both_busy_fraction=share(both),
+        gpu_only_fraction=share(g - both), cpu_only_fraction=share(c - both),
+        sync_calls=syncs.height, sync_ns=int(syncs["dur_ns"].sum() or 0),
+        launch_latency=latency, queue_depth=queue, sync_sources=sources,
+    )

@@ -1,0 +1,136 @@
+"""Host/device copies: bandwidth, pageable vs pinned, sync vs async, and how much of each stalled the GPU.
+
+Per copy (a memcpy event): direction from its name (`Memcpy HtoD (Pageable -> Device)` -> HtoD, pageable),
+bytes, duration, achieved GB/s, whether the runtime call that issued it was synchronous (cudaMemcpy /
+hipMemcpy rather than the …Async variants), `exposed_ns` — the part of the copy not overlapped by any
+kernel on the same device (the GPU had nothing else to do) — and `cpu_blocked_ns`, the issuing call's
+duration for synchronous copies (the host waited that long). The Python line is the innermost Python frame
+on the launching thread around the issuing call (with_stack), else the op that issued it.
+
+    kernels [0, 10] [20, 30] µs; copy [5, 25] µs  ->  exposed 10 µs (the [10, 20] stretch)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from stepscope.analyze.gaps import union
+from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
+from stepscope.analyze.schema import Kind
+from stepscope.analyze.steps import step_windows
+from stepscope.analyze.trace import Trace
+
+DIRECTION = r"(HtoD|DtoH|DtoD|HtoH|PtoP|DtoA|AtoD|HtoA|AtoH)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransfersResult:
+    """Every copy, totals per direction and per step, and the worst copies by exposed time."""
+
+    copies_total: int
+    copy_ns: int
+    exposed_ns: int
+    total_bytes: int
+    pageable_copies: int
+    sync_copies: int
+    cpu_blocked_ns: int
+    by_direction: pl.DataFrame
+    by_step: pl.DataFrame
+    worst: pl.DataFrame
+    copies: pl.DataFrame
+
+
+def covered_ns(spans: pl.DataFrame, busy: pl.DataFrame) -> pl.Series:
+    """For each span (device, start_ns, end_ns), the length covered by `busy` (disjoint intervals per device).
+
+    A prefix sum of busy lengths makes covered(s, e) = F(e) - F(s), where F(t) is the busy time before t.
+    """
+    if spans.height == 0:
+        return pl.Series("covered_ns", [], dtype=pl.Int64)
+    length = pl.col("end_ns") - pl.col("start_ns")
+    b = busy.sort("device", "start_ns").with_columns(before=length.cum_sum().over("device") - length)
+
+    def f(col: str) -> pl.Series:
+        pts = spans.with_row_index("i").select("i", "device", t=pl.col(col)).sort("device", "t")
+        got = pts.join_asof(b, left_on="t", right_on="start_ns", by="device", strategy="backward",
+                            check_sortedness=False)
+        value = pl.col("before") + pl.min_horizontal(pl.col("t"), pl.col("end_ns")) - pl.col("start_ns")
+        return got.sort("i").select(pl.when(pl.col("start_ns").is_null()).then(0).otherwise(value)).to_series()
+
+    return (f("end_ns") - f("start_ns")).alias("covered_ns")
+
+
+def _python_lines(trace: Trace, points: pl.DataFrame) -> pl.Series:
+    frames = sort_for_nesting(trace.python.select("pid", "tid", "ts_ns", "dur_ns", "name")
+                              .filter(pl.col("dur_ns").is_not_null()).collect())
+    if frames.height == 0 or points.height == 0:
+        return pl.Series("python_line", [None] * points.height, dtype=pl.String)
+    parent, _ = parent_index(frames)
+    frames = frames.with_columns(parent=pl.Series(parent))
+    return frames["name"].gather(innermost_enclosing(frames, points)).alias("python_line")
+
+
+def transfers(trace: Trace, *, top: int = 10) -> TransfersResult:
+    """All copies with bandwidth, pinned/pageable, sync/async, exposed stall and CPU time blocked."""
+    copies = (
+        trace.launches().filter(pl.col("kind") == Kind.MEMCPY.value)
+        .join(trace.memcpy.select(gpu_event_id="event_id", bytes="bytes"), on="gpu_event_id", how="left")
+        .collect()
+    )
+    kernels = trace.kernels.select("device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+    busy = union(kernels.filter(pl.col("device").is_not_null()), ["device"])
+    copies = copies.with_columns(
+        direction=pl.col("name").str.extract(DIRECTION).fill_null("other"),
+        pageable=pl.col("name").str.contains("Pageable"),
+        pinned=pl.col("name").str.contains("Pinned"),
+        sync=pl.col("runtime_name").str.contains("(?i)memcpy") & ~pl.col("runtime_name").str.contains("Async"),
+        start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
+    )
+    copies = copies.with_columns(covered_ns(copies.select("device", "start_ns", "end_ns"), busy))
+    points = copies.select(pid=pl.col("launch_pid").fill_null(""), tid=pl.col("launch_tid").fill_null(""),
+                           ts_ns=pl.col("launch_ts_ns").fill_null(0))
+    copies = copies.with_columns(_python_lines(trace, points))
+    windows = step_windows(trace).select("step", w_start="start_ns", w_end="end_ns")
+    if windows.height and copies.height:
+        located = copies.select("gpu_event_id", "start_ns").join(windows, how="cross").filter(
+            (pl.col("start_ns") >= pl.col("w_start")) & (pl.col("start_ns") < pl.col("w_end"))).select(
+            "gpu_event_id", "step")
+        copies = copies.join(located, on="gpu_event_id", how="left")
+    else:
+        copies = copies.with_columns(step=pl.lit(None, pl.Int64))
+    copies = copies.with_columns(pl.col("bytes").cast(pl.Int64))
+    table = copies.select(
+        "device", "stream", "step", "direction", size_bytes="bytes", dur_ns="dur_ns",
+        gbps=pl.col("bytes") / pl.col("dur_ns"),
+        memory="name",
+        pageable="pageable", pinned="pinned", sync="sync",
+        exposed_ns=pl.col("dur_ns") - pl.col("covered_ns"),
+        cpu_blocked_ns=pl.when(pl.col("sync")).then(pl.col("launch_dur_ns")).otherwise(0),
+        runtime="runtime_name", op="op_name", python_line="python_line", start_ns="start_ns",
+    ).sort("start_ns")
+    by_direction = table.group_by("direction").agg(
+        copies=pl.len(), total_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
+        exposed_ns=pl.col("exposed_ns").sum(), pageable=pl.col("pageable").sum(), sync=pl.col("sync").sum(),
+        cpu_blocked_ns=pl.col("cpu_blocked_ns").sum(),
+    ).with_columns(gbps=pl.col("total_bytes") / pl.col("dur_ns")).sort("dur_ns", descending=True)
+    by_step = table.filter(pl.col("step").is_not_null()).group_by("step", "direction").agg(
+        copies=pl.len(), total_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
+        exposed_ns=pl.col("exposed_ns").sum()).sort("step", "direction")
+    worst = table.sort("exposed_ns", descending=True).head(top).select(
+        "direction", "size_bytes", "dur_ns", "exposed_ns", "gbps", "pageable", "sync", "cpu_blocked_ns", "step",
+        where=pl.coalesce("python_line", "op", "runtime"))
+    return TransfersResult(
+        copies_total=table.height,
+        copy_ns=int(table["dur_ns"].sum() or 0),
+        exposed_ns=int(table["exposed_ns"].sum() or 0),
+        total_bytes=int(table["size_bytes"].sum() or 0),
+        pageable_copies=int(table["pageable"].sum() or 0),
+        sync_copies=int(table["sync"].sum() or 0),
+        cpu_blocked_ns=int(table["cpu_blocked_ns"].sum() or 0),
+        by_direction=by_direction,
+        by_step=by_step,
+        worst=worst,
+        copies=table.drop("start_ns"),
+    )

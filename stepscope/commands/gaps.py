@@ -1,0 +1,36 @@
+"""`stepscope gaps TRACE`: GPU busy, utilization, and every idle gap with its blame and cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stepscope.analyze import load
+from stepscope.analyze.gaps import gpu_gaps
+from stepscope.commands._duration import Duration
+from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
+from stepscope.reports.text import render
+
+
+@click.command("gaps")
+@trace_argument
+@click.option("--min-gap", type=Duration(), default="0ns", show_default=True,
+              help="List only gaps at least this long (10us, 1.5ms); totals always count every gap.")
+@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Gaps to list (0: all).")
+@click.option("--device", type=int, default=None, help="Only this GPU.")
+@click.option("--window", type=click.Choice(["steps", "trace"]), default="steps", show_default=True,
+              help="steps: the ProfilerStep windows; trace: first to last GPU event.")
+@format_options
+def command(trace: Path, min_gap: int, top: int, device: int | None, window: str, fmt: str | None, as_json: bool,
+            as_csv: bool, output: Path | None) -> None:
+    """Why is the GPU idle? Busy time per device, and each idle gap with the CPU op / Python line on the
+    launching thread during it and a cause: host_sync, data_loading, communication_wait, memcpy_wait,
+    launch_overhead or other."""
+    chosen = resolve_format(fmt, as_json, as_csv)
+    result = gpu_gaps(load(trace), min_gap_ns=min_gap, window=window, device=device,  # type: ignore[arg-type]
+                      top=top or None)
+    if result.devices_with_gpu_work == 0 and chosen == "table":
+        emit("no GPU work in this trace (a CPU-only capture): no GPU timeline to analyze\n", output)
+        return
+    emit(render(result, chosen, table="gaps" if chosen == "csv" else None), output)

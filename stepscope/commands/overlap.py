@@ -1,0 +1,21 @@
+"""`stepscope overlap TRACE`: CPU–GPU overlap, launch latency, queue depth and synchronizing calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stepscope.analyze import load
+from stepscope.analyze.overlap import cpu_gpu_overlap
+from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
+from stepscope.reports.text import render
+
+
+@click.command("overlap")
+@trace_argument
+@format_options
+def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, output: Path | None) -> None:
+    """GPU utilization, CPU busy share and the share where both run, launch latency per stream, kernel queue
+    depth over time, and the synchronizing runtime calls with where in Python they come from."""
+    emit(render(cpu_gpu_overlap(load(trace)), resolve_format(fmt, as_json, as_csv)), output)

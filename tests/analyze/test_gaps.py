@@ -1,0 +1,145 @@
+"""Gaps: busy/window/idle, each cause rule on a trace built to trigger it, properties, corpus references."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from builders import annotation, cpu_op, kernel, load_events, memcpy, python_fn, runtime, step, trace
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepscope.analyze import load
+from stepscope.analyze.gaps import clip, complement, gpu_gaps, union
+
+
+def _launched(name: str, *, at: float, gpu_at: float, dur: float, corr: int, kind: str = "kernel",
+              op: str | None = None) -> list[dict]:
+    """A runtime launch at `at` (inside an op, when named) and its GPU event at gpu_at."""
+    events = [runtime("cudaMemcpyAsync" if kind == "memcpy" else "cudaLaunchKernel", ts=at, dur=2,
+                      correlation=corr, external_id=corr)]
+    if op:
+        events.append(cpu_op(op, ts=at - 1, dur=4, external_id=corr))
+    if kind == "memcpy":
+        events.append(memcpy("HtoD", ts=gpu_at, dur=dur, nbytes=1 << 20, correlation=corr))
+    else:
+        events.append(kernel(name, ts=gpu_at, dur=dur, correlation=corr))
+    return events
+
+
+def test_item_sync_gap_is_host_sync_and_blamed_on_the_op_and_python_line(tmp_path: Path) -> None:
+    # GIVEN kernel A [0, 100); then .item() syncs from 100 to 180; kernel B launched at 182 runs at 185
+    doc = trace(
+        step(1, ts=-5, dur=190),
+        *_launched("A", at=-4, gpu_at=0, dur=100, corr=1),
+        python_fn("model.py(42): forward", ts=95, dur=100),
+        cpu_op("aten::item", ts=100, dur=80),
+        cpu_op("aten::_local_scalar_dense", ts=101, dur=78),
+        runtime("cudaStreamSynchronize", ts=103, dur=75),
+        *_launched("B", at=182, gpu_at=185, dur=10, corr=2),
+    )
+    result = gpu_gaps(load_events(tmp_path, doc))
+    gap = result.gaps.filter(pl.col("dur_ns") > 10_000).row(0, named=True)
+    assert (gap["dur_ns"], gap["cause"]) == (85_000, "host_sync")
+    assert (gap["blamed_op"], gap["blamed_python"], gap["blamed_runtime"]) == (
+        "aten::_local_scalar_dense", "model.py(42): forward", "cudaStreamSynchronize")
+    assert (gap["prev_kernel"], gap["next_kernel"], gap["step"]) == ("A", "B", 1)
+
+
+@pytest.mark.parametrize(("extra", "next_kind", "cause"), [
+    ([annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", ts=105, dur=70)], "kernel",
+     "data_loading"),
+    ([], "memcpy", "memcpy_wait"),
+    ([], "kernel", "launch_overhead"),
+])
+def test_each_cause_rule(tmp_path: Path, extra: list, next_kind: str, cause: str) -> None:
+    doc = trace(step(1, ts=-5, dur=190), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1), *extra,
+                *_launched("ncclKernel_x" if cause == "communication_wait" else "B", at=180, gpu_at=185, dur=10,
+                           corr=2, kind=next_kind))
+    gaps = gpu_gaps(load_events(tmp_path, doc)).gaps
+    assert gaps.filter(pl.col("dur_ns") > 10_000)["cause"].to_list() == [cause]
+
+
+def test_communication_and_other(tmp_path: Path) -> None:
+    comm = trace(step(1, ts=-5, dur=190), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1),
+                 *_launched("ncclKernel_AllReduce", at=50, gpu_at=185, dur=10, corr=2))
+    middle = pl.col("dur_ns") > 10_000
+    assert gpu_gaps(load_events(tmp_path / "c", comm)).gaps.filter(middle)["cause"].to_list() == ["communication_wait"]
+    early = trace(step(1, ts=-5, dur=190), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1),
+                  *_launched("B", at=50, gpu_at=185, dur=10, corr=2))  # launched early, yet the GPU waited
+    assert gpu_gaps(load_events(tmp_path / "o", early)).gaps.filter(middle)["cause"].to_list() == ["other"]
+
+
+def test_overlapping_streams_and_gpu_work_spilling_past_the_step(tmp_path: Path) -> None:
+    doc = trace(
+        step(1, ts=0, dur=50),
+        *_launched("A", at=1, gpu_at=10, dur=30, corr=1),
+        runtime("cudaLaunchKernel", ts=5, dur=2, correlation=2),
+        kernel("B", ts=20, dur=60, stream=9, correlation=2),  # other stream, overlaps A, ends after the step
+    )
+    result = gpu_gaps(load_events(tmp_path, doc))
+    dev = result.devices.row(0, named=True)
+    assert dev["window_ns"] == 80_000 and dev["busy_ns"] == 70_000  # window extended to B's end at 80 µs
+    assert result.gaps.select("at_ns", "dur_ns").rows() == [(0, 10_000)]
+
+
+def test_cpu_only_trace_has_no_gpu_work(tmp_path: Path) -> None:
+    result = gpu_gaps(load_events(tmp_path, trace(step(1, ts=0, dur=10), cpu_op("aten::add", ts=1, dur=2))))
+    assert result.devices_with_gpu_work == 0 and result.gaps.height == 0 and result.busy_fraction is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 500), st.integers(1, 60)), min_size=1, max_size=30),
+       st.tuples(st.integers(0, 300), st.integers(1, 400)))
+def test_interval_properties_against_brute_force(spans: list[tuple[int, int]], win: tuple[int, int]) -> None:
+    frame = pl.DataFrame({"device": [0] * len(spans), "start_ns": [s for s, _ in spans],
+                          "end_ns": [s + d for s, d in spans]})
+    covered = {t for s, d in spans for t in range(s, s + d)}
+    u = union(frame, ["device"])
+    assert int((u["end_ns"] - u["start_ns"]).sum()) == len(covered)
+    window = pl.DataFrame({"device": [0], "start_ns": [win[0]], "end_ns": [win[0] + win[1]]})
+    busy = clip(u, window, ["device"])
+    idle = complement(busy, window, ["device"])
+    busy_len = int((busy["end_ns"] - busy["start_ns"]).sum() or 0)
+    idle_len = int((idle["end_ns"] - idle["start_ns"]).sum() or 0)
+    assert busy_len == len({t for t in covered if win[0] <= t < win[0] + win[1]}) <= win[1]
+    assert busy_len + idle_len == win[1]
+
+
+TRACES = {"mi210": "tracelens/mi210/gpu_only_trace/gpu_only_trace.json.gz",
+          "h100": "tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+          "resnet0": "kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
+          "resnet4": "kineto/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz",
+          "df": "hta/df_index_resolver/df_index_resolver.json.gz"}
+
+
+def test_tracelens_mi210_busy_and_idle(corpus: Path) -> None:
+    r = gpu_gaps(load(corpus / "traces" / TRACES["mi210"]))
+    assert (round(r.window_ns / 1e6, 3), round(r.busy_ns / 1e6, 3), round(r.idle_ns / 1e6, 3)) == (5.980, 5.343, 0.636)
+    assert int(r.idle_by_cause["idle_ns"].sum()) == r.idle_ns
+
+
+@pytest.mark.parametrize(("key", "busy_us", "span_us"), [
+    ("h100", 45_647.311, 49_652.832), ("resnet0", 603_558, 996_477), ("df", 1_000_613, 1_732_965)])
+def test_whole_trace_busy_and_span(corpus: Path, key: str, busy_us: float, span_us: float) -> None:
+    r = gpu_gaps(load(corpus / "traces" / TRACES[key]), window="trace")
+    assert r.busy_ns == pytest.approx(busy_us * 1000, rel=1e-6)  # the reference sums float µs
+    assert r.window_ns == pytest.approx(span_us * 1000, rel=1e-6)
+
+
+@pytest.mark.parametrize("key", ["resnet0", "resnet4"])
+def test_step_window_busy_equals_the_reference_script(corpus: Path, key: str) -> None:
+    path = corpus / "traces" / TRACES[key]
+    ref = json.loads(subprocess.run([sys.executable, str(corpus.parent / "tools/reference_figures.py"), str(path)],
+                                    capture_output=True, text=True, check=True).stdout)
+    r = gpu_gaps(load(path))
+    assert r.busy_ns == pytest.approx(ref["step_busy_us"] * 1000, abs=1)
+    causes = dict(r.idle_by_cause.select("cause", "idle_ns").rows())
+    if key == "resnet0":  # the data loader dominates num_workers=0 ...
+        assert causes["data_loading"] > 0.5 * r.idle_ns
+    else:  # ... and not num_workers=4
+        assert causes.get("data_loading", 0) < 0.1 * r.idle_ns

@@ -1,0 +1,31 @@
+"""Overlap: utilization, CPU busy, both-at-once, launch latency, queue depth, sync sources."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from builders import cpu_op, kernel, load_events, python_fn, runtime, step, trace
+
+from stepscope.analyze.overlap import cpu_gpu_overlap
+
+
+def test_shares_latency_depth_and_syncs(tmp_path: Path) -> None:
+    doc = trace(
+        step(1, ts=0, dur=100),
+        cpu_op("aten::mm", ts=0, dur=40, external_id=1),
+        runtime("cudaLaunchKernel", ts=5, dur=2, correlation=1, external_id=1),
+        runtime("cudaLaunchKernel", ts=8, dur=2, correlation=2, external_id=1),
+        kernel("k1", ts=20, dur=30, correlation=1),
+        kernel("k2", ts=50, dur=30, correlation=2),
+        python_fn("train.py(9): step", ts=85, dur=10),
+        runtime("cudaDeviceSynchronize", ts=86, dur=5),
+    )
+    r = cpu_gpu_overlap(load_events(tmp_path, doc))
+    assert r.window_ns == 100_000
+    assert (r.gpu_busy_fraction, r.cpu_busy_fraction, r.both_busy_fraction) == pytest.approx((0.6, 0.4, 0.2))
+    lat = r.launch_latency.row(0, named=True)
+    assert (lat["launches"], lat["max_ns"]) == (2, 42_000)
+    q = r.queue_depth.row(0, named=True)
+    assert q["max_depth"] == 2
+    assert r.sync_sources.rows() == [("cudaDeviceSynchronize", "train.py(9): step", 1, 5_000)]

@@ -1,0 +1,46 @@
+"""Transfers: pageable vs pinned, sync vs async, exposed time, and the corpus reference figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from builders import cpu_op, kernel, load_events, memcpy, python_fn, runtime, step, trace
+
+from stepscope.analyze import load
+from stepscope.analyze.transfers import transfers
+
+
+def test_pageable_sync_copy_and_pinned_async_copy(tmp_path: Path) -> None:
+    doc = trace(
+        step(1, ts=0, dur=200),
+        kernel("k", ts=0, dur=10, correlation=9),
+        python_fn("train.py(12): step", ts=1, dur=150),
+        cpu_op("aten::copy_", ts=2, dur=40, external_id=1),
+        runtime("cudaMemcpy", ts=3, dur=30, correlation=1, external_id=1),
+        memcpy("HtoD", ts=5, dur=20, nbytes=2_000_000, correlation=1),  # 5..25; kernel covers 5..10
+        runtime("cudaMemcpyAsync", ts=50, dur=2, correlation=2),
+        memcpy("HtoD", ts=60, dur=10, nbytes=1_000_000, correlation=2, src="Pinned"),
+    )
+    r = transfers(load_events(tmp_path, doc))
+    rows = r.copies.select("pageable", "pinned", "sync", "exposed_ns", "cpu_blocked_ns", "python_line", "step").rows()
+    assert rows == [(True, False, True, 15_000, 30_000, "train.py(12): step", 1),
+                    (False, True, False, 10_000, 0, "train.py(12): step", 1)]
+    assert r.copies["gbps"].to_list() == [100.0, 100.0]
+    assert (r.copies_total, r.pageable_copies, r.sync_copies, r.total_bytes) == (2, 1, 1, 3_000_000)
+
+
+@pytest.mark.parametrize("rel", ["kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
+                                 "tracelens/b200/eager_trace.json.gz"])
+def test_htod_figures_match_the_reference_script(corpus: Path, rel: str) -> None:
+    path = corpus / "traces" / rel
+    ref = json.loads(subprocess.run([sys.executable, str(corpus.parent / "tools/reference_figures.py"), str(path)],
+                                    capture_output=True, text=True, check=True).stdout)
+    h = transfers(load(path)).copies.filter(direction="HtoD")
+    assert h.height == ref["h2d_count"]
+    assert int(h["dur_ns"].sum()) == pytest.approx(ref["h2d_us"] * 1000, abs=1)
+    assert int(h["exposed_ns"].sum()) == pytest.approx(ref["h2d_exposed_us"] * 1000, abs=1)
+    assert int(h.filter(pageable=True)["dur_ns"].sum()) == pytest.approx(ref["h2d_pageable_us"] * 1000, abs=1)
