@@ -33,6 +33,8 @@ class TraceDiff:
       device, whichever is larger) first.
     kernels: name, before_ns, after_ns, delta_ns, calls_before, calls_after (GPU kernels, memcpy, memset),
       largest |delta| first.
+    idle_by_cause: cause, before_idle_ns, after_idle_ns, delta_idle_ns (GPU idle gaps in step windows, all
+      devices; empty where gaps.py is not installed).
     """
 
     before: str
@@ -55,6 +57,25 @@ class TraceDiff:
     peak_memory_change_fraction: float | None
     ops: pl.DataFrame
     kernels: pl.DataFrame
+    idle_by_cause: pl.DataFrame
+
+
+def _idle_by_cause(before: Trace, after: Trace) -> pl.DataFrame:
+    """cause, before_idle_ns, after_idle_ns, delta_idle_ns (gaps.py, all devices); empty without gaps.py."""
+    schema = {"cause": pl.String, "before_idle_ns": pl.Int64, "after_idle_ns": pl.Int64, "delta_idle_ns": pl.Int64}
+    try:
+        from stepscope.analyze.gaps import gpu_gaps
+    except ModuleNotFoundError:
+        return pl.DataFrame(schema=schema)
+
+    def by_cause(trace: Trace, name: str) -> pl.DataFrame:
+        table = gpu_gaps(trace).idle_by_cause
+        return table.group_by("cause").agg(pl.col("idle_ns").sum().cast(pl.Int64).alias(name))
+
+    out = by_cause(before, "before_idle_ns").join(by_cause(after, "after_idle_ns"), on="cause", how="full",
+                                                   coalesce=True).fill_null(0)
+    out = out.with_columns(delta_idle_ns=pl.col("after_idle_ns") - pl.col("before_idle_ns"))
+    return out.sort(pl.col("delta_idle_ns").abs(), descending=True).select(list(schema)).cast(schema)  # type: ignore[arg-type]
 
 
 def _change(before: float | None, after: float | None) -> float | None:
@@ -126,5 +147,5 @@ def diff_traces(before: Trace, after: Trace, *, top: int = 15) -> TraceDiff:
         before_self_device_total_ns=ob.self_device_total_ns, after_self_device_total_ns=oa.self_device_total_ns,
         before_peak_memory_bytes=mb.peak_allocated_bytes, after_peak_memory_bytes=ma.peak_allocated_bytes,
         peak_memory_change_fraction=_change(mb.peak_allocated_bytes, ma.peak_allocated_bytes),
-        ops=ops, kernels=kernels,
+        ops=ops, kernels=kernels, idle_by_cause=_idle_by_cause(before, after),
     )

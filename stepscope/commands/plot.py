@@ -9,7 +9,7 @@ import click
 from stepscope.analyze import load
 from stepscope.commands._options import trace_argument
 
-KINDS = ("timeline", "steps", "kernels", "ops", "memory", "snapshot")
+KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot")
 
 
 @click.command("plot")
@@ -19,10 +19,11 @@ KINDS = ("timeline", "steps", "kernels", "ops", "memory", "snapshot")
               help="PNG file to write (atomically).")
 @click.option("--step", type=int, default=None, help="timeline: the step to show (default: first with GPU work).")
 def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
-    """Write one PNG: timeline (GPU work of one step per device/stream, by kernel category), steps (CPU
-    phases and GPU busy/idle per step), kernels (GPU time by category, top kernels), ops (top ops by self
-    CPU and device time), memory (allocated/reserved over time, peak marked; by category for an
-    export_memory_timeline file) or snapshot (a CUDA memory snapshot .pickle as TRACE)."""
+    """Write one PNG: timeline (GPU work of one step per device/stream, by kernel category, idle shaded by
+    cause), steps (CPU phases and GPU busy/idle per step), gaps (idle by cause, gap-length histogram),
+    kernels (GPU time by category, top kernels), ops (top ops by self CPU and device time), memory
+    (allocated/reserved over time, peak marked; by category for an export_memory_timeline file) or
+    snapshot (a CUDA memory snapshot .pickle as TRACE)."""
     from stepscope.analyze._io import atomic_write_bytes
     from stepscope.reports import figures
 
@@ -44,7 +45,17 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
         return
     loaded = load(trace)
     if kind == "timeline":
-        png, empty = figures.timeline_figure(loaded, step), "no GPU work (kernels, memcpy, memset) in this trace"
+        try:
+            from stepscope.analyze.gaps import gpu_gaps
+        except ModuleNotFoundError:  # gaps.py not installed: idle left blank
+            idle = None
+        else:
+            idle = gpu_gaps(loaded).gaps
+        png, empty = figures.timeline_figure(loaded, step, idle), "no GPU work (kernels, memcpy, memset) in this trace"
+    elif kind == "gaps":
+        from stepscope.analyze.gaps import gpu_gaps
+
+        png, empty = figures.gaps_figure(gpu_gaps(loaded)), "no GPU idle gaps in this trace (no GPU work, or none idle)"
     elif kind == "steps":
         from stepscope.analyze.steps import step_breakdown
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import polars as pl
 
 from stepscope.analyze import Trace, load
 from stepscope.analyze._io import atomic_dir
@@ -83,7 +84,16 @@ def trace_row(trace: Trace) -> dict[str, Any]:
         "peak_device": memory.peak_device,
         "warnings": info.warnings.height,
         "verdict": str(ctx.verdict.verdict.value),
+        "top_idle_cause": _top_idle_cause(ctx),
     }
+
+
+def _top_idle_cause(ctx: ReportContext) -> str | None:
+    gaps = ctx.gaps
+    if gaps is None or gaps.idle_by_cause.height == 0:
+        return None
+    by = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum()).sort("idle_ns", descending=True)
+    return f"{by['cause'][0]} ({human_ns(by['idle_ns'][0])})"
 
 
 _INDEX_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
@@ -98,6 +108,7 @@ _INDEX_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("peak_device", "peak on", lambda v: v or "-"),
     ("warnings", "warnings", str),
     ("verdict", "verdict", lambda v: str(v).replace("_", " ")),
+    ("top_idle_cause", "top idle cause", str),
 ]
 
 
@@ -114,7 +125,8 @@ def _index_table(rows: list[dict[str, Any]], title: str, *, mark: str | None = N
         line.append(Cell(text=r.get("error") or "", sort=r.get("error")))
         cells.append(line)
     return Table(title=title, columns=["trace", *[c[1] for c in cols], "error"], rows=cells,
-                 total_rows=len(rows), numeric=[False, *[c[0] not in ("peak_device", "verdict") for c in cols], False])
+                 total_rows=len(rows),
+                 numeric=[False, *[c[0] not in ("peak_device", "verdict", "top_idle_cause") for c in cols], False])
 
 
 def _report_one(path: Path, out: Path, name: str, *, source: str, step: int | None, cache_dir: Path | None,

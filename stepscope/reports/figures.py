@@ -18,12 +18,13 @@ import polars as pl  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
-from stepscope.reports.palette import color  # noqa: E402
+from stepscope.reports.palette import color, idle_color  # noqa: E402
 from stepscope.reports.units import human_bytes, human_ns  # noqa: E402
 
 if TYPE_CHECKING:
     from stepscope.analyze import Trace
     from stepscope.analyze.diff import TraceDiff
+    from stepscope.analyze.gaps import GapsResult
     from stepscope.analyze.kernels import KernelsResult
     from stepscope.analyze.memory import MemoryTimeline
     from stepscope.analyze.memory_categories import MemoryCategoriesResult
@@ -132,9 +133,23 @@ def memory_figure(result: MemoryTimeline) -> bytes | None:
     return _png(fig)
 
 
-def timeline_figure(trace: Trace, step: int | None = None) -> bytes | None:
+def _gap_spans(gaps: pl.DataFrame | None) -> pl.DataFrame | None:
+    """device, start_ns, end_ns, dur_ns, cause on the trace's clock from a gaps table (start_ts/end_ts or
+    start_ns/end_ns), None when it has neither."""
+    if gaps is None:
+        return None
+    cols = set(gaps.columns)
+    for start, end in (("start_ts", "end_ts"), ("start_ns", "end_ns")):
+        if {start, end, "device", "cause"} <= cols:
+            return gaps.select("device", "cause", start_ns=start, end_ns=end).with_columns(
+                dur_ns=pl.col("end_ns") - pl.col("start_ns"))
+    return None
+
+
+def timeline_figure(trace: Trace, step: int | None = None, gaps: pl.DataFrame | None = None) -> bytes | None:
     """GPU timeline strip, one row per device/stream, for one step (default: the first step with GPU work,
-    else the whole trace): kernels, memcpy and memset coloured by category (kernels.py), idle left blank."""
+    else the whole trace): kernels, memcpy and memset coloured by category (kernels.py); idle gaps shaded
+    by cause when `gaps` (gaps.py's table: device, cause, start_ts/end_ts) is given, else left blank."""
     from stepscope.analyze.kernels import category_expr
 
     gpu = trace.gpu.select("kind", "name", "device", "stream", "ts_ns", "dur_ns").with_columns(
@@ -171,6 +186,17 @@ def timeline_figure(trace: Trace, step: int | None = None) -> bytes | None:
         origin = int(gpu["ts_ns"].min())  # type: ignore[arg-type]
     lanes = gpu.select("device", "stream").unique().sort("device", "stream", nulls_last=True)
     fig, ax = plt.subplots(figsize=(12, 0.55 * max(lanes.height, 1) + 1.6))
+    causes: list[str] = []
+    spans = _gap_spans(gaps)
+    if spans is not None and spans.height:
+        lo, hi = (window if window is not None else (origin, origin + 10**18))
+        shown = spans.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi) & pl.col("cause").is_not_null())
+        causes = (shown.group_by("cause").agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True)["cause"]
+                  .to_list())
+        for i, (dev, _stream) in enumerate(lanes.iter_rows()):
+            for cause, part in shown.filter(pl.col("device") == dev).group_by("cause"):
+                bars = list(zip((part["start_ns"] - origin).to_list(), part["dur_ns"].to_list(), strict=True))
+                ax.broken_barh(bars, (i - 0.5, 1.0), facecolors=idle_color(str(cause[0])), linewidth=0, zorder=0)
     for i, (dev, stream) in enumerate(lanes.iter_rows()):
         lane = gpu.filter((pl.col("device") == dev) & (pl.col("stream") == stream))
         for cat, part in lane.group_by("category"):
@@ -187,8 +213,11 @@ def timeline_figure(trace: Trace, step: int | None = None) -> bytes | None:
     kinds = (gpu.group_by("category").agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True)["category"]
              .to_list())
     handles = [Rectangle((0, 0), 1, 1, color=color(k)) for k in kinds]
-    handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#999999"))
-    fig.legend(handles, [*kinds, "idle (blank)"], loc="upper center", bbox_to_anchor=(0.5, 0.0),
+    idle_labels = [f"idle: {c.replace('_', ' ')}" for c in causes] or ["idle (blank)"]
+    handles += [Rectangle((0, 0), 1, 1, facecolor=idle_color(c), edgecolor="#999999") for c in causes]
+    if not causes:
+        handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#999999"))
+    fig.legend(handles, [*kinds, *idle_labels], loc="upper center", bbox_to_anchor=(0.5, 0.0),
                ncol=min(len(handles), 10), fontsize=8, frameon=False)
     _style(ax)
     fig.tight_layout()
@@ -389,5 +418,49 @@ def ranks_figure(labels: list[str], median_step_ns: list[float | None],
         ax.spines["top"].set_visible(False)
         ax.spines["right"].set_visible(False)
         ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
+    """Idle time by cause, and the gap-length histogram (log bins) with the longest gaps labelled."""
+    gaps = result.gaps
+    if result.gaps_total == 0 or gaps.height == 0:
+        return None
+    fig, (cause_ax, hist_ax) = plt.subplots(1, 2, figsize=(13, 3.8), gridspec_kw={"width_ratios": [1, 1.7]})
+    by_cause = result.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum()).sort("idle_ns")
+    causes = by_cause["cause"].to_list()
+    values = by_cause["idle_ns"].to_list()
+    cause_ax.barh(range(len(causes)), values, color=[idle_color(c) for c in causes], edgecolor="#777777")
+    cause_ax.set_yticks(range(len(causes)), [c.replace("_", " ") for c in causes], fontsize=8)
+    for i, v in enumerate(values):
+        cause_ax.text(v, i, " " + human_ns(v), va="center", fontsize=7)
+    cause_ax.margins(x=0.2)
+    cause_ax.set_title("GPU idle time by cause", fontsize=11)
+    cause_ax.set_xlabel(f"idle time ({_ns_axis(cause_ax)})")
+    _style(cause_ax)
+    dur = gaps["dur_ns"].drop_nulls().to_numpy().astype(float)
+    dur = dur[dur > 0]
+    lo, hi = max(float(dur.min()), 1.0), float(dur.max())
+    bins = np.logspace(np.log10(lo), np.log10(hi * 1.0001) if hi > lo else np.log10(lo) + 1, 30)
+    hist_ax.hist(dur, bins=bins, weights=dur, color=color("idle"), edgecolor="#777777")
+    hist_ax.set_xscale("log")
+    hist_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_ns(v)))
+    hist_ax.set_ylabel("idle time in the bin")
+    hist_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_ns(v)))
+    hist_ax.set_xlabel("gap length (log scale)")
+    hist_ax.set_title(f"Idle gaps by length ({len(dur):,} gaps; bar height = their total idle time)", fontsize=11)
+    top = gaps.sort("dur_ns", descending=True).head(n_labels)
+    lines = ["longest gaps:"]
+    for row in top.iter_rows(named=True):
+        what = _short(str(row.get("blamed_op") or row.get("blamed_runtime") or row.get("next_kernel") or "-"), 36)
+        cause = str(row.get("cause") or "-").replace("_", " ")
+        step = f", step {row['step']}" if row.get("step") is not None else ""
+        lines.append(f"{human_ns(row['dur_ns'])}  {cause}{step}: {what}")
+    hist_ax.text(0.02, 0.97, "\n".join(lines), transform=hist_ax.transAxes, va="top", ha="left", fontsize=7.5,
+                 bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "#cccccc", "alpha": 0.9})
+    hist_ax.grid(axis="y", alpha=0.3)
+    hist_ax.spines["top"].set_visible(False)
+    hist_ax.spines["right"].set_visible(False)
     fig.tight_layout()
     return _png(fig)

@@ -27,6 +27,7 @@ from stepscope.reports.text import format_value, result_headline
 
 if TYPE_CHECKING:
     from stepscope.analyze import Trace
+    from stepscope.analyze.gaps import GapsResult
     from stepscope.analyze.info import TraceInfo
     from stepscope.analyze.kernels import KernelsResult
     from stepscope.analyze.memory import MemoryTimeline
@@ -164,6 +165,15 @@ class ReportContext:
         return verdict(self.trace)
 
     @cached_property
+    def gaps(self) -> GapsResult | None:
+        """GPU idle gaps (gaps.py), None where that analysis is not installed."""
+        try:
+            from stepscope.analyze.gaps import gpu_gaps
+        except ModuleNotFoundError:
+            return None
+        return gpu_gaps(self.trace)
+
+    @cached_property
     def kernels(self) -> KernelsResult:
         from stepscope.analyze.kernels import kernel_summary
 
@@ -199,7 +209,8 @@ def steps_section(ctx: ReportContext) -> Section | None:
 
     result = ctx.step_breakdown
     figs = []
-    timeline = figures.timeline_figure(ctx.trace, ctx.step)
+    gaps = ctx.gaps
+    timeline = figures.timeline_figure(ctx.trace, ctx.step, gaps.gaps if gaps is not None else None)
     if result.steps_found == 0 and timeline is None:
         return None
     notes = []
@@ -224,6 +235,26 @@ def steps_section(ctx: ReportContext) -> Section | None:
     return Section(id="steps", title="Steps", headline=headline_items(result), figures=figs, tables=tables,
                    notes=notes, commands=[ctx.command("steps", ctx.source),
                                           ctx.command("plot", "timeline", ctx.source, "-o", "timeline.png")])
+
+
+def gaps_section(ctx: ReportContext) -> Section | None:
+    """GPU idle gaps (gaps.py): utilization per device, idle by cause, histogram, the longest gaps and blame."""
+    from stepscope.reports import figures
+
+    result = ctx.gaps
+    if result is None or result.devices_with_gpu_work == 0:
+        return None
+    png = figures.gaps_figure(result)
+    cols = ["device", "step", "dur_ns", "cause", "blamed_op", "blamed_python", "blamed_runtime", "prev_kernel",
+            "next_kernel"]
+    longest = result.gaps.sort("dur_ns", descending=True)
+    return Section(id="gaps", title="GPU idle gaps", headline=headline_items(result),
+                   figures=[Figure(title="Idle by cause and gap lengths", png=png)] if png else [],
+                   tables=[frame_table(result.devices, "Per device"),
+                           frame_table(result.idle_by_cause, "Idle by cause"),
+                           frame_table(longest, "Longest gaps (what the CPU was doing)", max_rows=25, columns=cols),
+                           frame_table(result.histogram, "Gap lengths")],
+                   commands=[ctx.command("gaps", ctx.source)])
 
 
 def kernels_section(ctx: ReportContext) -> Section | None:
@@ -341,6 +372,7 @@ def snapshot_section(path: Path) -> Section:
 SECTIONS: list[tuple[str, SectionBuilder]] = [
     ("verdict", verdict_section),
     ("steps", steps_section),
+    ("gaps", gaps_section),
     ("kernels", kernels_section),
     ("ops", ops_section),
     ("memory", memory_section),

@@ -64,7 +64,16 @@ FIXED: dict[str, str] = {
 _CYCLE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
           "#9c755f", "#bab0ac", "#8cd17d", "#b6992d", "#499894", "#d37295", "#a0cbe8", "#ffbe7d")
 
-# idle-gap causes get warm/grey tones so they never look like busy GPU time
+# idle-gap causes get light tones so they never look like busy GPU time
+IDLE_FIXED: dict[str, str] = {
+    "data_loading": "#fdd0a2",
+    "host_sync": "#fcbba1",
+    "communication_wait": "#dadaeb",
+    "memcpy_wait": "#f4cae4",
+    "launch_overhead": "#cfd8dc",
+    "other": "#eeeeee",
+    "unknown": "#eeeeee",
+}
 _IDLE_CYCLE = ("#fdd0a2", "#fdae6b", "#c7c7c7", "#f4cae4", "#fff2ae", "#cbd5e8", "#e6f5c9", "#d9d9d9")
 
 
@@ -79,4 +88,6 @@ def color(name: str | None) -> str:
 def idle_color(cause: str | None) -> str:
     """The shading of an idle gap of this cause (light, distinct from every busy colour)."""
     key = (cause or "unknown").lower()
+    if key in IDLE_FIXED:
+        return IDLE_FIXED[key]
     return _IDLE_CYCLE[zlib.crc32(key.encode()) % len(_IDLE_CYCLE)]

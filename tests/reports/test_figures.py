@@ -61,3 +61,17 @@ def test_real_traces(corpus: Path) -> None:
     assert_png(figures.timeline_figure(t), min_w=800)
     assert_png(figures.memory_figure(memory_timeline(t, buckets=100)), min_w=600)
     assert_png(figures.ops_figure(op_table(t)), min_w=800)
+
+
+def test_gaps_figures(tmp_path: Path) -> None:
+    gaps_mod = pytest.importorskip("stepscope.analyze.gaps", reason="gaps.py is not installed")
+    t = load_events(tmp_path, gpu_doc())
+    result = gaps_mod.gpu_gaps(t)
+    assert_png(figures.gaps_figure(result))
+    assert_png(figures.timeline_figure(t, None, result.gaps))
+
+
+def test_idle_colors_are_distinct_per_cause() -> None:
+    causes = ["data_loading", "host_sync", "communication_wait", "memcpy_wait", "launch_overhead", "other"]
+    assert len({idle_color(c) for c in causes}) == len(causes)
+    assert not {idle_color(c) for c in causes} & {color(k) for k in ("kernel", "memcpy", "memset", "gemm")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from _report_traces import XSS, gpu_doc
 from builders import cpu_op, load_events, trace
 
@@ -58,3 +59,13 @@ def test_corpus_report(corpus: Path) -> None:
     assert "aten::cudnn_convolution" in page and 'id="memory"' in page
     assert "176.3 ms" in page  # median ProfilerStep (steps 5..10)
     assert "data loading bound: exposed data loading" in page  # the verdict leads the page
+
+
+def test_gaps_section(corpus: Path) -> None:
+    gaps_mod = pytest.importorskip("stepscope.analyze.gaps", reason="gaps.py is not installed")
+    t = load(corpus / "traces" / "kineto" / "resnet50_num_workers_0")
+    page = H.trace_report(t, source="resnet")
+    assert 'id="gaps"' in page and "Longest gaps" in page and "data_loading" in page
+    assert page.index('id="steps"') < page.index('id="gaps"') < page.index('id="kernels"')
+    idle = gaps_mod.gpu_gaps(t).idle_ns
+    assert human_ns(idle) in page
