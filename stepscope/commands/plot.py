@@ -9,7 +9,7 @@ import click
 from stepscope.analyze import load
 from stepscope.commands._options import trace_argument
 
-KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot")
+KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot", "transfers")
 
 
 @click.command("plot")
@@ -23,7 +23,7 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     cause), steps (CPU phases and GPU busy/idle per step), gaps (idle by cause, gap-length histogram),
     kernels (GPU time by category, top kernels), ops (top ops by self CPU and device time), memory
     (allocated/reserved over time, peak marked; by category for an export_memory_timeline file) or
-    snapshot (a CUDA memory snapshot .pickle as TRACE)."""
+    snapshot (a CUDA memory snapshot .pickle as TRACE) or transfers (copy time and bytes per step)."""
     from stepscope.analyze._io import atomic_write_bytes
     from stepscope.reports import figures
 
@@ -60,6 +60,10 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
         from stepscope.analyze.steps import step_breakdown
 
         png, empty = figures.step_breakdown_figure(step_breakdown(loaded)), "no ProfilerStep#N spans in this trace"
+    elif kind == "transfers":
+        from stepscope.analyze.transfers import transfers
+
+        png, empty = figures.transfers_figure(transfers(loaded)), "no host/device copies in this trace"
     elif kind == "kernels":
         from stepscope.analyze.kernels import kernel_summary
 

@@ -29,8 +29,10 @@ if TYPE_CHECKING:
     from stepscope.analyze.memory import MemoryTimeline
     from stepscope.analyze.memory_categories import MemoryCategoriesResult
     from stepscope.analyze.ops import OpTable
+    from stepscope.analyze.overlap import OverlapResult
     from stepscope.analyze.snapshot import SnapshotResult
     from stepscope.analyze.steps import StepsResult
+    from stepscope.analyze.transfers import TransfersResult
 
 DPI = 100
 _LABEL_CHARS = 48
@@ -462,5 +464,72 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
     hist_ax.grid(axis="y", alpha=0.3)
     hist_ax.spines["top"].set_visible(False)
     hist_ax.spines["right"].set_visible(False)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def transfers_figure(result: TransfersResult) -> bytes | None:
+    """Copies per step by direction: GPU copy time (stacked) with the exposed part marked, and bytes moved."""
+    by_step = result.by_step
+    if result.copies_total == 0 or by_step.height == 0:
+        return None
+    by_step = by_step.with_columns(pl.col("step").cast(pl.String).fill_null("outside steps"))
+    steps = by_step["step"].unique(maintain_order=True).to_list()
+    directions = by_step["direction"].unique(maintain_order=True).to_list()
+    x = np.arange(len(steps))
+    fig, (t_ax, b_ax) = plt.subplots(1, 2, figsize=(max(8.0, min(14.0, 4 + 0.6 * len(steps))), 3.4))
+    bottom_t = np.zeros(len(steps))
+    bottom_b = np.zeros(len(steps))
+    for d in directions:
+        part = {r["step"]: r for r in by_step.filter(pl.col("direction") == d).iter_rows(named=True)}
+        dur = np.array([float(part[s]["dur_ns"]) if s in part else 0.0 for s in steps])
+        nbytes = np.array([float(part[s]["total_bytes"]) if s in part else 0.0 for s in steps])
+        key = f"memcpy_{str(d).lower()}"
+        t_ax.bar(x, dur, bottom=bottom_t, color=color(key), label=str(d))
+        b_ax.bar(x, nbytes, bottom=bottom_b, color=color(key), label=str(d))
+        bottom_t += dur
+        bottom_b += nbytes
+    exposed = by_step.group_by("step", maintain_order=True).agg(pl.col("exposed_ns").sum())
+    ex = {r[0]: float(r[1] or 0) for r in exposed.iter_rows()}
+    t_ax.plot(x, [ex.get(s, 0.0) for s in steps], "_", color=color("peak"), markersize=18, mew=2,
+              label="exposed (GPU idle meanwhile)")
+    t_ax.set_title("Copy time per step", fontsize=11)
+    t_ax.set_ylabel(f"time ({_ns_axis(t_ax, 'y', top=float(bottom_t.max() or 1))})")
+    b_ax.set_title("Bytes copied per step", fontsize=11)
+    b_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
+    for ax in (t_ax, b_ax):
+        ax.set_xticks(x, steps, fontsize=8)
+        ax.set_xlabel("step")
+        ax.grid(axis="y", alpha=0.3)
+        ax.spines["top"].set_visible(False)
+        ax.spines["right"].set_visible(False)
+    t_ax.set_ylim(0, float(bottom_t.max() or 1) * 1.1)
+    fig.legend(*t_ax.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=len(directions) + 1, fontsize=8, frameon=False)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def overlap_figure(result: OverlapResult) -> bytes | None:
+    """One bar: the step windows split into CPU and GPU both busy, GPU only, CPU only, neither."""
+    parts = [("both busy", result.both_busy_fraction, "#4e79a7"), ("GPU only", result.gpu_only_fraction, "#a0cbe8"),
+             ("CPU only", result.cpu_only_fraction, "#59a14f")]
+    if any(v is None for _, v, _c in parts):
+        return None
+    known = sum(float(v or 0) for _, v, _c in parts)
+    parts.append(("neither", max(0.0, 1.0 - known), "#eeeeee"))
+    fig, ax = plt.subplots(figsize=(10, 1.5))
+    left = 0.0
+    for label, v, c in parts:
+        share = float(v or 0)
+        ax.barh([0], [share], left=left, color=c, edgecolor="white", label=f"{label} {100 * share:.1f}%")
+        left += share
+    ax.set_xlim(0, 1)
+    ax.set_yticks([])
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{100 * v:.0f}%"))
+    ax.set_title(f"CPU/GPU overlap over the step windows ({human_ns(result.window_ns)})", fontsize=11, loc="left")
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, fontsize=8, frameon=False)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
     fig.tight_layout()
     return _png(fig)

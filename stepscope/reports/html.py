@@ -32,8 +32,10 @@ if TYPE_CHECKING:
     from stepscope.analyze.kernels import KernelsResult
     from stepscope.analyze.memory import MemoryTimeline
     from stepscope.analyze.ops import OpTable
+    from stepscope.analyze.overlap import OverlapResult
     from stepscope.analyze.steps import StepsResult
     from stepscope.analyze.summary import SummaryResult
+    from stepscope.analyze.transfers import TransfersResult
 
 MAX_TABLE_ROWS = 50
 
@@ -174,6 +176,24 @@ class ReportContext:
         return gpu_gaps(self.trace)
 
     @cached_property
+    def overlap(self) -> OverlapResult | None:
+        """CPU/GPU overlap (overlap.py), None where that analysis is not installed."""
+        try:
+            from stepscope.analyze.overlap import cpu_gpu_overlap
+        except ModuleNotFoundError:
+            return None
+        return cpu_gpu_overlap(self.trace)
+
+    @cached_property
+    def transfers(self) -> TransfersResult | None:
+        """Host/device copies (transfers.py), None where that analysis is not installed."""
+        try:
+            from stepscope.analyze.transfers import transfers
+        except ModuleNotFoundError:
+            return None
+        return transfers(self.trace)
+
+    @cached_property
     def kernels(self) -> KernelsResult:
         from stepscope.analyze.kernels import kernel_summary
 
@@ -255,6 +275,39 @@ def gaps_section(ctx: ReportContext) -> Section | None:
                            frame_table(longest, "Longest gaps (what the CPU was doing)", max_rows=25, columns=cols),
                            frame_table(result.histogram, "Gap lengths")],
                    commands=[ctx.command("gaps", ctx.source)])
+
+
+def overlap_section(ctx: ReportContext) -> Section | None:
+    """CPU/GPU overlap (overlap.py): shares of the step windows, launch latency, queue depth, sync sources."""
+    from stepscope.reports import figures
+
+    result = ctx.overlap
+    if result is None or result.gpu_busy_fraction is None:
+        return None
+    png = figures.overlap_figure(result)
+    tables = [frame_table(getattr(result, name), title) for name, title in (
+        ("launch_latency", "Launch latency (runtime call to kernel start)"),
+        ("queue_depth", "Queue depth (kernels launched, not yet finished)"),
+        ("sync_sources", "Synchronizing calls and the ops that made them")) if getattr(result, name).height]
+    return Section(id="overlap", title="CPU/GPU overlap", headline=headline_items(result),
+                   figures=[Figure(title="Overlap", png=png)] if png else [], tables=tables,
+                   commands=[ctx.command("overlap", ctx.source)])
+
+
+def transfers_section(ctx: ReportContext) -> Section | None:
+    """Host/device copies (transfers.py): per direction and step, pageable/sync copies, the worst ones."""
+    from stepscope.reports import figures
+
+    result = ctx.transfers
+    if result is None or result.copies_total == 0:
+        return None
+    png = figures.transfers_figure(result)
+    tables = [frame_table(result.by_direction, "By direction"), frame_table(result.by_step, "By step")]
+    if result.worst.height:
+        tables.append(frame_table(result.worst, "Worst copies (exposed time first)", max_rows=15))
+    return Section(id="transfers", title="Transfers", headline=headline_items(result),
+                   figures=[Figure(title="Copies per step", png=png)] if png else [], tables=tables,
+                   commands=[ctx.command("transfers", ctx.source)])
 
 
 def kernels_section(ctx: ReportContext) -> Section | None:
@@ -373,6 +426,8 @@ SECTIONS: list[tuple[str, SectionBuilder]] = [
     ("verdict", verdict_section),
     ("steps", steps_section),
     ("gaps", gaps_section),
+    ("overlap", overlap_section),
+    ("transfers", transfers_section),
     ("kernels", kernels_section),
     ("ops", ops_section),
     ("memory", memory_section),

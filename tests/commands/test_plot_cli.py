@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -11,13 +12,13 @@ from click.testing import CliRunner
 
 from stepscope.cli import cli
 
-GPU = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5,
-       "args": {"device": 0, "stream": 7}}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
+from _report_traces import gpu_doc  # noqa: E402
 
 
-@pytest.mark.parametrize("kind", ["timeline", "ops"])
+@pytest.mark.parametrize("kind", ["timeline", "steps", "ops", "kernels", "gaps", "transfers", "memory"])
 def test_plot_writes_a_png(tmp_path: Path, kind: str) -> None:
-    src = write_trace(tmp_path, trace(cpu_op("aten::mm", ts=0, dur=20), GPU))
+    src = write_trace(tmp_path, gpu_doc())
     out = tmp_path / f"{kind}.png"
     result = CliRunner().invoke(cli, ["plot", kind, str(src), "-o", str(out)])
     assert result.exit_code == 0, result.output

@@ -75,3 +75,11 @@ def test_idle_colors_are_distinct_per_cause() -> None:
     causes = ["data_loading", "host_sync", "communication_wait", "memcpy_wait", "launch_overhead", "other"]
     assert len({idle_color(c) for c in causes}) == len(causes)
     assert not {idle_color(c) for c in causes} & {color(k) for k in ("kernel", "memcpy", "memset", "gemm")}
+
+
+def test_transfers_and_overlap_figures(tmp_path: Path) -> None:
+    transfers_mod = pytest.importorskip("stepscope.analyze.transfers", reason="transfers.py is not installed")
+    overlap_mod = pytest.importorskip("stepscope.analyze.overlap", reason="overlap.py is not installed")
+    t = load_events(tmp_path, gpu_doc())
+    assert_png(figures.transfers_figure(transfers_mod.transfers(t)))
+    assert_png(figures.overlap_figure(overlap_mod.cpu_gpu_overlap(t)), min_h=60)

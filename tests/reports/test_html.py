@@ -67,5 +67,8 @@ def test_gaps_section(corpus: Path) -> None:
     page = H.trace_report(t, source="resnet")
     assert 'id="gaps"' in page and "Longest gaps" in page and "data_loading" in page
     assert page.index('id="steps"') < page.index('id="gaps"') < page.index('id="kernels"')
+    for sid in ("overlap", "transfers"):  # landed with gaps.py
+        assert f'id="{sid}"' in page
+    assert "Memcpy HtoD" in page or "HtoD" in page
     idle = gaps_mod.gpu_gaps(t).idle_ns
     assert human_ns(idle) in page
