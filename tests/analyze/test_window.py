@@ -1,0 +1,35 @@
+"""Step windows extended to the GPU work they launched; the per-device analysis window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stepscope.analyze.window import analysis_window, step_windows
+from builders import kernel, load_events, runtime, step, trace
+
+
+def test_steps_extend_to_their_gpu_work(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(
+        step(1, ts=0, dur=100), step(2, ts=100, dur=100),
+        runtime("cudaLaunchKernel", ts=90, dur=5, correlation=1),
+        kernel("k1", ts=110, dur=20, correlation=1),            # launched in step 1, ends at 130
+        runtime("cudaLaunchKernel", ts=150, dur=5, correlation=2),
+        kernel("k2", ts=160, dur=10, correlation=2, device=1),
+    ))
+    w = step_windows(t).collect()
+    assert w.rows() == [(1, 0, 100_000, 130_000, 130_000), (2, 130_000, 200_000, 200_000, 70_000)]
+    assert analysis_window(t).collect().rows() == [(0, 0, 200_000), (1, 0, 200_000)]
+
+
+def test_without_steps_first_to_last_gpu_event_per_device(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(
+        kernel("a", ts=10, dur=5), kernel("b", ts=40, dur=5),
+        kernel("c", ts=20, dur=1, device=1),
+    ))
+    assert step_windows(t).collect().height == 0
+    assert analysis_window(t).collect().rows() == [(0, 10_000, 45_000), (1, 20_000, 21_000)]
+
+
+def test_cpu_only_trace_has_no_window(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(step(1, ts=0, dur=10)))
+    assert analysis_window(t).collect().height == 0
