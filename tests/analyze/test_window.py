@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepscope.analyze.window import analysis_window, step_windows
 from builders import kernel, load_events, runtime, step, trace
+
+from stepscope.analyze.window import analysis_window, step_windows
 
 
 def test_steps_extend_to_their_gpu_work(tmp_path: Path) -> None:
