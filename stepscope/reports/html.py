@@ -282,8 +282,8 @@ def overlap_section(ctx: ReportContext) -> Section | None:
     from stepscope.reports import figures
 
     result = ctx.overlap
-    if result is None or result.gpu_busy_fraction is None:
-        return None
+    if result is None or result.gpu_busy_fraction is None or ctx.kernels.gpu_events == 0:
+        return None  # CPU-only trace: the verdict section already says there is no GPU work
     png = figures.overlap_figure(result)
     tables = [frame_table(getattr(result, name), title) for name, title in (
         ("launch_latency", "Launch latency (runtime call to kernel start)"),
