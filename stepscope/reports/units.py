@@ -10,6 +10,11 @@ def missing(value: float | int | None) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def _three_digits(v: float) -> str:
+    """About three significant digits, never in exponent form: 1.5, 12.3, 123, 1023 (not 1.02e+03)."""
+    return f"{v:.0f}" if v >= 1000 else f"{v:.3g}"
+
+
 def human_ns(value: float | int | None) -> str:
     """Nanoseconds as a short human duration: 850 ns, 12.4 µs, 3.21 ms, 1.50 s."""
     if value is None or missing(value):
@@ -35,7 +40,7 @@ def human_bytes(value: float | int | None) -> str:
     v = abs(v)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if v < 1024 or unit == "TiB":
-            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.3g} {unit}"
+            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{_three_digits(v)} {unit}"
         v /= 1024
     raise AssertionError("unreachable")
 
