@@ -144,9 +144,8 @@ def complement(busy: pl.DataFrame, windows: pl.DataFrame, by: list[str]) -> pl.D
     return gaps.filter(pl.col("s") > pl.col("a")).select(*by, start_ns="a", end_ns="s")
 
 
-def _windows(trace: Trace, gpu: pl.DataFrame, window: WindowKind) -> pl.DataFrame:
-    """device, start_ns, end_ns, step: the analysis window per device."""
-    steps = step_windows(trace) if window == "steps" else pl.DataFrame()
+def _windows(steps: pl.DataFrame, gpu: pl.DataFrame, window: WindowKind) -> pl.DataFrame:
+    """device, start_ns, end_ns: the analysis window per device (`steps` from steps.step_windows)."""
     devices = gpu.select("device").unique()
     if window == "steps" and steps.height:
         merged = union(steps.select("start_ns", "end_ns"), [])
@@ -230,7 +229,8 @@ def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps",
     gpu = _gpu(trace)
     if device is not None:
         gpu = gpu.filter(pl.col("device") == device)
-    windows = _windows(trace, gpu, window) if gpu.height else pl.DataFrame(
+    step_table = step_windows(trace)
+    windows = _windows(step_table, gpu, window) if gpu.height else pl.DataFrame(
         schema={"device": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
     busy = clip(union(gpu.select("device", "start_ns", "end_ns"), ["device"]), windows, ["device"])
     gaps = complement(busy, windows, ["device"]).with_columns(dur_ns=pl.col("end_ns") - pl.col("start_ns"))
@@ -238,7 +238,7 @@ def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps",
         [pl.lit(None, pl.String).alias(c) for c in ("next_kernel", "launch_pid", "launch_tid", "prev_kernel", "pid",
                                                       "tid", "blamed_op", "blamed_python", "blamed_runtime",
                                                       "cause")])
-    sw = step_windows(trace).select("step", w_start="start_ns", w_end="end_ns")
+    sw = step_table.select("step", w_start="start_ns", w_end="end_ns")
     if sw.height and gaps.height:
         located = gaps.with_row_index("gap").join(sw, how="cross").filter(
             (pl.col("start_ns") >= pl.col("w_start")) & (pl.col("start_ns") < pl.col("w_end"))
@@ -278,7 +278,7 @@ def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps",
         start_ts="start_ns", end_ts="end_ns")
     totals = per_device.select(pl.col("busy_ns", "window_ns", "idle_ns").sum()).row(0, named=True)
     return GapsResult(
-        window_kind=window if step_windows(trace).height or window == "trace" else "trace (no ProfilerStep)",
+        window_kind=window if step_table.height or window == "trace" else "trace (no ProfilerStep)",
         devices_with_gpu_work=per_device.height,
         busy_ns=int(totals["busy_ns"] or 0),
         window_ns=int(totals["window_ns"] or 0),
