@@ -68,14 +68,16 @@ def _f(e: dict[str, float | None], key: str) -> float:
     return float(v) if v is not None else 0.0
 
 
+# Data loading comes first: a loop that waits for data is data-loading-bound with or without a GPU (a CPU-only
+# capture of such a loop should say so, not just "no GPU").
 RULES: tuple[Rule, ...] = (
-    Rule(Verdict.NO_GPU, lambda e: _f(e, "gpu_events") == 0, "no GPU work in the trace",
-         "No GPU kernel, memcpy or memset was recorded: a CPU-only run, or GPU activity was not captured "
-         "(add ProfilerActivity.CUDA). See `stepscope ops` for where the CPU time goes."),
     Rule(Verdict.DATA_LOADING_BOUND, lambda e: _f(e, "data_loading_fraction") >= DATA_LOADING_MIN,
          f"exposed data loading >= {DATA_LOADING_MIN:.0%} of the step",
          "Load data in parallel: DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, "
          "prefetch_factor), and move decoding/augmentation off the training process."),
+    Rule(Verdict.NO_GPU, lambda e: _f(e, "gpu_events") == 0, "no GPU work in the trace",
+         "No GPU kernel, memcpy or memset was recorded: a CPU-only run, or GPU activity was not captured "
+         "(add ProfilerActivity.CUDA). See `stepscope ops` for where the CPU time goes."),
     Rule(Verdict.SYNC_BOUND, lambda e: _f(e, "sync_fraction") >= SYNC_MIN
          and _f(e, "gpu_busy_fraction") < GPU_BUSY_MIN,
          f"synchronizing calls >= {SYNC_MIN:.0%} of the step while the GPU is busy < {GPU_BUSY_MIN:.0%}",

@@ -146,14 +146,16 @@ def render_headline(headline: Mapping[str, Any]) -> str:
     """`name: value` lines for headline figures, values formatted by unit."""
     if not headline:
         return ""
-    width = max(len(_display_name(k)) for k in headline)
+    short = {k: _display_name(k) for k in headline}
+    label = {k: (k if list(short.values()).count(d) > 1 else d).replace("_", " ") for k, d in short.items()}
+    width = max(len(v) for v in label.values())
     out = []
     for k, v in headline.items():
         if isinstance(v, Mapping):
             v = ", ".join(f"{kk}={format_value(k, vv)}" for kk, vv in v.items()) or "-"
-            out.append(f"{_display_name(k).replace('_', ' '):<{width}}  {v}")
+            out.append(f"{label[k]:<{width}}  {v}")
         else:
-            out.append(f"{_display_name(k).replace('_', ' '):<{width}}  {format_value(k, v)}")
+            out.append(f"{label[k]:<{width}}  {format_value(k, v)}")
     return "\n".join(out)
 
 
