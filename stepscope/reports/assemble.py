@@ -20,7 +20,7 @@ import polars as pl
 
 from stepscope.analyze import Trace, load
 from stepscope.analyze._io import atomic_dir
-from stepscope.reports.html import Cell, ReportContext, Section, Table, render_page, trace_report
+from stepscope.reports.html import Cell, ReportContext, Section, Table, build_sections, render_page, trace_report
 from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 
@@ -221,6 +221,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
         failed: list[tuple[str, str]] = []
         problems_extra: list[str] = []
         seen: set[str] = set()
+        single: Trace | None = None
         for p, name in _progress(inputs, "reporting", progress):
             while name in seen:
                 name += "_"
@@ -230,13 +231,24 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
                                          back_link="../index.html")
                 if mode == "run" and trace.rank is not None:
                     row["trace"] = f"rank {trace.rank}: {row['trace']}"
+                if mode == "run" and len(inputs) == 1:
+                    single = trace
                 row["href"] = f"{name}/index.html"
             except Exception as exc:  # noqa: BLE001 - one bad trace is reported; the rest go on
                 row = {"trace": p.name, "error": f"{type(exc).__name__}: {exc}"}
                 failed.append((str(p), row["error"]))
             rows.append(row)
         sections: list[Section] = []
-        if mode == "run":
+        if mode == "run" and single is not None:
+            # one rank: its whole report leads the page (verdict first), then the capture's own facts
+            trace_sections, trace_problems = build_sections(ReportContext(trace=single, source=str(inputs[0][0]),
+                                                                          step=step))
+            sections.extend(trace_sections)
+            problems_extra.extend(trace_problems)
+            sections.append(_manifest_section(_manifests(path), rows))
+            sections.extend(_run_file_sections(path, problems_extra))
+            title = f"stepscope run report: {path.name}"
+        elif mode == "run":
             rows.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
             medians = [r["median_step_ns"] for r in rows if r.get("median_step_ns") is not None]
             if len(medians) > 1:
