@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import polars as pl
 
-from stepscope.analyze import load
+from stepscope.analyze import Trace, load
 from stepscope.commands._options import trace_argument
 
 KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot", "transfers")
@@ -17,7 +18,7 @@ KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot", "t
 @trace_argument
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="PNG file to write (atomically).")
-@click.option("--step", type=int, default=None, help="timeline: the step to show (default: first with GPU work).")
+@click.option("--step", type=int, default=None, help="timeline: the step to show (default: the median-duration step).")
 def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     """Write one PNG: timeline (GPU work of one step per device/stream, by kernel category, idle shaded by
     cause), steps (CPU phases and GPU busy/idle per step), gaps (idle by cause, gap-length histogram),
@@ -45,13 +46,8 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
         return
     loaded = load(trace)
     if kind == "timeline":
-        try:
-            from stepscope.analyze.gaps import gpu_gaps
-        except ModuleNotFoundError:  # gaps.py not installed: idle left blank
-            idle = None
-        else:
-            idle = gpu_gaps(loaded).gaps
-        png, empty = figures.timeline_figure(loaded, step, idle), "no GPU work (kernels, memcpy, memset) in this trace"
+        png = figures.timeline_figure(loaded, step, _gaps_table(loaded))
+        empty = "no GPU work (kernels, memcpy, memset) in this trace"
     elif kind == "gaps":
         from stepscope.analyze.gaps import gpu_gaps
 
@@ -59,7 +55,8 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     elif kind == "steps":
         from stepscope.analyze.steps import step_breakdown
 
-        png, empty = figures.step_breakdown_figure(step_breakdown(loaded)), "no ProfilerStep#N spans in this trace"
+        png = figures.step_breakdown_figure(step_breakdown(loaded), _gaps_table(loaded))
+        empty = "no ProfilerStep#N spans in this trace"
     elif kind == "transfers":
         from stepscope.analyze.transfers import transfers
 
@@ -82,3 +79,12 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
         return
     atomic_write_bytes(output, png)
     click.echo(f"wrote {output}", err=True)
+
+
+def _gaps_table(trace: Trace) -> pl.DataFrame | None:
+    """gaps.py's idle gaps (to shade idle by cause), None where that analysis is not installed."""
+    try:
+        from stepscope.analyze.gaps import gpu_gaps
+    except ModuleNotFoundError:
+        return None
+    return gpu_gaps(trace).gaps

@@ -18,7 +18,7 @@ from stepscope.reports.assemble import build_report
 @click.option("--batch", is_flag=True,
               help="INPUT is a directory of many raw traces: one report each and an index.")
 @click.option("--step", type=int, default=None,
-              help="Step shown in the GPU timeline (default: the first with GPU work).")
+              help="Step shown in the GPU timeline (default: the median-duration step).")
 def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
     """HTML report: steps and GPU timeline, ops, memory, trace info and warnings, how to reproduce; for a
     run or a batch, an index with one sortable row per rank or trace linking to each report."""

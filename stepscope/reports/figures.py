@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator  # noqa: E402
 
 from stepscope.reports.palette import color, idle_color  # noqa: E402
 from stepscope.reports.units import human_bytes, human_ns  # noqa: E402
@@ -62,6 +62,27 @@ def _ns_axis(ax: Any, axis: str = "x", top: float | None = None) -> str:
     target.set_major_locator(MaxNLocator(nbins=7))
     target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v / scale:g}"))
     return unit
+
+
+_NICE_STEPS = (1.0, 2.0, 2.5, 5.0, 10.0)
+
+
+def _bytes_axis(ax: Any, axis: str = "y") -> None:
+    """Byte ticks at round multiples of a binary unit (256 MiB, 512 MiB, 1 GiB, ...), labelled like 1.5 GiB.
+
+    Call after the data is drawn: the step is chosen from the axis range (about 6 ticks).
+    """
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    span = max(abs(lo), abs(hi), 1.0)
+    unit = 1024.0 ** max(0, min(5, int(np.log(span) / np.log(1024))))
+    raw = span / unit / 6
+    mag = 10.0 ** np.floor(np.log10(raw)) if raw > 0 else 1.0
+    step = next((m * mag for m in _NICE_STEPS if m * mag >= raw), 10 * mag)
+    if unit == 1.0:
+        step = max(1.0, round(step))
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(MultipleLocator(step * unit))
+    target.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
 
 
 def _style(ax: Any) -> None:
@@ -126,7 +147,7 @@ def memory_figure(result: MemoryTimeline) -> bytes | None:
                                                    "alpha": 0.85})
         ax.set_title(f"Memory on {dev}", fontsize=11)
         ax.set_ylabel("bytes")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
+        _bytes_axis(ax, "y")
         ax.set_xlabel(f"time since trace start ({_ns_axis(ax)})")
         ax.set_ylim(bottom=0)
         ax.legend(loc="lower right", fontsize=8, frameon=True, framealpha=0.85)
@@ -148,10 +169,25 @@ def _gap_spans(gaps: pl.DataFrame | None) -> pl.DataFrame | None:
     return None
 
 
+def median_step_index(steps: pl.DataFrame, gpu_starts: np.ndarray[Any, Any]) -> int:
+    """Row of the median-duration step among the steps that launched GPU work (all steps when none did).
+
+    Steps lasting 180, 175, 190, 166 ms (all with GPU work) -> the 175 ms one (the lower median).
+    """
+    starts = np.sort(gpu_starts)
+    first = np.searchsorted(starts, steps["ts_ns"].to_numpy(), "left")
+    has_gpu = np.searchsorted(starts, steps["end_ns"].to_numpy(), "left") > first
+    candidates = np.flatnonzero(has_gpu) if has_gpu.any() else np.arange(steps.height)
+    durations = steps["dur_ns"].to_numpy()[candidates]
+    order = np.argsort(durations, kind="stable")
+    return int(candidates[order[(len(order) - 1) // 2]])
+
+
 def timeline_figure(trace: Trace, step: int | None = None, gaps: pl.DataFrame | None = None) -> bytes | None:
-    """GPU timeline strip, one row per device/stream, for one step (default: the first step with GPU work,
-    else the whole trace): kernels, memcpy and memset coloured by category (kernels.py); idle gaps shaded
-    by cause when `gaps` (gaps.py's table: device, cause, start_ts/end_ts) is given, else left blank."""
+    """GPU timeline strip, one row per device/stream, for one step (default: the median-duration step with GPU
+    work; the whole trace when it has no steps): kernels, memcpy and memset coloured by category (kernels.py),
+    each memcpy also marked above its lane; idle gaps shaded by cause when `gaps` (gaps.py's table: device,
+    cause, start_ts/end_ts) is given, else left blank."""
     from stepscope.analyze.kernels import category_expr
 
     gpu = trace.gpu.select("kind", "name", "device", "stream", "ts_ns", "dur_ns").with_columns(
@@ -169,11 +205,7 @@ def timeline_figure(trace: Trace, step: int | None = None, gaps: pl.DataFrame | 
 
                 raise UsageError(f"no step {step} in this trace (steps: {', '.join(map(str, steps['step']))})")
         else:
-            starts = np.sort(gpu["ts_ns"].to_numpy())
-            first = np.searchsorted(starts, steps["ts_ns"].to_numpy(), "left")
-            has_gpu = np.searchsorted(starts, steps["end_ns"].to_numpy(), "left") > first
-            idx = int(np.argmax(has_gpu)) if has_gpu.any() else 0
-            row = steps.slice(idx, 1)
+            row = steps.slice(median_step_index(steps, gpu["ts_ns"].to_numpy()), 1)
         s, e, n = row["ts_ns"][0], row["end_ns"][0], row["step"][0]
         # GPU work launched in a step runs a little after it: extend to the last GPU event starting inside
         inside = gpu.filter((pl.col("ts_ns") >= s) & (pl.col("ts_ns") < e))
@@ -204,6 +236,11 @@ def timeline_figure(trace: Trace, step: int | None = None, gaps: pl.DataFrame | 
         for cat, part in lane.group_by("category"):
             bars = list(zip((part["ts_ns"] - origin).to_list(), part["dur_ns"].to_list(), strict=True))
             ax.broken_barh(bars, (i - 0.4, 0.8), facecolors=color(str(cat[0])), linewidth=0)
+        copies = lane.filter(pl.col("kind") == "memcpy")
+        if copies.height:  # copies are short: a marker above the lane so none is lost at this scale
+            mid = (copies["ts_ns"] - origin + copies["dur_ns"] / 2).to_list()
+            ax.plot(mid, [i - 0.47] * len(mid), "v", color=color("memcpy"), markersize=5, markeredgecolor="#8a4b08",
+                    markeredgewidth=0.5, linestyle="none", zorder=4)
     ax.set_yticks(range(lanes.height), [f"GPU {d} stream {s}" for d, s in lanes.iter_rows()], fontsize=8)
     ax.invert_yaxis()
     last_end = (gpu["ts_ns"] + gpu["dur_ns"]).max()
@@ -249,27 +286,35 @@ def steps_figure(trace: Trace) -> bytes | None:
     return _png(fig)
 
 
-def step_breakdown_figure(result: StepsResult) -> bytes | None:
-    """Per step: CPU time by phase (stacked) and GPU busy vs idle (stacked), side by side."""
+def step_breakdown_figure(result: StepsResult, gaps: pl.DataFrame | None = None) -> bytes | None:
+    """Per step, side by side: CPU time by phase (data loading first), and the step's GPU time as compute
+    (kernels), memcpy, memset and idle, the idle split by cause when gaps.py's table (step, cause, dur_ns)
+    is given.
+
+    The GPU bar's height is the step window (steps.py's gpu_busy_ns + gpu_idle_ns). Busy is split in
+    proportion to kernel/memcpy/memset time (they can overlap across streams), idle in proportion to
+    each cause's gap time in that step: busy 100 ms with kernel 98 + memcpy 2, idle 80 ms of which gaps
+    are 60 data loading + 20 other -> bars 98, 2, 60, 20.
+    """
     steps = result.steps
     if steps.height == 0:
         return None
     labels = [str(s) for s in steps["step"].to_list()]
     x = np.arange(len(labels))
-    width = max(6.0, min(14.0, 3 + 0.45 * len(labels)))
-    fig, (cpu_ax, gpu_ax) = plt.subplots(1, 2, figsize=(width, 3.6), sharey=True)
+    width = max(11.0, min(15.0, 4 + 0.5 * len(labels)))
+    fig, (cpu_ax, gpu_ax) = plt.subplots(1, 2, figsize=(width, 3.8), sharey=True)
     bottom = np.zeros(len(labels))
     for phase in ("data_loading", "forward", "backward", "optimizer", "other_cpu"):
         vals = steps[f"{phase}_ns"].fill_null(0).to_numpy().astype(float)
         cpu_ax.bar(x, vals, bottom=bottom, color=color(phase), label=phase.replace("_", " "))
         bottom += vals
+    parts = _gpu_step_parts(steps, gaps)
     bottom = np.zeros(len(labels))
-    for part in ("gpu_busy", "gpu_idle"):
-        vals = steps[f"{part}_ns"].fill_null(0).to_numpy().astype(float)
-        gpu_ax.bar(x, vals, bottom=bottom, color=color(part), label=part.replace("gpu_", "GPU "))
+    for label, vals, fill, edge in parts:
+        gpu_ax.bar(x, vals, bottom=bottom, color=fill, edgecolor=edge, linewidth=0.4 if edge else 0, label=label)
         bottom += vals
-    top = float(max(steps["wall_ns"].max() or 0, steps["cpu_ns"].max() or 0))  # type: ignore[arg-type]
-    for ax, title in ((cpu_ax, "CPU time per step, by phase"), (gpu_ax, "GPU busy and idle per step")):
+    top = float(max(bottom.max(initial=0), steps["cpu_ns"].max() or 0))
+    for ax, title in ((cpu_ax, "CPU time per step, by phase"), (gpu_ax, "GPU time per step: busy and idle by cause")):
         ax.set_title(title, fontsize=11)
         ax.set_xlabel("step")
         step_every = max(1, len(labels) // 15)
@@ -282,6 +327,35 @@ def step_breakdown_figure(result: StepsResult) -> bytes | None:
     cpu_ax.set_ylabel(f"time ({_ns_axis(cpu_ax, 'y', top=top)})")
     fig.tight_layout()
     return _png(fig)
+
+
+def _gpu_step_parts(steps: pl.DataFrame, gaps: pl.DataFrame | None) -> list[tuple[str, Any, str, str | None]]:
+    """(label, values per step, fill, edge) for the GPU bar of `step_breakdown_figure`."""
+    busy = steps["gpu_busy_ns"].fill_null(0).to_numpy().astype(float)
+    idle = steps["gpu_idle_ns"].fill_null(0).to_numpy().astype(float)
+    work = {k: steps[f"{k}_ns"].fill_null(0).to_numpy().astype(float) for k in ("kernel", "memcpy", "memset")}
+    work_sum = sum(work.values())
+    scale = np.divide(busy, work_sum, out=np.zeros_like(busy), where=work_sum > 0)
+    parts: list[tuple[str, Any, str, str | None]] = [
+        ("compute (kernels)" if k == "kernel" else k, v * scale, color(k), None)
+        for k, v in work.items() if v.any()]
+    if gaps is not None and gaps.height and {"step", "cause", "dur_ns"} <= set(gaps.columns):
+        per = gaps.filter(pl.col("step").is_not_null()).group_by("step", "cause").agg(pl.col("dur_ns").sum())
+        wide = steps.select("step").join(per.pivot(on="cause", index="step", values="dur_ns"), on="step",
+                                         how="left").fill_null(0)
+        causes = [c for c in wide.columns if c != "step"]
+        causes.sort(key=lambda c: -float(wide[c].sum()))
+        total = wide.select(causes).sum_horizontal().to_numpy().astype(float) if causes else np.zeros(len(idle))
+        share = np.divide(idle, total, out=np.zeros_like(idle), where=total > 0)
+        for c in causes:
+            parts.append((f"idle: {c.replace('_', ' ')}", wide[c].to_numpy().astype(float) * share, idle_color(c),
+                          "#999999"))
+        unexplained = np.where(total > 0, 0.0, idle)
+        if unexplained.any():
+            parts.append(("idle", unexplained, color("gpu_idle"), None))
+    else:
+        parts.append(("GPU idle", idle, color("gpu_idle"), None))
+    return parts
 
 
 def kernels_figure(result: KernelsResult, n: int = 12) -> bytes | None:
@@ -328,7 +402,7 @@ def memory_categories_figure(result: MemoryCategoriesResult) -> bytes | None:
                     fontsize=8, color=color("peak"))
     ax.set_title("Memory by category over time (export_memory_timeline)", fontsize=11)
     ax.set_ylabel("bytes")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
+    _bytes_axis(ax, "y")
     ax.set_xlim(float(x.min()), float(x.max()))
     ax.set_xlabel(f"time since the first record ({_ns_axis(ax)})")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
@@ -337,31 +411,51 @@ def memory_categories_figure(result: MemoryCategoriesResult) -> bytes | None:
     return _png(fig)
 
 
-def snapshot_figure(result: SnapshotResult) -> bytes | None:
-    """Allocated and reserved over time from a CUDA memory snapshot's history, one panel per device."""
+def snapshot_figure(result: SnapshotResult, n: int = 12) -> bytes | None:
+    """A CUDA memory snapshot: allocated and reserved over time on the peak device (peak marked), and the
+    bytes live at the peak by user stack frame (the allocation's innermost frame in the user's own code)."""
     tl = result.timeline
-    if tl.height == 0:
+    live = result.live_at_peak
+    if result.peak_device is not None and "device" in live.columns:
+        live = live.filter(pl.col("device") == result.peak_device)
+    live = live.sort("live_bytes", descending=True).head(n) if live.height else live
+    if tl.height == 0 and live.height == 0:
         return None
-    devices = tl["device"].unique().sort().to_list()
-    fig, axes = plt.subplots(len(devices), 1, figsize=(10, 2.8 * len(devices) + 0.6), squeeze=False)
-    for ax, dev in zip(axes[:, 0], devices, strict=True):
-        d = tl.filter(pl.col("device") == dev).sort("since_start_ns")
-        x = d["since_start_ns"].to_list()
-        ax.step(x, d["reserved_bytes"].to_list(), where="post", color=color("reserved"), label="reserved")
-        ax.step(x, d["allocated_bytes"].to_list(), where="post", color=color("allocated"), label="allocated")
-        ax.fill_between(x, d["allocated_bytes"].to_list(), step="post", color=color("allocated"), alpha=0.15)
-        if dev == result.peak_device and result.peak_since_start_ns is not None:
-            ax.plot([result.peak_since_start_ns], [result.peak_allocated_bytes], "o", color=color("peak"))
-            ax.annotate(f"peak {human_bytes(result.peak_allocated_bytes)}",
-                        (result.peak_since_start_ns, result.peak_allocated_bytes), xytext=(6, -4),
-                        textcoords="offset points", va="top", fontsize=8, color=color("peak"),
-                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
-        ax.set_title(f"CUDA memory snapshot, device {dev}", fontsize=11)
-        ax.set_ylabel("bytes")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel(f"time since the first allocator event ({_ns_axis(ax)})")
-        ax.legend(loc="lower right", fontsize=8, frameon=True, framealpha=0.85)
+    panels = [p for p, ok in (("timeline", tl.height > 0), ("frames", live.height > 0)) if ok]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), max(3.6, 0.3 * live.height + 1.6)),
+                             squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        if panel == "timeline":
+            dev = result.peak_device if result.peak_device is not None else int(tl["device"].min())  # type: ignore[arg-type]
+            d = tl.filter(pl.col("device") == dev).sort("since_start_ns")
+            x = d["since_start_ns"].to_list()
+            ax.step(x, d["reserved_bytes"].to_list(), where="post", color=color("reserved"), label="reserved")
+            ax.step(x, d["allocated_bytes"].to_list(), where="post", color=color("allocated"), label="allocated")
+            ax.fill_between(x, d["allocated_bytes"].to_list(), step="post", color=color("allocated"), alpha=0.15)
+            if result.peak_since_start_ns is not None:
+                ax.plot([result.peak_since_start_ns], [result.peak_allocated_bytes], "o", color=color("peak"))
+                ax.annotate(f"peak {human_bytes(result.peak_allocated_bytes)}",
+                            (result.peak_since_start_ns, result.peak_allocated_bytes), xytext=(6, -4),
+                            textcoords="offset points", va="top", fontsize=8, color=color("peak"),
+                            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+            ax.set_title(f"CUDA memory snapshot, device {dev}", fontsize=11)
+            ax.set_ylabel("bytes")
+            _bytes_axis(ax, "y")
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel(f"time since the first allocator event ({_ns_axis(ax)})")
+            ax.legend(loc="lower right", fontsize=8, frameon=True, framealpha=0.85)
+        else:
+            labels = [_short(v, 44) for v in live["frame"].to_list()][::-1]
+            values = live["live_bytes"].to_list()[::-1]
+            ax.barh(range(len(values)), values, color=color("allocated"))
+            ax.set_yticks(range(len(values)), labels, fontsize=8)
+            for i, v in enumerate(values):
+                ax.text(v, i, " " + human_bytes(v), va="center", fontsize=7)
+            ax.margins(x=0.2)
+            _bytes_axis(ax, "x")
+            ax.set_title(f"Live at the peak ({human_bytes(result.peak_allocated_bytes)}), by stack frame",
+                         fontsize=11)
+            ax.set_xlabel("bytes live at the peak")
         _style(ax)
     fig.tight_layout()
     return _png(fig)
@@ -469,43 +563,65 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
 
 
 def transfers_figure(result: TransfersResult) -> bytes | None:
-    """Copies per step by direction: GPU copy time (stacked) with the exposed part marked, and bytes moved."""
-    by_step = result.by_step
-    if result.copies_total == 0 or by_step.height == 0:
+    """Left: every copy in time order with its bandwidth (GB/s, log scale; marker area ~ bytes), pageable
+    copies highlighted. Right: copy time per step by direction (stacked) with the exposed part marked."""
+    copies = result.copies
+    if result.copies_total == 0 or copies.height == 0:
         return None
-    by_step = by_step.with_columns(pl.col("step").cast(pl.String).fill_null("outside steps"))
+    by_step = result.by_step.with_columns(pl.col("step").cast(pl.String))
     steps = by_step["step"].unique(maintain_order=True).to_list()
-    directions = by_step["direction"].unique(maintain_order=True).to_list()
-    x = np.arange(len(steps))
-    fig, (t_ax, b_ax) = plt.subplots(1, 2, figsize=(max(8.0, min(14.0, 4 + 0.6 * len(steps))), 3.4))
-    bottom_t = np.zeros(len(steps))
-    bottom_b = np.zeros(len(steps))
-    for d in directions:
-        part = {r["step"]: r for r in by_step.filter(pl.col("direction") == d).iter_rows(named=True)}
-        dur = np.array([float(part[s]["dur_ns"]) if s in part else 0.0 for s in steps])
-        nbytes = np.array([float(part[s]["total_bytes"]) if s in part else 0.0 for s in steps])
-        key = f"memcpy_{str(d).lower()}"
-        t_ax.bar(x, dur, bottom=bottom_t, color=color(key), label=str(d))
-        b_ax.bar(x, nbytes, bottom=bottom_b, color=color(key), label=str(d))
-        bottom_t += dur
-        bottom_b += nbytes
-    exposed = by_step.group_by("step", maintain_order=True).agg(pl.col("exposed_ns").sum())
-    ex = {r[0]: float(r[1] or 0) for r in exposed.iter_rows()}
-    t_ax.plot(x, [ex.get(s, 0.0) for s in steps], "_", color=color("peak"), markersize=18, mew=2,
-              label="exposed (GPU idle meanwhile)")
-    t_ax.set_title("Copy time per step", fontsize=11)
-    t_ax.set_ylabel(f"time ({_ns_axis(t_ax, 'y', top=float(bottom_t.max() or 1))})")
-    b_ax.set_title("Bytes copied per step", fontsize=11)
-    b_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
-    for ax in (t_ax, b_ax):
-        ax.set_xticks(x, steps, fontsize=8)
-        ax.set_xlabel("step")
-        ax.grid(axis="y", alpha=0.3)
-        ax.spines["top"].set_visible(False)
-        ax.spines["right"].set_visible(False)
-    t_ax.set_ylim(0, float(bottom_t.max() or 1) * 1.1)
-    fig.legend(*t_ax.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=len(directions) + 1, fontsize=8, frameon=False)
+    panels = 2 if steps else 1
+    fig, axes = plt.subplots(1, panels, figsize=(13 if panels == 2 else 8, 3.8), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.6, 1][:panels]})
+    c_ax = axes[0, 0]
+    order = np.arange(1, copies.height + 1)
+    gbps = copies["gbps"].cast(pl.Float64).fill_null(0).to_numpy()
+    size = copies["size_bytes"].cast(pl.Float64).fill_null(0).to_numpy()
+    area = 12 + 120 * np.sqrt(size / size.max()) if size.max() > 0 else np.full(len(size), 20.0)
+    pageable = copies["pageable"].fill_null(False).to_numpy().astype(bool)
+    directions = copies["direction"].fill_null("other").to_list()
+    for d in dict.fromkeys(directions):
+        m = np.array([x == d for x in directions])
+        c_ax.scatter(order[m], gbps[m], s=area[m], color=color(f"memcpy_{d.lower()}"), alpha=0.8,
+                     edgecolors="#555555", linewidths=0.3, label=d, zorder=3)
+    if pageable.any():
+        c_ax.scatter(order[pageable], gbps[pageable], s=area[pageable] * 2.2, facecolors="none",
+                     edgecolors=color("peak"), linewidths=1.4, label="pageable (host memory not pinned)", zorder=4)
+    if (gbps > 0).any():
+        c_ax.set_yscale("log")
+        c_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+        c_ax.margins(y=0.25)
+    c_ax.set_title(f"Each copy's bandwidth ({copies.height:,} copies; marker area ~ bytes)", fontsize=11)
+    c_ax.set_xlabel("copy number, in time order")
+    c_ax.set_ylabel("GB/s")
+    c_ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+    c_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
+    _style(c_ax)
+    c_ax.grid(axis="y", alpha=0.3)
+    if panels == 2:
+        t_ax = axes[0, 1]
+        x = np.arange(len(steps))
+        bottom = np.zeros(len(steps))
+        for d in by_step["direction"].unique(maintain_order=True).to_list():
+            rows = by_step.filter(pl.col("direction") == d).iter_rows(named=True)
+            part = {r["step"]: float(r["dur_ns"]) for r in rows}
+            dur = np.array([part.get(st, 0.0) for st in steps])
+            t_ax.bar(x, dur, bottom=bottom, color=color(f"memcpy_{str(d).lower()}"), label=str(d))
+            bottom += dur
+        exposed = by_step.group_by("step", maintain_order=True).agg(pl.col("exposed_ns").sum())
+        ex = {r[0]: float(r[1] or 0) for r in exposed.iter_rows()}
+        t_ax.plot(x, [ex.get(st, 0.0) for st in steps], "_", color=color("peak"), markersize=14, mew=2,
+                  label="exposed (no kernel running)")
+        t_ax.set_ylim(0, float(bottom.max() or 1) * 1.15)
+        t_ax.set_title("Copy time per step", fontsize=11)
+        t_ax.set_ylabel(f"time ({_ns_axis(t_ax, 'y', top=float(bottom.max() or 1))})")
+        every = max(1, len(steps) // 15)
+        t_ax.set_xticks(x[::every], steps[::every], fontsize=8)
+        t_ax.set_xlabel("step")
+        t_ax.grid(axis="y", alpha=0.3)
+        t_ax.spines["top"].set_visible(False)
+        t_ax.spines["right"].set_visible(False)
+        t_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
     fig.tight_layout()
     return _png(fig)
 

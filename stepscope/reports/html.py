@@ -235,9 +235,10 @@ def steps_section(ctx: ReportContext) -> Section | None:
         return None
     notes = []
     if result.steps_found:
-        png = figures.step_breakdown_figure(result)
+        png = figures.step_breakdown_figure(result, gaps.gaps if gaps is not None else None)
         if png is not None:
-            figs.append(Figure(title="Each step: CPU time by phase, and GPU busy vs idle", png=png))
+            figs.append(Figure(title="Each step: CPU time by phase; GPU time as compute, memcpy and idle by cause",
+                               png=png))
         if result.outlier_steps:
             notes.append(f"Outlier steps (wall time far from the median): {', '.join(map(str, result.outlier_steps))}.")
     else:

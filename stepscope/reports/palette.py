@@ -48,7 +48,7 @@ FIXED: dict[str, str] = {
     "unknown": "#bab0ac",
     # CPU phases of a step
     "data_loading": "#f28e2b",
-    "forward": "#4e79a7",
+    "forward": "#8cd17d",
     "backward": "#76b7b2",
     "optimizer": "#b07aa1",
     "other_cpu": "#bab0ac",

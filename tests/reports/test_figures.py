@@ -83,3 +83,58 @@ def test_transfers_and_overlap_figures(tmp_path: Path) -> None:
     t = load_events(tmp_path, gpu_doc())
     assert_png(figures.transfers_figure(transfers_mod.transfers(t)))
     assert_png(figures.overlap_figure(overlap_mod.cpu_gpu_overlap(t)), min_h=60)
+
+
+def test_timeline_defaults_to_the_median_duration_step() -> None:
+    import numpy as np
+    import polars as pl
+
+    # GIVEN steps of 180, 175, 190, 166 ns, all with GPU work (plus a longer step 5 without any)
+    steps = pl.DataFrame({"step": [1, 2, 3, 4, 5], "ts_ns": [0, 200, 400, 600, 800],
+                          "dur_ns": [180, 175, 190, 166, 900], "end_ns": [180, 375, 590, 766, 1700]})
+    gpu_starts = np.array([10, 210, 410, 610])
+    # THEN the lower median of the steps with GPU work is picked: step 2 (175 ns)
+    assert figures.median_step_index(steps, gpu_starts) == 1
+    # and with no GPU work anywhere, all steps count: median of 166..900 is 180 (step 1)
+    assert figures.median_step_index(steps, np.array([], dtype=np.int64)) == 0
+
+
+def test_step_bars_split_idle_by_cause_to_the_step_idle() -> None:
+    import polars as pl
+
+    # GIVEN a step with 100 busy (98 kernel + 2 memcpy) and 80 idle; gaps say 60 data loading + 20 other
+    steps = pl.DataFrame({"step": [7], "gpu_busy_ns": [100], "gpu_idle_ns": [80], "kernel_ns": [98],
+                          "memcpy_ns": [2], "memset_ns": [0]})
+    gaps = pl.DataFrame({"step": [7, 7, 7, None], "cause": ["data_loading", "other", "data_loading", "other"],
+                         "dur_ns": [40, 20, 20, 999]})
+    parts = {label: list(vals) for label, vals, _f, _e in figures._gpu_step_parts(steps, gaps)}
+    assert parts == {"compute (kernels)": [98.0], "memcpy": [2.0], "idle: data loading": [60.0],
+                     "idle: other": [20.0]}
+    # WITHOUT gaps the idle is one part
+    assert [p[0] for p in figures._gpu_step_parts(steps, None)] == ["compute (kernels)", "memcpy", "GPU idle"]
+
+
+def test_snapshot_figure_shows_frames_at_the_peak(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyze"))
+    import snapshot_builder as sb
+
+    from stepscope.analyze.snapshot import analyze_snapshot, read_snapshot
+
+    stack = sb.frames((12, "forward"))
+    data = {"segments": [sb.segment(0, [sb.block(0, 2 << 20, "active_allocated", stack)])],
+            "device_traces": [[sb.entry("alloc", 0, 2 << 20, t=1, stack=stack),
+                               sb.entry("alloc", 4 << 20, 1 << 20, t=2, stack=stack),
+                               sb.entry("free_completed", 4 << 20, 1 << 20, t=3, stack=stack)]]}
+    result = analyze_snapshot(read_snapshot(sb.write(tmp_path / "s.pickle", data)))
+    assert result.live_at_peak.height > 0
+    assert_png(figures.snapshot_figure(result), min_w=800)
+
+
+def test_transfers_figure_on_the_resnet_trace(corpus: Path) -> None:
+    transfers_mod = pytest.importorskip("stepscope.analyze.transfers", reason="transfers.py is not installed")
+    t = load(corpus / "traces" / "kineto" / "resnet50_num_workers_0")
+    result = transfers_mod.transfers(t)
+    assert result.pageable_copies == 12  # the corpus README: 12 HtoD copies, all pageable
+    assert_png(figures.transfers_figure(result), min_w=900)
