@@ -1,5 +1,6 @@
-"""`python -m stepscope …` is the `stepscope` command."""
+"""`python -m stepscope …` is the `stepscope` command (and `torchrun … -m stepscope capture …` works)."""
 
 from stepscope.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,22 +1,37 @@
-"""`manifest.json`: what a capture run was, so the analyzer can compare profiled and unprofiled steps.
+"""`manifest.json`: what a capture run was, so the analyzer can tell profiled from unprofiled step time.
 
-Schema (manifest_version 1; one file per rank: `manifest.json`, or `manifest.rank<N>.json` when a
-distributed launch sets RANK / WORLD_SIZE > 1):
+One manifest per process, written atomically when the session ends (also when the loop raised):
+`manifest.json`, or `manifest.rank<N>.json` for each rank when a distributed launch sets WORLD_SIZE > 1.
+Schema, manifest_version 1 (times in integer or float nanoseconds; null where unknown):
 
-    manifest_version   1
-    status             "ok" | "failed"; error: "<ExceptionType>: message" when the loop raised
-    command            the command line that ran (argv), cwd, start time, end time, host, pid
-    distributed        rank, local_rank, world_size (RANK, LOCAL_RANK, WORLD_SIZE; torchrun sets them)
-    versions           python, torch, cuda, cudnn
-    device             type (cuda/cpu) and, on CUDA: name, total_memory_bytes, sm_count,
-                       compute_capability, clock rates where torch reports them
-    profiler           the CaptureOptions (schedule wait/warmup/active/repeat, baseline, record_shapes, …)
-    baseline           unprofiled step timing over the baseline steps: steps, mean_ns, std_ns, p50_ns,
-                       p95_ns, p99_ns, steps_per_s, samples_per_s (with batch_size); measured with CUDA
-                       events on a GPU, time.perf_counter_ns on CPU
-    steps_seen         step() calls in the run
-    files              each file written (traces, memory snapshot, memory timeline): name, kind, bytes
-    notes              facts a reader needs (e.g. "CPU capture: no GPU timeline, no H2D copies")
+    manifest_version      1
+    status                "ok" | "failed"          error: "<ExceptionType>: message" when the loop raised
+    command               argv (the profiled program's command line), launcher_argv (this process's
+                          sys.argv), cwd, host, pid, started_at / ended_at (ISO 8601, local time with offset)
+    distributed           rank, local_rank, world_size, local_world_size, group_rank, launcher
+                          ("torchrun" | "slurm" | "mpi" | "env" | null), run_id (torchrun's
+                          TORCHELASTIC_RUN_ID)
+    versions              python, torch, cuda, cudnn
+    device                type "cpu": name, logical_cpus, torch_threads
+                          type "cuda": index, name, total_memory_bytes, sm_count, compute_capability,
+                          clock_rate_khz, memory_clock_rate_khz, memory_bus_width_bits, l2_cache_bytes,
+                          warp_size, max_threads_per_sm, max_memory_allocated_bytes,
+                          max_memory_reserved_bytes (process peaks when the run ended)
+    profiler              the CaptureOptions (skip_first, baseline, wait, warmup, active, repeat,
+                          record_shapes, profile_memory, with_stack, with_modules, with_flops, …),
+                          activities (["cpu"] or ["cpu", "cuda"]), and profiler_step_offset: the
+                          trace's ProfilerStep#N is the run's 0-based step N + profiler_step_offset
+    timing_method         "cuda_event" (no synchronization added to the loop) | "perf_counter_ns"
+    baseline              unprofiled step times (skip_first steps excluded): steps, durations_ns, mean_ns,
+                          std_ns, p50_ns, p95_ns, p99_ns, steps_per_s, samples_per_s (with batch_size)
+    profiled              the same figures over the recorded (active) steps, same clock
+    overhead_ratio        profiled mean / baseline mean (null when either is missing)
+    steps_seen            step() calls in the run; schedule_complete: whether every active step ran
+    files                 each file written: name, kind ("trace" | "memory_snapshot" | "memory_timeline"),
+                          bytes, and for traces: cycle, profiler_steps (the ProfilerStep#N inside),
+                          complete (false: the cycle was cut short by the end of the loop or an error)
+    notes                 facts a reader needs (e.g. "CPU capture: no GPU timeline, …")
+    problems              optional exports that failed (memory timeline, snapshot), one line each
 """
 
 from __future__ import annotations
@@ -25,72 +40,89 @@ import json
 import os
 import platform
 import socket
-import statistics
-import sys
-import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stepscope.analyze._io import atomic_write_text
-
-if TYPE_CHECKING:
-    from stepscope.capture.session import ProfileSession
 
 MANIFEST_VERSION = 1
 
 
 def _int_env(*names: str) -> int | None:
     for name in names:
-        value = os.environ.get(name)
-        if value is not None and value.strip().lstrip("-").isdigit():
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
             return int(value)
     return None
 
 
-def distributed_env() -> dict[str, int | None]:
-    """Rank, local rank and world size from the usual launcher variables (torchrun, SLURM, Open MPI)."""
+def distributed_env() -> dict[str, Any]:
+    """Rank, local rank, world size and launcher from the standard launcher variables.
+
+    torchrun (and torch.distributed.launch) set RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK
+    and TORCHELASTIC_RUN_ID; SLURM (SLURM_PROCID, …) and Open MPI (OMPI_COMM_WORLD_RANK, …) are read when
+    RANK is not set.
+    """
+    launcher = ("torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "env" if "RANK" in os.environ
+                else "slurm" if "SLURM_PROCID" in os.environ else "mpi" if "OMPI_COMM_WORLD_RANK" in os.environ
+                else None)
     return {
         "rank": _int_env("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"),
         "local_rank": _int_env("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"),
         "world_size": _int_env("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"),
+        "local_world_size": _int_env("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        "group_rank": _int_env("GROUP_RANK", "SLURM_NODEID"),
+        "launcher": launcher,
+        "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
     }
 
 
-def _percentile(sorted_values: list[int], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default) of already sorted values."""
-    if not sorted_values:
-        return float("nan")
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+def worker_name(env: dict[str, Any]) -> str:
+    """`rank<N>` under a launcher, else `<host>_<pid>` (tensorboard_trace_handler's default)."""
+    if env.get("rank") is not None:
+        return f"rank{env['rank']}"
+    return f"{socket.gethostname()}_{os.getpid()}"
 
 
-def step_stats(durations_ns: list[int], batch_size: int | None = None) -> dict[str, Any]:
-    """mean, std, p50, p95, p99 (ns) and throughput of step durations."""
-    if not durations_ns:
-        return {"steps": 0}
-    ordered = sorted(durations_ns)
-    mean = statistics.fmean(ordered)
-    out: dict[str, Any] = {
-        "steps": len(ordered),
-        "mean_ns": mean,
-        "std_ns": statistics.stdev(ordered) if len(ordered) > 1 else 0.0,
-        "p50_ns": _percentile(ordered, 0.50),
-        "p95_ns": _percentile(ordered, 0.95),
-        "p99_ns": _percentile(ordered, 0.99),
-        "steps_per_s": 1e9 / mean if mean > 0 else None,
-    }
-    if batch_size:
-        out["samples_per_s"] = batch_size * out["steps_per_s"] if out["steps_per_s"] else None
-    return out
+def manifest_name(env: dict[str, Any]) -> str:
+    """manifest.json for a single process; manifest.rank<N>.json for each rank of a distributed run."""
+    if env.get("rank") is not None and (env.get("world_size") or 1) > 1:
+        return f"manifest.rank{env['rank']}.json"
+    return "manifest.json"
+
+
+def versions(torch: Any, cuda: bool) -> dict[str, Any]:
+    """Python, torch, CUDA and cuDNN versions."""
+    cudnn = None
+    if cuda:
+        try:
+            cudnn = torch.backends.cudnn.version()
+        except Exception:  # noqa: BLE001 - a version is informative only
+            cudnn = None
+    return {"python": platform.python_version(), "torch": str(torch.__version__),
+            "cuda": getattr(torch.version, "cuda", None), "cudnn": cudnn}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+_CUDA_PROPS = (("clock_rate", "clock_rate_khz"), ("memory_clock_rate", "memory_clock_rate_khz"),
+               ("memory_bus_width", "memory_bus_width_bits"), ("L2_cache_size", "l2_cache_bytes"),
+               ("warp_size", "warp_size"), ("max_threads_per_multi_processor", "max_threads_per_sm"))
 
 
 def device_info(torch: Any, cuda: bool) -> dict[str, Any]:
-    """The device the run used, as torch reports it."""
+    """The device the run used, as torch reports it (get_device_properties on CUDA; no nvidia-smi)."""
     if not cuda:
-        return {"type": "cpu", "name": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+        return {"type": "cpu", "name": _cpu_name(), "logical_cpus": os.cpu_count(),
+                "torch_threads": torch.get_num_threads()}
     index = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     info: dict[str, Any] = {
@@ -101,55 +133,26 @@ def device_info(torch: Any, cuda: bool) -> dict[str, Any]:
         "sm_count": props.multi_processor_count,
         "compute_capability": f"{props.major}.{props.minor}",
     }
-    for attr, key in (("clock_rate", "clock_rate_khz"), ("memory_clock_rate", "memory_clock_rate_khz"),
-                      ("L2_cache_size", "l2_cache_bytes")):
+    for attr, key in _CUDA_PROPS:
         value = getattr(props, attr, None)
         if value is not None:
             info[key] = value
+    info["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(index)
+    info["max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved(index)
     return info
 
 
-def manifest_name(rank: int | None, world_size: int | None) -> str:
-    """manifest.json for a single process; manifest.rank<N>.json for each rank of a distributed run."""
-    if rank is not None and (world_size or 1) > 1:
-        return f"manifest.rank{rank}.json"
-    return "manifest.json"
+def file_kind(path: Path) -> str:
+    """The kind of a file the capture wrote, from its name."""
+    name = path.name
+    if name.endswith(".pt.trace.json.gz"):
+        return "trace"
+    if name.endswith(".pickle"):
+        return "memory_snapshot"
+    return "memory_timeline"
 
 
-def write_manifest(session: ProfileSession) -> Path:
-    """Write the run's manifest atomically into its directory."""
-    torch = session._torch
-    env = distributed_env()
-    files = []
-    for path in session.files:
-        if path.exists():
-            kind = ("trace" if path.name.endswith(".pt.trace.json.gz") else
-                    "memory_snapshot" if path.suffix == ".pickle" else "memory_timeline")
-            files.append({"name": path.name, "kind": kind, "bytes": path.stat().st_size})
-    notes = []
-    if not session._cuda:
-        notes.append("CPU capture: no GPU timeline, no host-to-device copies, no CUDA memory snapshot")
-    manifest = {
-        "manifest_version": MANIFEST_VERSION,
-        "status": "failed" if session.error else "ok",
-        "error": session.error,
-        "command": {"argv": session.command or list(sys.argv), "cwd": os.getcwd(), "started_at": session._started_at,
-                    "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname(),
-                    "pid": os.getpid()},
-        "distributed": env,
-        "versions": {
-            "python": platform.python_version(),
-            "torch": getattr(torch, "__version__", None),
-            "cuda": getattr(torch.version, "cuda", None),
-            "cudnn": torch.backends.cudnn.version() if session._cuda else None,
-        },
-        "device": device_info(torch, session._cuda),
-        "profiler": asdict(session.options),
-        "baseline": step_stats(session.baseline_ns, session.options.batch_size),
-        "steps_seen": session.steps_seen,
-        "files": files,
-        "notes": notes,
-    }
-    path = session.out_dir / manifest_name(env["rank"], env["world_size"])
+def write_manifest(path: Path, manifest: dict[str, Any]) -> Path:
+    """Write a manifest atomically (a reader never sees half a file)."""
     atomic_write_text(path, json.dumps(manifest, indent=2, default=str) + "\n")
     return path
