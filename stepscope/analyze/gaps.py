@@ -3,47 +3,60 @@
 Definitions:
 - **busy** per device: the union of its kernel, memcpy and memset intervals, all streams.
 - **window** (`window="steps"`, the default): the union of the ProfilerStep windows (each step extended to
-  the end of the GPU work it launched; `steps.step_windows`), the same for every device; without steps, or
-  with `window="trace"`, a device's first to last GPU event.
-- **gap**: a maximal interval inside the window where the device does nothing.
+  the end of the GPU work it launched; `window.step_windows`), the same for every device; without steps, or
+  with `window="trace"`, a device's first to last GPU event (`window.analysis_window`).
+- **gap**: a maximal interval inside the window where the device does nothing (`intervals.subtract`).
 
-**Blame.** At the gap's midpoint, on the thread that launched the GPU event right after the gap (the main
-thread holding the ProfilerStep spans when that is unknown): the innermost CPU op (`blamed_op`), the
-innermost Python frame (`blamed_python`, with_stack traces) and the innermost runtime call.
+**Blame: the innermost activity at the gap's midpoint** (chosen over "longest overlap": one point gives
+one call stack, so op, Python frame and runtime call are consistent with each other). The thread is the
+one that launched the GPU event right after the gap; where that is unknown, the main thread (the one
+holding the ProfilerStep spans). Reported: the innermost CPU op (`blamed_op`), Python frame
+(`blamed_python`, with_stack traces) and runtime call (`blamed_runtime`) enclosing the midpoint.
 
 **Cause** — ordered rules, the first that holds wins:
 
-    host_sync           the runtime call at the midpoint synchronizes (cudaDeviceSynchronize,
-                        cudaStreamSynchronize, cudaEventSynchronize, a synchronous cudaMemcpy, hip…), or
-                        the op is one that reads a value back (aten::item, aten::_local_scalar_dense,
-                        aten::nonzero)
-    data_loading        the thread is inside a DataLoader annotation or a dataloader iterator's __next__
-    communication_wait  the next GPU event is a collective (nccl/rccl kernel) or the op is a c10d/nccl op
-    memcpy_wait         the gap ends with a memcpy (the GPU waited for the data to arrive)
-    launch_overhead     the next GPU event's launch call started after the gap began: the CPU was late
+    host_sync           the runtime call at the midpoint synchronizes (…Synchronize on CUDA/HIP/driver, a
+                        synchronous cudaMemcpy / hipMemcpy / hipMemcpyWithStream, not …Async), or a cuda_sync
+                        event (Stream/Event/Context Sync, not Stream Wait Event) on the device covers the
+                        midpoint, or the op reads a value back (aten::item, aten::_local_scalar_dense,
+                        aten::nonzero, aten::is_nonzero), or the op is a copy that issued a DtoH memcpy
+                        (`.cpu()` / `.to("cpu")` -> aten::copy_)
+    data_loading        the thread is inside an event named like a DataLoader (enumerate(DataLoader)…,
+                        _next_data, dataloader.py … __next__)
+    communication_wait  the next GPU event is a collective (nccl/rccl kernel) or the op is a
+                        c10d:: / nccl: / record_param_comms op
+    memcpy_wait         the gap ends with a memcpy (the GPU waited for the data to arrive), or the op is a
+                        copy that issued an HtoD memcpy (the copy waits for host data)
+    launch_overhead     the next GPU event's launch call started after the gap began (the CPU was late),
+                        or the gap is shorter than BACK_TO_BACK_NS (2 µs) between back-to-back launches
     other               none of the above (e.g. the launch came early but the stream waited on another)
 
-For example, a `.item()` in forward:
+Before/after, a `.item()` in forward:
 
-    kernel A ends at 100 µs; aten::item (100..180) -> cudaStreamSynchronize (105..178); kernel B at 185
-    -> gap 100..185, midpoint 142.5: runtime cudaStreamSynchronize, op aten::_local_scalar_dense: host_sync
+    kernel A ends at 100 µs; aten::item (100..180) > aten::_local_scalar_dense (101..179)
+      > cudaStreamSynchronize (103..178); kernel B launched at 182 runs at 185
+    -> gap 100..185 (85 µs), midpoint 142.5: runtime cudaStreamSynchronize, op aten::_local_scalar_dense,
+       cause host_sync
+
+A slow Python loop between two kernels:
+
+    kernel A ends at 100 µs; the next launch (cudaLaunchKernel) starts at 180, kernel B runs at 185
+    -> gap 100..185, nothing syncing or loading at the midpoint, launched after the gap began: launch_overhead
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import polars as pl
 
+from stepscope.analyze import intervals
 from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
-from stepscope.analyze.schema import GPU_KINDS, Kind
-from stepscope.analyze.steps import step_windows
+from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
-
-WindowKind = Literal["steps", "trace"]
+from stepscope.analyze.window import WindowKind, analysis_window, step_windows
 
 
 class GapCause(str, enum.Enum):
@@ -57,18 +70,35 @@ class GapCause(str, enum.Enum):
     OTHER = "other"
 
 
-SYNC_RUNTIME = r"(?i)(Synchronize|^cudaMemcpy$|^cudaMemcpy2D$|^hipMemcpy$|^cuMemcpyDtoH|^cuMemcpyHtoD$|Wait)"
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero")
-DATA_LOADING = r"(DataLoader|_next_data|dataloader\.py.*__next__|enumerate\(DataLoader\))"
+COPY_OPS = ("aten::copy_", "aten::to", "aten::_to_copy", "aten::_copy_from", "aten::_copy_from_and_resize")
+DATA_LOADING = r"(DataLoader|_next_data|dataloader\.py.*__next__)"
 COMMUNICATION = r"(?i)(nccl|rccl|c10d::|record_param_comms|all_reduce|allreduce|all_gather|reduce_scatter)"
+#: a gap shorter than this between launches already queued is the GPU's own launch overhead
+BACK_TO_BACK_NS = 2_000
 HISTOGRAM_EDGES_NS = (1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000)
+HISTOGRAM_LABELS = ("< 1 µs", "1–10 µs", "10–100 µs", "0.1–1 ms", "1–10 ms", "10–100 ms", ">= 100 ms")
+
+
+def is_sync_runtime(name: pl.Expr) -> pl.Expr:
+    """True for a runtime/driver call that blocks the host until the GPU catches up.
+
+        cudaStreamSynchronize, hipDeviceSynchronize, cuCtxSynchronize, cudaMemcpy, hipMemcpyWithStream -> True
+        cudaMemcpyAsync, cudaStreamWaitEvent (a GPU-side wait), cudaLaunchKernel                          -> False
+    """
+    name = name.fill_null("")
+    return name.str.contains("(?i)synchronize") | (
+        name.str.contains("(?i)^(cuda|hip|cu)memcpy") & ~name.str.contains("(?i)async"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class GapsResult:
     """Per-device busy/window/utilization, every idle gap with blame and cause, idle by cause, a histogram.
 
-    In `gaps`, at_ns is the gap's start since the window began; start_ts / end_ts are on the trace's clock (ns).
+    `gaps` columns: device, step, at_ns (the gap's start since the window began), dur_ns, cause, blamed_op,
+    blamed_python, blamed_runtime, prev_kernel, next_kernel, tid (the blamed thread), start_ns and end_ns
+    (on the trace's clock). Totals (`idle_ns`, `idle_by_cause`, `histogram`) count every gap, whatever
+    `min_gap_ns` and `top` leave in `gaps`.
     """
 
     window_kind: str
@@ -95,162 +125,145 @@ def short_name(name: pl.Expr) -> pl.Expr:
     return pl.when(cpp).then(name.str.replace(r"^void ", "").str.replace(r"[<(].*$", "")).otherwise(name)
 
 
-def union(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Maximal disjoint intervals of start_ns/end_ns per group (cumulative-max rule).
+def innermost(frame: pl.LazyFrame, points: pl.DataFrame) -> pl.DataFrame:
+    """name, event_id of the innermost event of `frame` enclosing each point (pid, tid, ts_ns); nulls where none.
 
-        [0,10] [5,12] [20,25]  ->  [0,12] [20,25]
+    One row per point, in the points' order. The nesting walk is nesting.py's (one place, measured there).
     """
-    if frame.height == 0:
-        return frame.select(*by, "start_ns", "end_ns")
-    if not by:
-        return union(frame.with_columns(_all=pl.lit(0)), ["_all"]).drop("_all")
-    return (
-        frame.sort(*by, "start_ns")
-        .with_columns(prev_end=pl.col("end_ns").cum_max().shift(1).over(by))
-        .with_columns(run=(pl.col("prev_end").is_null() | (pl.col("start_ns") > pl.col("prev_end"))).cum_sum().over(by))
-        .group_by(*by, "run").agg(start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max())
-        .drop("run").sort(*by, "start_ns")
-    )
+    iv = sort_for_nesting(frame.filter(pl.col("dur_ns").is_not_null())
+                          .select("pid", "tid", "ts_ns", "dur_ns", "name", "event_id").collect())
+    if iv.height == 0 or points.height == 0:
+        return pl.DataFrame({"name": [None] * points.height, "event_id": [None] * points.height},
+                            schema={"name": pl.String, "event_id": pl.Int64})
+    parent, _ = parent_index(iv)
+    rows = innermost_enclosing(iv.with_columns(parent=pl.Series(parent)), points)
+    return pl.DataFrame({"name": iv["name"].gather(rows), "event_id": iv["event_id"].gather(rows)})
 
 
-def clip(intervals: pl.DataFrame, windows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """The parts of `intervals` inside `windows` (both disjoint per group): interval joins by overlap."""
-    if intervals.height == 0 or windows.height == 0:
-        return intervals.head(0).select(*by, "start_ns", "end_ns")
-    w = windows.select(*by, w_start="start_ns", w_end="end_ns")
-    joined = intervals.join(w, on=by, how="inner") if by else intervals.join(w, how="cross")
-    return (
-        joined.filter((pl.col("start_ns") < pl.col("w_end")) & (pl.col("end_ns") > pl.col("w_start")))
-        .select(*by, start_ns=pl.max_horizontal("start_ns", "w_start"), end_ns=pl.min_horizontal("end_ns", "w_end"))
-    )
-
-
-def complement(busy: pl.DataFrame, windows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """The parts of each window not covered by `busy` (busy already clipped to the windows)."""
-    # per window: sorted busy pieces inside it; gaps are between consecutive pieces and at both ends
-    w = windows.select(*by, w_start="start_ns", w_end="end_ns").with_row_index("window")
-    inside = (busy.join(w, on=by, how="inner") if by else busy.join(w, how="cross")).filter(
-        (pl.col("start_ns") >= pl.col("w_start")) & (pl.col("end_ns") <= pl.col("w_end")))
-    points = pl.concat([
-        inside.select("window", *by, a="end_ns", b=pl.lit(None, pl.Int64)),
-        w.select("window", *by, a="w_start", b=pl.lit(None, pl.Int64)),
-    ]).sort("window", "a")
-    starts = inside.select("window", s="start_ns")
-    ends_of_gaps = pl.concat([starts, w.select("window", s="w_end")]).sort("window", "s")
-    # each gap starts at a busy end (or the window start) and ends at the next busy start (or window end)
-    left = points.unique(subset=["window", "a"], keep="first").sort("window", "a")
-    gaps = left.join_asof(ends_of_gaps, left_on="a", right_on="s", by="window", strategy="forward",
-                          check_sortedness=False)
-    return gaps.filter(pl.col("s") > pl.col("a")).select(*by, start_ns="a", end_ns="s")
-
-
-def _windows(steps: pl.DataFrame, gpu: pl.DataFrame, window: WindowKind) -> pl.DataFrame:
-    """device, start_ns, end_ns: the analysis window per device (`steps` from steps.step_windows)."""
-    devices = gpu.select("device").unique()
-    if window == "steps" and steps.height:
-        merged = union(steps.select("start_ns", "end_ns"), [])
-        return devices.join(merged, how="cross").select("device", "start_ns", "end_ns")
-    return gpu.group_by("device").agg(start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max())
-
-
-def _gpu(trace: Trace) -> pl.DataFrame:
-    return (
+def _gpu(trace: Trace, device: int | None) -> pl.DataFrame:
+    gpu = (
         trace.launches()
-        .select("gpu_event_id", "kind", "name", "device", "stream", start_ns="ts_ns",
-                end_ns=pl.col("ts_ns") + pl.col("dur_ns"), launch_ts_ns="launch_ts_ns", launch_pid="launch_pid",
-                launch_tid="launch_tid", op_name="op_name")
-        .filter(pl.col("device").is_not_null() & pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
-        .collect()
+        .filter(pl.col("device").is_not_null() & pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())
+        .select("kind", "name", "device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
+                launch_ts_ns="launch_ts_ns", launch_pid="launch_pid", launch_tid="launch_tid",
+                op_event_id="op_event_id")
+    )
+    return (gpu if device is None else gpu.filter(pl.col("device") == device)).collect()
+
+
+def _neighbours(gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
+    """prev_kernel (the GPU event ending at the gap's start), next_* (the one starting at its end)."""
+    by_start = gpu.sort("device", "start_ns").select(
+        "device", next_start="start_ns", next_kernel="name", next_kind="kind", next_launch_ts_ns="launch_ts_ns",
+        launch_pid="launch_pid", launch_tid="launch_tid")
+    by_end = gpu.sort("device", "end_ns").select("device", prev_end="end_ns", prev_kernel="name")
+    return (
+        gaps.sort("device", "end_ns")
+        .join_asof(by_start, left_on="end_ns", right_on="next_start", by="device", strategy="forward",
+                   check_sortedness=False)
+        .sort("device", "start_ns")
+        .join_asof(by_end, left_on="start_ns", right_on="prev_end", by="device", strategy="backward",
+                   check_sortedness=False)
+        .drop("next_start", "prev_end")
     )
 
 
 def _blame(trace: Trace, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     """Add next/prev GPU event, the blamed thread, its innermost op / Python frame / runtime call, cause."""
-    by_start = gpu.sort("device", "start_ns").select(
-        "device", "start_ns", next_kernel="name", next_kind="kind", next_launch_ts_ns="launch_ts_ns",
-        launch_pid="launch_pid", launch_tid="launch_tid")
-    by_end = gpu.sort("device", "end_ns").select("device", "end_ns", prev_kernel="name")
-    g = (
-        gaps.sort("device", "end_ns")
-        .join_asof(by_start, left_on="end_ns", right_on="start_ns", by="device", strategy="forward",
-                   check_sortedness=False, suffix="_next")
-        .sort("device", "start_ns")
-        .join_asof(by_end, left_on="start_ns", right_on="end_ns", by="device", strategy="backward",
-                   check_sortedness=False, suffix="_prev")
-        .drop("start_ns_next", "end_ns_prev", strict=False)
-        .sort("device", "start_ns")
-    )
-    steps = trace.steps.collect()
-    main = steps.group_by("pid", "tid").agg(n=pl.len()).sort("n", descending=True).head(1)
+    g = _neighbours(gaps, gpu)
+    main = trace.steps.group_by("pid", "tid").agg(n=pl.len()).sort("n", descending=True).head(1).collect()
     main_pid, main_tid = (main["pid"][0], main["tid"][0]) if main.height else (None, None)
     g = g.with_columns(
         pid=pl.coalesce("launch_pid", pl.lit(main_pid, pl.String)),
         tid=pl.coalesce("launch_tid", pl.lit(main_tid, pl.String)),
-        ts_ns=(pl.col("start_ns") + pl.col("end_ns")) // 2,
-    )
-    points = g.select("pid", "tid", "ts_ns").with_columns(pl.col("pid", "tid").fill_null(""))
-    for label, frame in (("blamed_op", trace.cpu_ops), ("blamed_python", trace.python),
-                         ("blamed_runtime", trace.runtime)):
-        iv = sort_for_nesting(frame.select("pid", "tid", "ts_ns", "dur_ns", "name")
-                              .filter(pl.col("dur_ns").is_not_null()).collect())
-        if iv.height:
-            parent, _ = parent_index(iv)
-            iv = iv.with_columns(parent=pl.Series(parent))
-            rows = innermost_enclosing(iv, points)
-            g = g.with_columns(iv["name"].gather(rows).alias(label))
-        else:
-            g = g.with_columns(pl.lit(None, pl.String).alias(label))
-    loading = (trace.events.filter(pl.col("name").str.contains(DATA_LOADING) & pl.col("dur_ns").is_not_null())
-               .select("pid", "tid", l_start="ts_ns", l_end=pl.col("ts_ns") + pl.col("dur_ns")).collect())
-    in_loading = (
-        g.with_row_index("gap").join(loading, on=["pid", "tid"], how="inner")
-        .filter((pl.col("l_start") <= pl.col("ts_ns")) & (pl.col("l_end") >= pl.col("ts_ns")))
-        .select("gap").unique()
-    )
-    g = g.with_row_index("gap").with_columns(loading=pl.col("gap").is_in(in_loading["gap"].implode()))
+        mid_ns=(pl.col("start_ns") + pl.col("end_ns")) // 2,
+    ).with_row_index("gap")
+    points = g.select(pl.col("pid", "tid").fill_null(""), ts_ns="mid_ns")
+    op = innermost(trace.cpu_ops, points)
+    g = g.with_columns(blamed_op=op["name"], blamed_op_id=op["event_id"],
+                       blamed_python=innermost(trace.python, points)["name"],
+                       blamed_runtime=innermost(trace.runtime, points)["name"])
+
+    def gaps_inside(events: pl.LazyFrame, on: list[str]) -> pl.Series:
+        """Gap rows whose midpoint lies in one of `events` (matched on `on`): one join, no per-row loop."""
+        spans = events.filter(pl.col("dur_ns").is_not_null()).select(
+            *on, e_start="ts_ns", e_end=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+        inside = g.select("gap", *on, "mid_ns").join(spans, on=on, how="inner").filter(
+            (pl.col("e_start") <= pl.col("mid_ns")) & (pl.col("mid_ns") <= pl.col("e_end")))
+        return inside["gap"].unique()
+
+    loading = gaps_inside(trace.events.filter(pl.col("name").str.contains(DATA_LOADING)), ["pid", "tid"])
+    syncing = gaps_inside(trace.syncs.filter(~pl.col("name").str.contains("(?i)wait")), ["device"])
+    copy_ops = gpu.filter(pl.col("kind") == Kind.MEMCPY.value).select(
+        "op_event_id", dtoh=pl.col("name").str.contains("DtoH"), htod=pl.col("name").str.contains("HtoD"))
+    dtoh_ops = copy_ops.filter("dtoh")["op_event_id"].drop_nulls().implode()
+    htod_ops = copy_ops.filter("htod")["op_event_id"].drop_nulls().implode()
+    a_copy = pl.col("blamed_op").is_in(list(COPY_OPS))
     cause = (
-        pl.when(pl.col("blamed_runtime").fill_null("").str.contains(SYNC_RUNTIME)
-                | pl.col("blamed_op").is_in(list(SYNC_OPS)))
+        pl.when(is_sync_runtime(pl.col("blamed_runtime")) | pl.col("gap").is_in(syncing.implode())
+                | pl.col("blamed_op").is_in(list(SYNC_OPS)) | (a_copy & pl.col("blamed_op_id").is_in(dtoh_ops)))
         .then(pl.lit(GapCause.HOST_SYNC.value))
-        .when(pl.col("loading")).then(pl.lit(GapCause.DATA_LOADING.value))
+        .when(pl.col("gap").is_in(loading.implode())).then(pl.lit(GapCause.DATA_LOADING.value))
         .when(pl.col("next_kernel").fill_null("").str.contains(COMMUNICATION)
               | pl.col("blamed_op").fill_null("").str.contains(COMMUNICATION))
         .then(pl.lit(GapCause.COMMUNICATION_WAIT.value))
-        .when(pl.col("next_kind") == Kind.MEMCPY.value).then(pl.lit(GapCause.MEMCPY_WAIT.value))
-        .when(pl.col("next_launch_ts_ns") > pl.col("start_ns")).then(pl.lit(GapCause.LAUNCH_OVERHEAD.value))
+        .when((pl.col("next_kind") == Kind.MEMCPY.value) | (a_copy & pl.col("blamed_op_id").is_in(htod_ops)))
+        .then(pl.lit(GapCause.MEMCPY_WAIT.value))
+        .when((pl.col("next_launch_ts_ns") > pl.col("start_ns")) | (pl.col("dur_ns") < BACK_TO_BACK_NS))
+        .then(pl.lit(GapCause.LAUNCH_OVERHEAD.value))
         .otherwise(pl.lit(GapCause.OTHER.value))
     )
-    return g.with_columns(cause=cause).drop("gap", "loading", "ts_ns", "next_launch_ts_ns", "next_kind")
+    return g.with_columns(cause=cause).drop("gap", "mid_ns", "next_launch_ts_ns", "next_kind", "blamed_op_id")
+
+
+def _with_step(gaps: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The step whose (disjoint) window contains the gap's start; null outside every step."""
+    if steps.height == 0:
+        return gaps.with_columns(step=pl.lit(None, pl.Int64))
+    w = steps.select("step", w_start="start_ns", w_end="end_ns").sort("w_start")
+    return (gaps.sort("start_ns").join_asof(w, left_on="start_ns", right_on="w_start", strategy="backward")
+            .with_columns(step=pl.when(pl.col("start_ns") < pl.col("w_end")).then("step"))
+            .drop("w_start", "w_end"))
+
+
+def _histogram(dur_ns: pl.Series) -> pl.DataFrame:
+    """Gap count and idle time per log-10 length bin (bucket, gaps, idle_ns)."""
+    values = dur_ns.to_numpy().astype(np.int64)
+    bins = np.searchsorted(np.array(HISTOGRAM_EDGES_NS), values, side="right")
+    n = len(HISTOGRAM_LABELS)
+    return pl.DataFrame({"bucket": list(HISTOGRAM_LABELS),
+                         "gaps": np.bincount(bins, minlength=n).astype(np.int64),
+                         "idle_ns": np.bincount(bins, weights=values, minlength=n).astype(np.int64)})
 
 
 def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps", device: int | None = None,
              top: int | None = None) -> GapsResult:
-    """Busy, window, utilization and idle gaps (with blame and cause) per device. See the module docstring."""
-    gpu = _gpu(trace)
+    """Busy, window, utilization and idle gaps (with blame and cause) per device. See the module docstring.
+
+    `min_gap_ns` and `top` only trim the `gaps` table (longest first); every total counts every gap.
+    """
+    gpu = _gpu(trace, device)
+    steps = step_windows(trace).collect()
+    windows = analysis_window(trace, window=window, steps=steps).collect()
     if device is not None:
-        gpu = gpu.filter(pl.col("device") == device)
-    step_table = step_windows(trace)
-    windows = _windows(step_table, gpu, window) if gpu.height else pl.DataFrame(
-        schema={"device": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
-    busy = clip(union(gpu.select("device", "start_ns", "end_ns"), ["device"]), windows, ["device"])
-    gaps = complement(busy, windows, ["device"]).with_columns(dur_ns=pl.col("end_ns") - pl.col("start_ns"))
-    gaps = _blame(trace, gaps, gpu) if gaps.height else gaps.with_columns(
-        [pl.lit(None, pl.String).alias(c) for c in ("next_kernel", "launch_pid", "launch_tid", "prev_kernel", "pid",
-                                                      "tid", "blamed_op", "blamed_python", "blamed_runtime",
-                                                      "cause")])
-    sw = step_table.select("step", w_start="start_ns", w_end="end_ns")
-    if sw.height and gaps.height:
-        located = gaps.with_row_index("gap").join(sw, how="cross").filter(
-            (pl.col("start_ns") >= pl.col("w_start")) & (pl.col("start_ns") < pl.col("w_end"))
-        ).select("gap", "step")
-        gaps = gaps.with_row_index("gap").join(located, on="gap", how="left").drop("gap")
-    else:
-        gaps = gaps.with_columns(step=pl.lit(None, pl.Int64))
+        windows = windows.filter(pl.col("device") == device)
+    busy = intervals.clip(intervals.union(gpu.lazy(), by=["device"], start="start_ns", end="end_ns"),
+                          windows.lazy(), by=["device"]).collect()
+    gaps = (intervals.subtract(windows.lazy(), busy.lazy(), by=["device"]).collect()
+            .with_columns(dur_ns=pl.col("end_ns") - pl.col("start_ns")))
+    text = [pl.lit(None, pl.String).alias(c) for c in ("prev_kernel", "next_kernel", "launch_pid", "launch_tid",
+                                                        "pid", "tid", "blamed_op", "blamed_python",
+                                                        "blamed_runtime", "cause")]
+    gaps = _blame(trace, gaps, gpu) if gaps.height else gaps.with_columns(text)
+    gaps = _with_step(gaps, steps)
+
+    def total(frame: pl.DataFrame, name: str) -> pl.DataFrame:
+        return frame.group_by("device").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias(name))
+
     per_device = (
-        windows.group_by("device").agg(window_ns=(pl.col("end_ns") - pl.col("start_ns")).sum())
-        .join(busy.group_by("device").agg(busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum()), on="device",
-              how="left")
-        .join(gaps.group_by("device").agg(gaps=pl.len(), idle_ns=pl.col("dur_ns").sum(),
+        total(windows, "window_ns")
+        .join(total(busy, "busy_ns"), on="device", how="left")
+        .join(gaps.group_by("device").agg(gaps=pl.len().cast(pl.Int64), idle_ns=pl.col("dur_ns").sum(),
                                           longest_gap_ns=pl.col("dur_ns").max()), on="device", how="left")
         .with_columns(pl.col("busy_ns", "idle_ns", "gaps").fill_null(0))
         .with_columns(busy_fraction=pl.col("busy_ns") / pl.col("window_ns"))
@@ -258,39 +271,33 @@ def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps",
         .sort("device")
     )
     by_cause = (
-        gaps.group_by("device", "cause").agg(gaps=pl.len(), idle_ns=pl.col("dur_ns").sum())
-        .join(per_device.select("device", total="idle_ns"), on="device")
-        .with_columns(idle_fraction=pl.col("idle_ns") / pl.col("total")).drop("total")
+        gaps.group_by("device", "cause").agg(gaps=pl.len().cast(pl.Int64), idle_ns=pl.col("dur_ns").sum())
+        .join(per_device.select("device", all_idle="idle_ns"), on="device")
+        .with_columns(idle_fraction=pl.col("idle_ns") / pl.col("all_idle")).drop("all_idle")
         .sort("device", "idle_ns", descending=[False, True])
-    ) if gaps.height else pl.DataFrame(schema={"device": pl.Int64, "cause": pl.String, "gaps": pl.UInt32,
-                                               "idle_ns": pl.Int64, "idle_fraction": pl.Float64})
-    edges = np.array(HISTOGRAM_EDGES_NS)
-    labels = ["< 1 µs", "1–10 µs", "10–100 µs", "0.1–1 ms", "1–10 ms", "10–100 ms", ">= 100 ms"]
-    bins = np.searchsorted(edges, gaps["dur_ns"].to_numpy(), side="right") if gaps.height else np.array([], int)
-    histogram = pl.DataFrame({"bucket": labels, "gaps": np.bincount(bins, minlength=len(labels)).tolist(),
-                              "idle_ns": [int(gaps["dur_ns"].to_numpy()[bins == i].sum()) if gaps.height else 0
-                                          for i in range(len(labels))]})
-    first = int(windows["start_ns"].min()) if windows.height else 0  # type: ignore[arg-type]
+    )
+    first = windows["start_ns"].min() if windows.height else 0
     shown = gaps.filter(pl.col("dur_ns") >= min_gap_ns).sort("dur_ns", descending=True).select(
-        "device", "step", at_ns=pl.col("start_ns") - first, dur_ns="dur_ns", cause="cause",
+        "device", "step", at_ns=pl.col("start_ns") - pl.lit(first, pl.Int64), dur_ns="dur_ns", cause="cause",
         blamed_op="blamed_op", blamed_python="blamed_python", blamed_runtime="blamed_runtime",
         prev_kernel=short_name(pl.col("prev_kernel")), next_kernel=short_name(pl.col("next_kernel")), tid="tid",
-        start_ts="start_ns", end_ts="end_ns")
+        start_ns="start_ns", end_ns="end_ns")
     totals = per_device.select(pl.col("busy_ns", "window_ns", "idle_ns").sum()).row(0, named=True)
+    window_ns = int(totals["window_ns"] or 0)
     return GapsResult(
-        window_kind=window if step_table.height or window == "trace" else "trace (no ProfilerStep)",
+        window_kind=window if steps.height or window == "trace" else "trace (no ProfilerStep)",
         devices_with_gpu_work=per_device.height,
         busy_ns=int(totals["busy_ns"] or 0),
-        window_ns=int(totals["window_ns"] or 0),
+        window_ns=window_ns,
         idle_ns=int(totals["idle_ns"] or 0),
-        busy_fraction=(totals["busy_ns"] / totals["window_ns"]) if totals["window_ns"] else None,
+        busy_fraction=int(totals["busy_ns"] or 0) / window_ns if window_ns else None,
         gaps_total=gaps.height,
         min_gap_ns=min_gap_ns,
         devices=per_device,
         idle_by_cause=by_cause,
         gaps=shown.head(top) if top else shown,
-        histogram=histogram,
+        histogram=_histogram(gaps["dur_ns"]),
     )
 
 
-__all__ = ["GPU_KINDS", "GapCause", "GapsResult", "clip", "complement", "gpu_gaps", "short_name", "union"]
+__all__ = ["BACK_TO_BACK_NS", "GapCause", "GapsResult", "gpu_gaps", "innermost", "is_sync_runtime", "short_name"]

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from stepscope.analyze.gaps import SYNC_RUNTIME, clip, union
-from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
-from stepscope.analyze.steps import step_windows
+from stepscope.analyze import intervals
+from stepscope.analyze.gaps import innermost, is_sync_runtime
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.window import analysis_window
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,14 +42,12 @@ def _length(frame: pl.DataFrame) -> int:
     return int((frame["end_ns"] - frame["start_ns"]).sum() or 0) if frame.height else 0
 
 
-def _innermost_names(trace_frame: pl.LazyFrame, points: pl.DataFrame) -> pl.Series:
-    iv = sort_for_nesting(trace_frame.select("pid", "tid", "ts_ns", "dur_ns", "name")
-                          .filter(pl.col("dur_ns").is_not_null()).collect())
-    if iv.height == 0 or points.height == 0:
-        return pl.Series([None] * points.height, dtype=pl.String)
-    parent, _ = parent_index(iv)
-    iv = iv.with_columns(parent=pl.Series(parent))
-    return iv["name"].gather(innermost_enclosing(iv, points))
+def _union(frame: pl.DataFrame) -> pl.DataFrame:
+    return intervals.union(frame.lazy(), start="start_ns", end="end_ns").collect()
+
+
+def _clip(frame: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
+    return intervals.clip(frame.lazy(), window.lazy()).collect()
 
 
 def cpu_gpu_overlap(trace: Trace) -> OverlapResult:
@@ -57,24 +55,20 @@ def cpu_gpu_overlap(trace: Trace) -> OverlapResult:
     launches = trace.launches().collect()
     gpu = launches.select("device", "stream", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
                           launch_ns="launch_ts_ns", pid="launch_pid", tid="launch_tid")
-    sw = step_windows(trace)
-    if sw.height:
-        window = union(sw.select("start_ns", "end_ns"), [])
-    elif gpu.height:
-        window = gpu.select(start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max())
-    else:
-        cpu_all = trace.cpu.select(start_ns=pl.col("ts_ns").min(), end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max())
-        window = cpu_all.collect()
+    window = _union(analysis_window(trace).select("start_ns", "end_ns").collect())
+    if window.height == 0:  # CPU-only trace: the CPU's own span
+        window = trace.cpu.select(start_ns=pl.col("ts_ns").min(),
+                                  end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect().drop_nulls()
     window_ns = _length(window)
-    gpu_busy = clip(union(gpu.select("start_ns", "end_ns"), []), window, [])
+    gpu_busy = _clip(gpu.select("start_ns", "end_ns").drop_nulls(), window)
     threads = gpu.select("pid", "tid").drop_nulls().unique()
     if threads.height == 0:
         threads = trace.steps.select("pid", "tid").unique().collect()
     cpu = (trace.cpu_ops.select("pid", "tid", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
            .collect().join(threads, on=["pid", "tid"], how="semi"))
-    cpu_busy = clip(union(cpu.select("start_ns", "end_ns").drop_nulls(), []), window, [])
+    cpu_busy = _clip(cpu.select("start_ns", "end_ns").drop_nulls(), window)
     g, c = _length(gpu_busy), _length(cpu_busy)
-    either = _length(union(pl.concat([gpu_busy, cpu_busy]), [])) if g or c else 0
+    either = _length(_union(pl.concat([gpu_busy, cpu_busy]))) if g or c else 0
     both = g + c - either
 
     def share(value: int) -> float | None:
@@ -108,11 +102,11 @@ def cpu_gpu_overlap(trace: Trace) -> OverlapResult:
                for b in ("0", "1", "2-4", "5-16", ">16")})
         .sort("device", "stream")
     ) if edges.height else pl.DataFrame()
-    syncs = trace.runtime.filter(pl.col("name").str.contains(SYNC_RUNTIME)).select(
+    syncs = trace.runtime.filter(is_sync_runtime(pl.col("name"))).select(
         "pid", "tid", "ts_ns", "dur_ns", "name").collect()
     points = syncs.select("pid", "tid", "ts_ns")
-    syncs = syncs.with_columns(python=_innermost_names(trace.python, points),
-                               op=_innermost_names(trace.cpu_ops, points))
+    syncs = syncs.with_columns(python=innermost(trace.python, points)["name"],
+                               op=innermost(trace.cpu_ops, points)["name"])
     sources = (
         syncs.with_columns(source=pl.coalesce("python", "op", pl.lit("(no enclosing op)")))
         .group_by("name", "source").agg(calls=pl.len(), total_ns=pl.col("dur_ns").sum())

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from stepscope.analyze.gaps import union
-from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
+from stepscope.analyze import intervals
+from stepscope.analyze.gaps import innermost, is_sync_runtime
 from stepscope.analyze.schema import Kind
-from stepscope.analyze.steps import step_windows
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.window import step_windows
 
 DIRECTION = r"(HtoD|DtoH|DtoD|HtoH|PtoP|DtoA|AtoD|HtoA|AtoH)"
 
@@ -62,16 +62,6 @@ def covered_ns(spans: pl.DataFrame, busy: pl.DataFrame) -> pl.Series:
     return (f("end_ns") - f("start_ns")).alias("covered_ns")
 
 
-def _python_lines(trace: Trace, points: pl.DataFrame) -> pl.Series:
-    frames = sort_for_nesting(trace.python.select("pid", "tid", "ts_ns", "dur_ns", "name")
-                              .filter(pl.col("dur_ns").is_not_null()).collect())
-    if frames.height == 0 or points.height == 0:
-        return pl.Series("python_line", [None] * points.height, dtype=pl.String)
-    parent, _ = parent_index(frames)
-    frames = frames.with_columns(parent=pl.Series(parent))
-    return frames["name"].gather(innermost_enclosing(frames, points)).alias("python_line")
-
-
 def transfers(trace: Trace, *, top: int = 10) -> TransfersResult:
     """All copies with bandwidth, pinned/pageable, sync/async, exposed stall and CPU time blocked."""
     copies = (
@@ -80,34 +70,31 @@ def transfers(trace: Trace, *, top: int = 10) -> TransfersResult:
         .collect()
     )
     kernels = trace.kernels.select("device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).collect()
-    busy = union(kernels.filter(pl.col("device").is_not_null()), ["device"])
+    busy = intervals.union(kernels.lazy().filter(pl.col("device").is_not_null()), by=["device"], start="start_ns",
+                           end="end_ns").collect()
     copies = copies.with_columns(
         direction=pl.col("name").str.extract(DIRECTION).fill_null("other"),
-        pageable=pl.col("name").str.contains("Pageable"),
-        pinned=pl.col("name").str.contains("Pinned"),
-        sync=pl.col("runtime_name").str.contains("(?i)memcpy") & ~pl.col("runtime_name").str.contains("Async"),
+        # null where the name does not say (AMD: "Memcpy HtoD (Host -> Device)")
+        pageable=pl.when(pl.col("name").str.contains("Pageable|Pinned")).then(pl.col("name").str.contains("Pageable")),
+        pinned=pl.when(pl.col("name").str.contains("Pageable|Pinned")).then(pl.col("name").str.contains("Pinned")),
+        sync=pl.when(pl.col("runtime_name").is_not_null()).then(is_sync_runtime(pl.col("runtime_name"))),
         start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
     )
     copies = copies.with_columns(covered_ns(copies.select("device", "start_ns", "end_ns"), busy))
     points = copies.select(pid=pl.col("launch_pid").fill_null(""), tid=pl.col("launch_tid").fill_null(""),
                            ts_ns=pl.col("launch_ts_ns").fill_null(0))
-    copies = copies.with_columns(_python_lines(trace, points))
-    windows = step_windows(trace).select("step", w_start="start_ns", w_end="end_ns")
-    if windows.height and copies.height:
-        located = copies.select("gpu_event_id", "start_ns").join(windows, how="cross").filter(
-            (pl.col("start_ns") >= pl.col("w_start")) & (pl.col("start_ns") < pl.col("w_end"))).select(
-            "gpu_event_id", "step")
-        copies = copies.join(located, on="gpu_event_id", how="left")
-    else:
-        copies = copies.with_columns(step=pl.lit(None, pl.Int64))
+    copies = copies.with_columns(python_line=innermost(trace.python, points)["name"])
+    windows = step_windows(trace).select("step", w_start="start_ns", w_end="end_ns").collect().sort("w_start")
+    copies = (copies.sort("start_ns").join_asof(windows, left_on="start_ns", right_on="w_start", strategy="backward")
+              .with_columns(step=pl.when(pl.col("start_ns") < pl.col("w_end")).then("step")))
     copies = copies.with_columns(pl.col("bytes").cast(pl.Int64))
     table = copies.select(
         "device", "stream", "step", "direction", size_bytes="bytes", dur_ns="dur_ns",
         gbps=pl.col("bytes") / pl.col("dur_ns"),
-        memory="name",
+        name="name",
         pageable="pageable", pinned="pinned", sync="sync",
         exposed_ns=pl.col("dur_ns") - pl.col("covered_ns"),
-        cpu_blocked_ns=pl.when(pl.col("sync")).then(pl.col("launch_dur_ns")).otherwise(0),
+        cpu_blocked_ns=pl.when(pl.col("sync")).then(pl.col("launch_dur_ns")).otherwise(pl.lit(0, pl.Int64)),
         runtime="runtime_name", op="op_name", python_line="python_line", start_ns="start_ns",
     ).sort("start_ns")
     by_direction = table.group_by("direction").agg(

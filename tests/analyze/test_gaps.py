@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepscope.analyze import load
-from stepscope.analyze.gaps import clip, complement, gpu_gaps, union
+from stepscope.analyze.gaps import BACK_TO_BACK_NS, gpu_gaps
 
 
 def _launched(name: str, *, at: float, gpu_at: float, dur: float, corr: int, kind: str = "kernel",
@@ -92,22 +93,91 @@ def test_cpu_only_trace_has_no_gpu_work(tmp_path: Path) -> None:
     assert result.devices_with_gpu_work == 0 and result.gaps.height == 0 and result.busy_fraction is None
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 500), st.integers(1, 60)), min_size=1, max_size=30),
-       st.tuples(st.integers(0, 300), st.integers(1, 400)))
-def test_interval_properties_against_brute_force(spans: list[tuple[int, int]], win: tuple[int, int]) -> None:
-    frame = pl.DataFrame({"device": [0] * len(spans), "start_ns": [s for s, _ in spans],
-                          "end_ns": [s + d for s, d in spans]})
-    covered = {t for s, d in spans for t in range(s, s + d)}
-    u = union(frame, ["device"])
-    assert int((u["end_ns"] - u["start_ns"]).sum()) == len(covered)
-    window = pl.DataFrame({"device": [0], "start_ns": [win[0]], "end_ns": [win[0] + win[1]]})
-    busy = clip(u, window, ["device"])
-    idle = complement(busy, window, ["device"])
-    busy_len = int((busy["end_ns"] - busy["start_ns"]).sum() or 0)
-    idle_len = int((idle["end_ns"] - idle["start_ns"]).sum() or 0)
-    assert busy_len == len({t for t in covered if win[0] <= t < win[0] + win[1]}) <= win[1]
-    assert busy_len + idle_len == win[1]
+def _sync_event(name: str, ts: float, dur: float) -> dict:
+    """A cuda_sync event as Kineto writes it on the GPU's row."""
+    return {"ph": "X", "cat": "cuda_sync", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+            "args": {"device": 0, "stream": 7}}
+
+
+def _middle_cause(tmp_path: Path, *events: dict) -> str:
+    """Cause of the gap after kernel A: step [-5, 185), A [0, 100), then `events`."""
+    doc = trace(step(1, ts=-5, dur=190), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1), *events)
+    causes = gpu_gaps(load_events(tmp_path, doc)).gaps.filter(pl.col("start_ns") == 100_000)["cause"].to_list()
+    assert len(causes) == 1
+    return str(causes[0])
+
+
+def test_host_sync_variants(tmp_path: Path) -> None:
+    late_b = _launched("B", at=180, gpu_at=185, dur=10, corr=2)
+    # GIVEN the launching thread in cudaDeviceSynchronize at the midpoint THEN host_sync (even though B came late)
+    assert _middle_cause(tmp_path / "a", runtime("cudaDeviceSynchronize", ts=101, dur=78), *late_b) == "host_sync"
+    # a synchronous cudaMemcpy blocks the host too; cudaMemcpyAsync and cudaStreamWaitEvent do not
+    assert _middle_cause(tmp_path / "b", runtime("cudaMemcpy", ts=101, dur=78), *late_b) == "host_sync"
+    assert _middle_cause(tmp_path / "c", runtime("cudaStreamWaitEvent", ts=101, dur=78), *late_b) == "launch_overhead"
+    # a cuda_sync event on the device (no runtime call recorded): Event Sync counts, Stream Wait Event does not
+    assert _middle_cause(tmp_path / "d", _sync_event("Event Sync", 101, 78), *late_b) == "host_sync"
+    assert _middle_cause(tmp_path / "e", _sync_event("Stream Wait Event", 101, 78), *late_b) == "launch_overhead"
+
+
+@pytest.mark.parametrize(("direction", "cause"), [("DtoH", "host_sync"), ("HtoD", "memcpy_wait")])
+def test_a_copy_op_is_blamed_by_the_direction_it_copied(tmp_path: Path, direction: str, cause: str) -> None:
+    # GIVEN aten::copy_ [100, 180) issued an async memcpy at 101 that the GPU runs after a kernel on stream 9
+    #       (so the gap does not end with the memcpy itself), midpoint 120 inside the op but no runtime call
+    events = [
+        cpu_op("aten::copy_", ts=100, dur=80, external_id=2),
+        runtime("cudaMemcpyAsync", ts=101, dur=2, correlation=2, external_id=2),
+        runtime("cudaLaunchKernel", ts=90, dur=2, correlation=3),
+        kernel("C", ts=140, dur=5, stream=9, correlation=3),
+        memcpy(direction, ts=145, dur=10, nbytes=4096, correlation=2,
+               **({"src": "Device", "dst": "Pageable"} if direction == "DtoH" else {})),
+    ]
+    # THEN a copy to the host is a host sync (.cpu() waits), a copy from it a memcpy wait
+    assert _middle_cause(tmp_path, *events) == cause
+
+
+def test_communication_op_blamed(tmp_path: Path) -> None:
+    events = [cpu_op("record_param_comms", ts=100, dur=80), *_launched("B", at=180, gpu_at=185, dur=10, corr=2)]
+    assert _middle_cause(tmp_path, *events) == "communication_wait"
+
+
+def test_back_to_back_gap_is_launch_overhead_a_long_one_after_an_early_launch_is_other(tmp_path: Path) -> None:
+    doc = trace(step(1, ts=-5, dur=300), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1),
+                *_launched("B", at=5, gpu_at=101, dur=50, corr=2),     # queued early; 1 µs gap: the GPU's own
+                *_launched("C", at=6, gpu_at=200, dur=10, corr=3))     # queued early; 49 µs gap: something else
+    gaps = gpu_gaps(load_events(tmp_path, doc)).gaps.sort("at_ns")
+    assert BACK_TO_BACK_NS > 1_000
+    after_a = gaps.filter(pl.col("start_ns") >= 100_000).select("dur_ns", "cause", "prev_kernel", "next_kernel")
+    assert after_a.rows()[:2] == [(1_000, "launch_overhead", "A", "B"), (49_000, "other", "B", "C")]
+
+
+def test_min_gap_and_top_trim_the_table_not_the_totals(tmp_path: Path) -> None:
+    doc = trace(step(1, ts=-5, dur=300), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1),
+                *_launched("B", at=5, gpu_at=101, dur=50, corr=2), *_launched("C", at=6, gpu_at=200, dur=10, corr=3))
+    t = load_events(tmp_path, doc)
+    full, trimmed = gpu_gaps(t), gpu_gaps(t, min_gap_ns=10_000, top=1)
+    assert trimmed.gaps["dur_ns"].to_list() == [85_000]  # the tail 210..295 is the longest
+    assert (trimmed.idle_ns, trimmed.gaps_total) == (full.idle_ns, full.gaps_total) == (5_000 + 1_000 + 49_000
+                                                                                      + 85_000, 4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(1, 60), st.integers(0, 1)), min_size=1, max_size=12),
+       st.tuples(st.integers(0, 200), st.integers(1, 500)))
+def test_busy_plus_idle_is_window_and_causes_sum_to_idle(kernels: list[tuple[int, int, int]],
+                                                          win: tuple[int, int]) -> None:
+    # GIVEN random kernels on two devices and one step; THEN per device busy + idle = window, busy <= window,
+    # the gaps tile the idle time, and idle by cause adds up to the idle time
+    events = [step(1, ts=win[0], dur=win[1])]
+    for i, (ts, dur, dev) in enumerate(kernels):
+        events += [runtime("cudaLaunchKernel", ts=win[0], dur=1, correlation=i + 1),
+                   kernel(f"k{i}", ts=ts, dur=dur, device=dev, correlation=i + 1)]
+    with tempfile.TemporaryDirectory() as tmp:
+        r = gpu_gaps(load_events(Path(tmp), trace(*events)))
+    for d in r.devices.iter_rows(named=True):
+        assert d["busy_ns"] + d["idle_ns"] == d["window_ns"] and d["busy_ns"] <= d["window_ns"]
+    assert r.busy_ns + r.idle_ns == r.window_ns
+    assert int(r.gaps["dur_ns"].sum() or 0) == r.idle_ns == int(r.idle_by_cause["idle_ns"].sum() or 0)
+    assert int(r.histogram["idle_ns"].sum()) == r.idle_ns and int(r.histogram["gaps"].sum()) == r.gaps_total
 
 
 TRACES = {"mi210": "tracelens/mi210/gpu_only_trace/gpu_only_trace.json.gz",
