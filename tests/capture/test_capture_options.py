@@ -33,7 +33,7 @@ def test_options_are_frozen_and_keyword_only() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.active = 5  # type: ignore[misc]
     with pytest.raises(TypeError):
-        CaptureOptions(1)  # type: ignore[misc]
+        CaptureOptions(1)  # type: ignore[call-arg]
 
 
 def test_timeline_needs_shapes_memory_and_stacks() -> None:

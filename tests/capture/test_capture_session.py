@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from capture_helpers import manifest, profiler_steps, traces
@@ -20,7 +21,7 @@ torch = pytest.importorskip("torch", reason="the capture shim needs torch (pip i
 QUICK = {"with_stack": False, "with_modules": False}
 
 
-def _loop(out: Path, steps: int, *, fail_at: int | None = None, sleep_s: float = 0.0, **options: object) -> None:
+def _loop(out: Path, steps: int, *, fail_at: int | None = None, sleep_s: float = 0.0, **options: Any) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
