@@ -883,7 +883,7 @@ def find_trace_files(paths: Sequence[Path]) -> list[Path]:
 
 def _looks_like_trace(p: Path) -> bool:
     name = p.name
-    if name in ("manifest.json", "meta.json") or name.startswith("."):
+    if name.startswith(("manifest", ".")) or name == "meta.json":  # capture manifests (manifest.rank<N>.json too)
         return False
     if ".raw.json" in name or "memory_timeline" in name:
         return False

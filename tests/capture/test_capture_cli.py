@@ -144,8 +144,6 @@ def test_rank_env_vars_write_per_rank_files_into_one_run(tmp_path: Path, monkeyp
     assert sorted(p.name for p in run.glob("manifest*.json")) == ["manifest.rank0.json", "manifest.rank1.json"]
 
 
-@pytest.mark.xfail(strict=True, reason="analyze.ingest._looks_like_trace skips only manifest.json, so a distributed "
-                   "run's manifest.rank<N>.json is read as a trace; fix there (skip manifest*.json)")
 def test_a_distributed_run_directory_ingests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     script = _write(tmp_path, "train.py", TRAIN)
     run = tmp_path / "run"
