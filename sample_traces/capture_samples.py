@@ -23,13 +23,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from stepscope.capture import profile_steps
+from stepscope.capture import CaptureOptions, profile_steps
 
-SCHEDULE: dict[str, Any] = {"baseline": 3, "wait": 1, "warmup": 1, "active": 3}
+# 1 start-up step, 3 timed unprofiled steps, then 1 wait, 1 warm-up and 3 recorded steps (ProfilerStep#2-4)
+SCHEDULE: dict[str, Any] = {"skip_first": 1, "baseline": 3, "wait": 1, "warmup": 1, "active": 3}
 
 
 def _steps() -> int:
-    return SCHEDULE["baseline"] + SCHEDULE["wait"] + SCHEDULE["warmup"] + SCHEDULE["active"]
+    return CaptureOptions(**SCHEDULE).total_steps
 
 
 class SmallConvNet(nn.Module):
@@ -120,7 +121,10 @@ def pageable_vs_pinned(out: Path, device: str) -> None:
     model = nn.Linear(256, 256).to(device)
     pageable = [torch.randn(64, 256) for _ in range(4)]
     pinned = [t.pin_memory() for t in pageable] if device == "cuda" else []
-    with profile_steps(out, batch_size=64, device=device, **SCHEDULE) as prof:
+    notes = [] if device == "cuda" else [
+        "pageable_vs_pinned on CPU: .to('cpu') is a no-op and pin_memory needs CUDA, so this capture has no "
+        "host-to-device copies; the pinned .to(device, non_blocking=True) path runs on CUDA only"]
+    with profile_steps(out, batch_size=64, device=device, notes=notes, **SCHEDULE) as prof:
         for _ in range(_steps()):
             for t in pageable:  # synchronous copies from pageable memory
                 model(t.to(device)).sum().backward()

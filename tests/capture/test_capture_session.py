@@ -182,3 +182,19 @@ def test_cuda_oom_dumps_a_snapshot_and_reraises(tmp_path: Path) -> None:  # prag
     m = manifest(tmp_path)
     assert m["status"] == "failed" and "OutOfMemoryError" in m["error"]
     assert any(f["name"].endswith(".oom.memory_snapshot.pickle") for f in m["files"])
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+
+def test_the_bundled_samples_are_small_and_say_what_device_they_ran_on() -> None:
+    runs = sorted(p.parent for p in SAMPLES.glob("*/manifest.json"))
+    assert len(runs) >= 7
+    assert sum(f.stat().st_size for f in SAMPLES.rglob("*") if f.is_file()) < 8 * 1024 * 1024
+    for run in runs:
+        m = manifest(run)
+        assert m["manifest_version"] == 1 and m["device"]["type"] in ("cpu", "cuda")
+        assert [f["profiler_steps"] for f in m["files"] if f["kind"] == "trace"] == [[2, 3, 4]]
+    pinned = manifest(SAMPLES / "pageable_vs_pinned")
+    if pinned["device"]["type"] == "cpu":
+        assert any("CUDA only" in n for n in pinned["notes"])
