@@ -2,12 +2,15 @@
 
 Per step: a ProfilerStep span, a DataLoader annotation, forward ops each with a Python frame, an aten op,
 a cudaLaunchKernel with a correlation id and its kernel on one of two streams, a pageable HtoD copy, a
-[memory] allocation and free per op, and an optimizer step. About 9 events per op.
+[memory] allocation and free per op, an optimizer step and a loss.item() (DtoH copy, stream sync).
+About 9 events per op.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
 
 def write_trace(path: Path, target_events: int) -> int:
@@ -34,13 +37,14 @@ def write_trace(path: Path, target_events: int) -> int:
             step_start = t
             emit(f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{step}", "pid": 1, "tid": 1, '
                  f'"ts": {t}, "dur": {ops_per_step * 40 + 600}}}')
-            emit(f'{{"ph": "X", "cat": "user_annotation", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", '
+            emit(f'{{"ph": "X", "cat": "user_annotation", "name": "{LOADER}", '
                  f'"pid": 1, "tid": 1, "ts": {t + 1}, "dur": 500}}')
             corr += 1
             emit(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1, "ts": {t + 510}, '
                  f'"dur": 20, "args": {{"correlation": {corr}, "External id": {corr}}}}}')
-            emit(f'{{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7, '
-                 f'"ts": {t + 520}, "dur": 60, "args": {{"device": 0, "stream": 7, "correlation": {corr}, "bytes": 4194304}}}}')
+            emit(f'{{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, '
+                 f'"tid": 7, "ts": {t + 520}, "dur": 60, '
+                 f'"args": {{"device": 0, "stream": 7, "correlation": {corr}, "bytes": 4194304}}}}')
             t += 600
             for op in range(ops_per_step):
                 corr += 1
@@ -53,7 +57,8 @@ def write_trace(path: Path, target_events: int) -> int:
                 emit(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, '
                      f'"ts": {t + 5}, "dur": 6, "args": {{"correlation": {corr}, "External id": {corr}}}}}')
                 emit(f'{{"ph": "X", "cat": "kernel", "name": "void gemm_kernel_{op % 23}<float>(float*)", "pid": 0, '
-                     f'"tid": {stream}, "ts": {t + 12}, "dur": {20 + op % 15}, "args": {{"device": 0, "stream": {stream}, '
+                     f'"tid": {stream}, "ts": {t + 12}, "dur": {20 + op % 15}, '
+                     f'"args": {{"device": 0, "stream": {stream}, '
                      f'"correlation": {corr}, "grid": [64, 1, 1], "block": [256, 1, 1]}}}}')
                 emit(f'{{"ph": "s", "cat": "ac2g", "name": "ac2g", "id": {corr}, "pid": 1, "tid": 1, "ts": {t + 5}}}')
                 emit(f'{{"ph": "f", "cat": "ac2g", "name": "ac2g", "id": {corr}, "pid": 0, "tid": {stream}, '
@@ -67,7 +72,19 @@ def write_trace(path: Path, target_events: int) -> int:
                 emit(f'{{"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": {t + 3}, '
                      f'"dur": 2, "args": {{"External id": {corr + 10_000_000}}}}}')
                 t += 40
+            end = step_start + ops_per_step * 40 + 600
             emit(f'{{"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "pid": 1, "tid": 1, '
-                 f'"ts": {step_start + ops_per_step * 40 + 600 - 50}, "dur": 40}}')
+                 f'"ts": {end - 50}, "dur": 40}}')
+            # loss.item(): a DtoH copy and a stream synchronize on the main thread
+            corr += 1
+            emit(f'{{"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": 1, "tid": 1, "ts": {end - 9}, '
+                 f'"dur": 8, "args": {{"External id": {corr}}}}}')
+            emit(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1, '
+                 f'"ts": {end - 8}, "dur": 2, "args": {{"correlation": {corr}, "External id": {corr}}}}}')
+            emit(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1, '
+                 f'"ts": {end - 6}, "dur": 4}}')
+            emit(f'{{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "pid": 0, '
+                 f'"tid": 7, "ts": {end - 5}, "dur": 2, '
+                 f'"args": {{"device": 0, "stream": 7, "correlation": {corr}, "bytes": 4}}}}')
         fh.write("\n]}\n")
     return count

@@ -185,24 +185,17 @@ def _blame(trace: Trace, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
                        blamed_runtime=innermost(trace.runtime, points)["name"])
 
     def gaps_inside(events: pl.LazyFrame, on: list[str]) -> pl.Series:
-        """Gap rows whose midpoint lies in one of `events` (matched on `on`). The events are merged into
-        disjoint spans per key first, so the last span starting at or before the midpoint is the only one
-        that can hold it: one as-of join, linear in gaps + events (a plain join would pair every gap with
-        every span of its thread)."""
-        spans = (
-            intervals.union(events.filter(pl.col("dur_ns").is_not_null())
-                            .select(*on, "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")), by=on)
-            .select(*on, e_start="start_ns", e_end="end_ns").collect().sort("e_start")
-        )
+        """Gap rows whose midpoint lies in one of `events` (matched on `on`): the events are merged per
+        group first, so an as-of join on the last span starting at or before the midpoint is exact."""
+        spans = intervals.union(events.filter(pl.col("dur_ns").is_not_null())
+                                .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns")), by=on).collect()
         if spans.height == 0:
             return pl.Series("gap", [], dtype=pl.UInt32)
-        inside = (
-            g.select("gap", *on, "mid_ns").sort("mid_ns")
-            .join_asof(spans, left_on="mid_ns", right_on="e_start", by=on, strategy="backward",
-                       check_sortedness=False)
-            .filter(pl.col("e_end").is_not_null() & (pl.col("mid_ns") <= pl.col("e_end")))
-        )
-        return inside["gap"].unique()
+        spans = spans.select(*on, e_start="start_ns", e_end="end_ns").sort("e_start")
+        found = (g.select("gap", *on, "mid_ns").drop_nulls(on).sort("mid_ns")
+                 .join_asof(spans, left_on="mid_ns", right_on="e_start", by=on, strategy="backward",
+                            check_sortedness=False))
+        return found.filter(pl.col("mid_ns") <= pl.col("e_end"))["gap"]
 
     loading = gaps_inside(trace.events.filter(pl.col("name").str.contains(DATA_LOADING)), ["pid", "tid"])
     syncing = gaps_inside(trace.syncs.filter(~pl.col("name").str.contains("(?i)wait")), ["device"])

@@ -30,9 +30,9 @@ class TransfersResult:
     """Every copy, totals per direction and per step, and the worst copies by exposed time."""
 
     copies_total: int
-    copy_ns: int
+    copy_time_ns: int
     exposed_ns: int
-    total_bytes: int
+    copied_bytes: int
     pageable_copies: int
     sync_copies: int
     cpu_blocked_ns: int
@@ -98,21 +98,21 @@ def transfers(trace: Trace, *, top: int = 10) -> TransfersResult:
         runtime="runtime_name", op="op_name", python_line="python_line", start_ns="start_ns",
     ).sort("start_ns")
     by_direction = table.group_by("direction").agg(
-        copies=pl.len(), total_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
+        copies=pl.len(), copied_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
         exposed_ns=pl.col("exposed_ns").sum(), pageable=pl.col("pageable").sum(), sync=pl.col("sync").sum(),
         cpu_blocked_ns=pl.col("cpu_blocked_ns").sum(),
-    ).with_columns(gbps=pl.col("total_bytes") / pl.col("dur_ns")).sort("dur_ns", descending=True)
+    ).with_columns(gbps=pl.col("copied_bytes") / pl.col("dur_ns")).sort("dur_ns", descending=True)
     by_step = table.filter(pl.col("step").is_not_null()).group_by("step", "direction").agg(
-        copies=pl.len(), total_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
+        copies=pl.len(), copied_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
         exposed_ns=pl.col("exposed_ns").sum()).sort("step", "direction")
     worst = table.sort("exposed_ns", descending=True).head(top).select(
         "direction", "size_bytes", "dur_ns", "exposed_ns", "gbps", "pageable", "sync", "cpu_blocked_ns", "step",
         where=pl.coalesce("python_line", "op", "runtime"))
     return TransfersResult(
         copies_total=table.height,
-        copy_ns=int(table["dur_ns"].sum() or 0),
+        copy_time_ns=int(table["dur_ns"].sum() or 0),
         exposed_ns=int(table["exposed_ns"].sum() or 0),
-        total_bytes=int(table["size_bytes"].sum() or 0),
+        copied_bytes=int(table["size_bytes"].sum() or 0),
         pageable_copies=int(table["pageable"].sum() or 0),
         sync_copies=int(table["sync"].sum() or 0),
         cpu_blocked_ns=int(table["cpu_blocked_ns"].sum() or 0),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -31,6 +32,9 @@ def command(trace: Path, min_gap: int, top: int, device: int | None, window: str
     result = gpu_gaps(load(trace), min_gap_ns=min_gap, window=window, device=device,  # type: ignore[arg-type]
                       top=top or None)
     if result.devices_with_gpu_work == 0 and chosen == "table":
-        emit("no GPU work in this trace (a CPU-only capture): no GPU timeline to analyze\n", output)
+        emit(f"no GPU work on device {device} in this trace\n" if device is not None else
+             "no GPU work in this trace (a CPU-only capture): no GPU timeline to analyze\n", output)
         return
+    if chosen == "table":  # trace-clock timestamps mean nothing on a terminal; JSON/CSV keep them
+        result = dataclasses.replace(result, gaps=result.gaps.drop("start_ns", "end_ns"))
     emit(render(result, chosen, table="gaps" if chosen == "csv" else None), output)

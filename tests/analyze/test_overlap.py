@@ -20,6 +20,7 @@ def test_shares_latency_depth_and_syncs(tmp_path: Path) -> None:
         kernel("k2", ts=50, dur=30, correlation=2),
         python_fn("train.py(9): step", ts=85, dur=10),
         runtime("cudaDeviceSynchronize", ts=86, dur=5),
+        runtime("cudaStreamWaitEvent", ts=92, dur=1),  # a GPU-side wait: not a host sync
     )
     r = cpu_gpu_overlap(load_events(tmp_path, doc))
     assert r.window_ns == 100_000

@@ -30,7 +30,7 @@ def test_pageable_sync_copy_and_pinned_async_copy(tmp_path: Path) -> None:
     assert rows == [(True, False, True, 15_000, 30_000, "train.py(12): step", 1),
                     (False, True, False, 10_000, 0, "train.py(12): step", 1)]
     assert r.copies["gbps"].to_list() == [100.0, 100.0]
-    assert (r.copies_total, r.pageable_copies, r.sync_copies, r.total_bytes) == (2, 1, 1, 3_000_000)
+    assert (r.copies_total, r.pageable_copies, r.sync_copies, r.copied_bytes) == (2, 1, 1, 3_000_000)
 
 
 @pytest.mark.parametrize("rel", ["kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
@@ -44,3 +44,21 @@ def test_htod_figures_match_the_reference_script(corpus: Path, rel: str) -> None
     assert int(h["dur_ns"].sum()) == pytest.approx(ref["h2d_us"] * 1000, abs=1)
     assert int(h["exposed_ns"].sum()) == pytest.approx(ref["h2d_exposed_us"] * 1000, abs=1)
     assert int(h.filter(pageable=True)["dur_ns"].sum()) == pytest.approx(ref["h2d_pageable_us"] * 1000, abs=1)
+
+
+def test_amd_copy_names_and_hip_sync_api(tmp_path: Path) -> None:
+    # GIVEN a ROCm copy: "Memcpy HtoD (Host -> Device)" issued by hipMemcpyWithStream (blocking)
+    doc = trace(step(1, ts=0, dur=100),
+                runtime("hipMemcpyWithStream", ts=1, dur=40, correlation=1),
+                memcpy("HtoD", ts=10, dur=20, nbytes=1_000, correlation=1, src="Host"))
+    row = transfers(load_events(tmp_path, doc)).copies.row(0, named=True)
+    # THEN the direction is parsed, pinned/pageable stay unknown, and the host was blocked for the whole call
+    assert (row["direction"], row["pageable"], row["pinned"], row["sync"], row["cpu_blocked_ns"]) == (
+        "HtoD", None, None, True, 40_000)
+
+
+def test_resnet50_num_workers_0_copies_per_the_corpus_readme(corpus: Path, tmp_path: Path) -> None:
+    path = corpus / "traces/kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+    r = transfers(load(path, cache_dir=tmp_path))
+    h = r.copies.filter(direction="HtoD")
+    assert (h.height, int(h["pageable"].sum()), r.copy_time_ns) == (12, 12, 11_492_000)

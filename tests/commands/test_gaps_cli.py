@@ -25,6 +25,9 @@ def test_gaps_min_gap_json_and_csv(tmp_path: Path) -> None:
     assert data["idle_ns"] == 50_000 and data["gaps"][0]["dur_ns"] == 50_000
     csv = runner.invoke(cli, ["gaps", str(path), "--csv", "--min-gap", "1ms"]).stdout.splitlines()
     assert csv[0].startswith("device,step,at_ns,dur_ns,cause") and len(csv) == 1
+    table = runner.invoke(cli, ["gaps", str(path), "--device", "0"]).stdout
+    assert "start_ns" not in table and "  start  " not in table  # trace-clock times only in JSON/CSV
+    assert "no GPU work on device 3" in runner.invoke(cli, ["gaps", str(path), "--device", "3"]).stdout
     bad = runner.invoke(cli, ["gaps", str(path), "--min-gap", "soon"])
     assert bad.exit_code == 2 and "not a duration" in bad.output
 

@@ -29,7 +29,7 @@ def test_transfers_json_exact(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["copies_total"] == 2 and data["pageable_copies"] == 1 and data["sync_copies"] == 1
-    assert data["total_bytes"] == 1_500_000 and data["copy_ns"] == 30_000
+    assert data["copied_bytes"] == 1_500_000 and data["copy_time_ns"] == 30_000
     assert data["cpu_blocked_ns"] == 30_000                       # only the synchronous cudaMemcpy blocks
     assert data["exposed_ns"] == 10_000 + 10_000                  # DtoH [60,80) half hidden by kernel [70,100)
     by_dir = {r["direction"]: r for r in data["by_direction"]}
