@@ -6,7 +6,8 @@ ops on the threads that launch GPU work (the main/autograd threads); both = the 
 per stream. Queue depth per stream counts launched-but-unfinished work: +1 at the launch call, -1 when the
 GPU work ends; its time-weighted distribution shows whether the CPU keeps the GPU fed (depth 0 most of
 the time: the GPU waits on the CPU). Synchronizing runtime calls are listed with where in Python (or
-which op) they came from.
+which op) they came from. A CPU-only trace has `gpu_events` 0, GPU shares None, and CPU busy over every
+thread with ops, measured over the CPU's own span.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from stepscope.analyze.window import analysis_window
 class OverlapResult:
     """Headline shares over the window, and tables of launch latency, queue depth and sync calls."""
 
+    gpu_events: int
     window_ns: int
     gpu_busy_fraction: float | None
     cpu_busy_fraction: float | None
@@ -64,6 +66,8 @@ def cpu_gpu_overlap(trace: Trace) -> OverlapResult:
     threads = gpu.select("pid", "tid").drop_nulls().unique()
     if threads.height == 0:
         threads = trace.steps.select("pid", "tid").unique().collect()
+    if threads.height == 0:  # no launches and no steps (a CPU-only capture): every thread with ops
+        threads = trace.cpu_ops.select("pid", "tid").unique().collect()
     cpu = (trace.cpu_ops.select("pid", "tid", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
            .collect().join(threads, on=["pid", "tid"], how="semi"))
     cpu_busy = _clip(cpu.select("start_ns", "end_ns").drop_nulls(), window)
@@ -113,9 +117,11 @@ def cpu_gpu_overlap(trace: Trace) -> OverlapResult:
         .sort("total_ns", descending=True)
     )
     return OverlapResult(
+        gpu_events=gpu.height,
         window_ns=window_ns,
-        gpu_busy_fraction=share(g), cpu_busy_fraction=share(c), both_busy_fraction=share(both),
-        gpu_only_fraction=share(g - both), cpu_only_fraction=share(c - both),
+        gpu_busy_fraction=share(g) if gpu.height else None, cpu_busy_fraction=share(c),
+        both_busy_fraction=share(both) if gpu.height else None,
+        gpu_only_fraction=share(g - both) if gpu.height else None, cpu_only_fraction=share(c - both),
         sync_calls=syncs.height, sync_ns=int(syncs["dur_ns"].sum() or 0),
         launch_latency=latency, queue_depth=queue, sync_sources=sources,
     )

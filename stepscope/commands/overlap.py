@@ -18,4 +18,9 @@ from stepscope.reports.text import render
 def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, output: Path | None) -> None:
     """GPU utilization, CPU busy share and the share where both run, launch latency per stream, kernel queue
     depth over time, and the synchronizing runtime calls with where in Python they come from."""
-    emit(render(cpu_gpu_overlap(load(trace)), resolve_format(fmt, as_json, as_csv)), output)
+    chosen = resolve_format(fmt, as_json, as_csv)
+    result = cpu_gpu_overlap(load(trace))
+    if result.gpu_events == 0 and chosen == "table":
+        emit("no GPU work in this trace (a CPU-only capture): no CPU/GPU overlap to analyze\n", output)
+        return
+    emit(render(result, chosen), output)

@@ -30,3 +30,10 @@ def test_shares_latency_depth_and_syncs(tmp_path: Path) -> None:
     q = r.queue_depth.row(0, named=True)
     assert q["max_depth"] == 2
     assert r.sync_sources.rows() == [("cudaDeviceSynchronize", "train.py(9): step", 1, 5_000)]
+
+
+def test_cpu_only_trace_has_no_gpu_shares(tmp_path: Path) -> None:
+    r = cpu_gpu_overlap(load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=10), cpu_op("aten::mul", ts=20,
+                                                                                              dur=10))))
+    assert (r.gpu_events, r.gpu_busy_fraction, r.both_busy_fraction, r.window_ns) == (0, None, None, 30_000)
+    assert r.cpu_busy_fraction == pytest.approx(20 / 30)
