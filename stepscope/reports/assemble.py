@@ -20,7 +20,16 @@ import polars as pl
 
 from stepscope.analyze import Trace, load
 from stepscope.analyze._io import atomic_dir
-from stepscope.reports.html import Cell, ReportContext, Section, Table, build_sections, render_page, trace_report
+from stepscope.reports.html import (
+    Cell,
+    Figure,
+    ReportContext,
+    Section,
+    Table,
+    build_sections,
+    render_page,
+    trace_report,
+)
 from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 
@@ -65,51 +74,67 @@ def _progress(items: list[Any], label: str, show: bool) -> Iterator[Any]:
         yield from bar
 
 
-def trace_row(trace: Trace) -> dict[str, Any]:
-    """The index figures of one trace, from the analyses that exist (None where a trace has none)."""
-    ctx = ReportContext(trace=trace, source="")
+def trace_row(trace: Trace, ctx: ReportContext | None = None) -> dict[str, Any]:
+    """The index figures of one trace, from the analyses that exist (None where a trace has none).
+
+    Step times are steps.py's wall times (p50, p95); `idle_shares` maps each gaps.py cause to its share of
+    the analysis window, `window_busy_fraction` is gaps.py's busy share of the same window.
+    """
+    ctx = ctx if ctx is not None else ReportContext(trace=trace, source="")
     steps = ctx.step_breakdown.steps
     memory = ctx.memory
     info = ctx.info
+    wall = steps["wall_ns"] if steps.height else None
+    gaps = ctx.gaps
+    shares: dict[str, float] = {}
+    if gaps is not None and gaps.window_ns > 0 and gaps.idle_by_cause.height:
+        by = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum()).sort("idle_ns", descending=True)
+        shares = {str(c): float(v) / gaps.window_ns for c, v in by.iter_rows()}
     return {
         "trace": trace.source_name,
         "rank": trace.rank,
+        "verdict": str(ctx.verdict.verdict.value),
         "steps": steps.height,
-        "median_step_ns": steps["wall_ns"].median() if steps.height else None,
-        "slowest_step_ns": steps["wall_ns"].max() if steps.height else None,
+        "median_step_ns": wall.median() if wall is not None else None,
+        "p95_step_ns": wall.quantile(0.95, "linear") if wall is not None else None,
         "gpu_busy_fraction": ctx.step_breakdown.mean_gpu_busy_fraction,
         "gpu_idle_ns": steps["gpu_idle_ns"].mean() if steps.height else None,
-        "gpu_span_ns": info.gpu_span_ns,
+        "idle_causes": shares or None,
+        "window_busy_fraction": gaps.busy_fraction if gaps is not None else None,
         "peak_memory_bytes": memory.peak_allocated_bytes,
         "peak_device": memory.peak_device,
         "warnings": info.warnings.height,
-        "verdict": str(ctx.verdict.verdict.value),
-        "top_idle_cause": _top_idle_cause(ctx),
     }
 
 
-def _top_idle_cause(ctx: ReportContext) -> str | None:
-    gaps = ctx.gaps
-    if gaps is None or gaps.idle_by_cause.height == 0:
-        return None
-    by = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum()).sort("idle_ns", descending=True)
-    return f"{by['cause'][0]} ({human_ns(by['idle_ns'][0])})"
+def _idle_causes_text(shares: dict[str, float]) -> str:
+    """{'data_loading': 0.33, 'launch_overhead': 0.07} -> 'data loading 33%, launch overhead 7%' (top 3)."""
+    top = sorted(shares.items(), key=lambda kv: -kv[1])[:3]
+    return ", ".join(f"{c.replace('_', ' ')} {human_fraction(v)}" for c, v in top)
 
 
 _INDEX_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("verdict", "verdict", lambda v: str(v).replace("_", " ")),
     ("rank", "rank", lambda v: "-" if v is None else str(v)),
     ("steps", "steps", lambda v: f"{v:,}"),
-    ("median_step_ns", "median step", human_ns),
-    ("slowest_step_ns", "slowest step", human_ns),
+    ("median_step_ns", "step p50", human_ns),
+    ("p95_step_ns", "step p95", human_ns),
     ("gpu_busy_fraction", "GPU busy (mean of steps)", human_fraction),
-    ("gpu_idle_ns", "GPU idle per step (mean)", human_ns),
-    ("gpu_span_ns", "GPU span", human_ns),
+    ("gpu_idle_ns", "GPU idle per step", human_ns),
+    ("idle_causes", "GPU idle by cause (share of window)", _idle_causes_text),
     ("peak_memory_bytes", "peak memory", human_bytes),
     ("peak_device", "peak on", lambda v: v or "-"),
     ("warnings", "warnings", str),
-    ("verdict", "verdict", lambda v: str(v).replace("_", " ")),
-    ("top_idle_cause", "top idle cause", str),
 ]
+_TEXT_COLUMNS = ("peak_device", "verdict", "idle_causes")
+
+
+def _sort_key(value: Any) -> float | str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict):  # idle by cause: sort by the total idle share
+        return float(sum(value.values()))
+    return float(value)
 
 
 def _index_table(rows: list[dict[str, Any]], title: str, *, mark: str | None = None) -> Table:
@@ -120,22 +145,30 @@ def _index_table(rows: list[dict[str, Any]], title: str, *, mark: str | None = N
         line = [Cell(text=name, sort=r["trace"], href=r.get("href"))]
         for key, _label, fmt in cols:
             v = r.get(key)
-            line.append(Cell(text="-" if v is None else fmt(v), sort=v if v is None or isinstance(v, str)
-                             else float(v)))
+            line.append(Cell(text="-" if v is None else fmt(v), sort=_sort_key(v)))
         line.append(Cell(text=r.get("error") or "", sort=r.get("error")))
         cells.append(line)
     return Table(title=title, columns=["trace", *[c[1] for c in cols], "error"], rows=cells,
                  total_rows=len(rows),
-                 numeric=[False, *[c[0] not in ("peak_device", "verdict", "top_idle_cause") for c in cols], False])
+                 numeric=[False, *[c[0] not in _TEXT_COLUMNS for c in cols], False])
+
+
+def _compare_png(rows: list[dict[str, Any]], labels: list[str], mark: int | None) -> bytes | None:
+    from stepscope.reports.figures import compare_figure
+
+    return compare_figure(labels, [r.get("median_step_ns") for r in rows], [r.get("p95_step_ns") for r in rows],
+                          [r.get("window_busy_fraction") for r in rows], [r.get("idle_causes") for r in rows],
+                          mark=mark)
 
 
 def _report_one(path: Path, out: Path, name: str, *, source: str, step: int | None, cache_dir: Path | None,
-                back_link: str | None) -> tuple[Trace, dict[str, Any]]:
+                back_link: str | None) -> tuple[Trace, dict[str, Any], ReportContext]:
     trace = load(path, cache_dir=cache_dir)
+    ctx = ReportContext(trace=trace, source=source, step=step)  # one set of analyses for the page and the row
     (out / name).mkdir(parents=True, exist_ok=True)
-    (out / name / "index.html").write_text(trace_report(trace, source=source, step=step, back_link=back_link),
-                                           encoding="utf-8")
-    return trace, trace_row(trace)
+    (out / name / "index.html").write_text(trace_report(trace, source=source, step=step, back_link=back_link,
+                                                        context=ctx), encoding="utf-8")
+    return trace, trace_row(trace, ctx), ctx
 
 
 def _run_traces(run_dir: Path) -> list[Path]:
@@ -221,18 +254,18 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
         failed: list[tuple[str, str]] = []
         problems_extra: list[str] = []
         seen: set[str] = set()
-        single: Trace | None = None
+        single: ReportContext | None = None
         for p, name in _progress(inputs, "reporting", progress):
             while name in seen:
                 name += "_"
             seen.add(name)
             try:
-                trace, row = _report_one(p, tmp, name, source=str(p), step=step, cache_dir=cache_dir,
+                trace, row, ctx = _report_one(p, tmp, name, source=str(p), step=step, cache_dir=cache_dir,
                                          back_link="../index.html")
                 if mode == "run" and trace.rank is not None:
                     row["trace"] = f"rank {trace.rank}: {row['trace']}"
                 if mode == "run" and len(inputs) == 1:
-                    single = trace
+                    single = ctx
                 row["href"] = f"{name}/index.html"
             except Exception as exc:  # noqa: BLE001 - one bad trace is reported; the rest go on
                 row = {"trace": p.name, "error": f"{type(exc).__name__}: {exc}"}
@@ -241,8 +274,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
         sections: list[Section] = []
         if mode == "run" and single is not None:
             # one rank: its whole report leads the page (verdict first), then the capture's own facts
-            trace_sections, trace_problems = build_sections(ReportContext(trace=single, source=str(inputs[0][0]),
-                                                                          step=step))
+            trace_sections, trace_problems = build_sections(single)  # analyses already computed for its page
             sections.extend(trace_sections)
             problems_extra.extend(trace_problems)
             sections.append(_manifest_section(_manifests(path), rows))
@@ -258,18 +290,19 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
             sections.append(_manifest_section(_manifests(path), rows))
             sections.extend(_run_file_sections(path, problems_extra))
             table = _index_table(rows, "Ranks side by side (click a rank for its report)", mark="straggler")
-            from stepscope.reports.figures import ranks_figure
-            from stepscope.reports.html import Figure
-
             ok = [r for r in rows if "error" not in r]
-            png = ranks_figure([f"rank {r['rank']}" if r.get("rank") is not None else r["trace"][:12] for r in ok],
-                               [r.get("median_step_ns") for r in ok], [r.get("gpu_idle_ns") for r in ok])
+            marked = next((i for i, r in enumerate(ok) if r.get("mark")), None)
+            png = _compare_png(ok, [f"rank {r['rank']}" if r.get("rank") is not None else r["trace"] for r in ok],
+                               marked)
             sections.append(Section(id="ranks", title="Ranks", tables=[table],
                                     figures=[Figure(title="Ranks side by side", png=png)] if png else []))
             title = f"stepscope run report: {path.name}"
         else:
+            ok = [r for r in rows if "error" not in r]
+            png = _compare_png(ok, [r["trace"] for r in ok], None)
             sections.append(Section(id="traces", title="Traces", tables=[
-                _index_table(rows, "One row per trace (click a header to sort, a name for its report)")]))
+                _index_table(rows, "One row per trace (click a header to sort, a name for its report)")],
+                figures=[Figure(title="Traces side by side", png=png)] if png else []))
             title = f"stepscope batch report: {path.name}"
         problems = [f"{name}: {err}" for name, err in failed] + problems_extra
         html = render_page(title=title, subtitle=f"{len(rows)} traces from {path}", sections=sections,

@@ -494,26 +494,58 @@ def diff_figure(result: TraceDiff, n: int = 10) -> bytes | None:
     return _png(fig)
 
 
-def ranks_figure(labels: list[str], median_step_ns: list[float | None],
-                 gpu_idle_ns: list[float | None]) -> bytes | None:
-    """Ranks side by side: median step time (the slowest, the straggler, in red) and mean GPU idle per step."""
-    if len(labels) < 2 or all(v is None for v in median_step_ns):
+def _trace_label(name: str) -> str:
+    """A trace file's name without the suffixes every trace shares: w0.123.pt.trace.json.gz -> w0.123."""
+    for suffix in (".gz", ".json", ".pt.trace"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def compare_figure(labels: list[str], p50_ns: list[float | None], p95_ns: list[float | None],
+                   busy_fraction: list[float | None], idle_shares: list[dict[str, float] | None],
+                   mark: int | None = None) -> bytes | None:
+    """Traces (or ranks) side by side, one row each: step time p50 with a whisker to p95 (the `mark`ed row,
+    e.g. the straggler rank, in red), and the analysis window split into GPU busy and idle by cause."""
+    if len(labels) < 2:
         return None
-    steps = np.array([v or 0 for v in median_step_ns], dtype=float)
-    idle = np.array([v or 0 for v in gpu_idle_ns], dtype=float)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(max(7.0, min(14.0, 3 + 0.5 * len(labels))), 3.2))
-    colors = [color("peak") if v == steps.max() else color("kernel") for v in steps]
-    a.bar(labels, steps, color=colors)
-    a.set_title("Median step time per rank (straggler in red)", fontsize=10)
-    a.set_ylabel(f"time ({_ns_axis(a, 'y', top=float(steps.max() or 1))})")
-    b.bar(labels, idle, color=color("idle"), edgecolor="#999999")
-    b.set_title("GPU idle per step (mean) per rank", fontsize=10)
-    b.set_ylabel(f"time ({_ns_axis(b, 'y', top=float(idle.max() or 1))})")
-    for ax in (a, b):
-        ax.grid(axis="y", alpha=0.3)
-        ax.spines["top"].set_visible(False)
-        ax.spines["right"].set_visible(False)
-        ax.tick_params(axis="x", labelsize=8)
+    n = len(labels)
+    y = np.arange(n)[::-1]
+    fig, (s_ax, u_ax) = plt.subplots(1, 2, figsize=(13, 0.42 * n + 1.9), sharey=True)
+    p50 = np.array([v if v is not None else np.nan for v in p50_ns], dtype=float)
+    p95 = np.array([v if v is not None else np.nan for v in p95_ns], dtype=float)
+    colors = [color("peak") if i == mark else color("kernel") for i in range(n)]
+    s_ax.barh(y, np.nan_to_num(p50), color=colors, height=0.6, label="p50")
+    err = np.clip(np.nan_to_num(p95 - p50), 0, None)
+    s_ax.errorbar(np.nan_to_num(p50), y, xerr=[np.zeros(n), err], fmt="none", ecolor="#333333", capsize=3,
+                  linewidth=1, label="to p95")
+    top = float(np.nanmax(np.concatenate([p95, p50, [1.0]])))
+    s_ax.set_xlim(0, top * 1.25)
+    for yi, v in zip(y, p50, strict=True):
+        s_ax.text(0, yi, " no steps" if np.isnan(v) else "", va="center", fontsize=7, color="#777777")
+    s_ax.set_yticks(y, [_short(_trace_label(v), 40) for v in labels], fontsize=8)
+    s_ax.set_title("Step time: p50 bar, whisker to p95" + (" (straggler in red)" if mark is not None else ""),
+                   fontsize=11)
+    s_ax.set_xlabel(f"step wall time ({_ns_axis(s_ax, top=top * 1.25)})")
+    _style(s_ax)
+    causes = sorted({c for d in idle_shares if d for c in d},
+                    key=lambda c: -sum((d or {}).get(c, 0.0) for d in idle_shares))
+    left = np.array([v if v is not None else 0.0 for v in busy_fraction], dtype=float)
+    u_ax.barh(y, left, color=color("gpu_busy"), height=0.6, label="GPU busy")
+    for c in causes:
+        vals = np.array([(d or {}).get(c, 0.0) for d in idle_shares], dtype=float)
+        u_ax.barh(y, vals, left=left, color=idle_color(c), edgecolor="#999999", linewidth=0.4, height=0.6,
+                  label=f"idle: {c.replace('_', ' ')}")
+        left += vals
+    for yi, v in zip(y, busy_fraction, strict=True):
+        if v is not None:
+            u_ax.text(0.01, yi, f"{100 * v:.0f}%", va="center", fontsize=7, color="white")
+    u_ax.set_xlim(0, 1)
+    u_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{100 * v:.0f}%"))
+    u_ax.set_title("GPU busy and idle by cause (share of the analysis window)", fontsize=11)
+    u_ax.set_xlabel("share of the window")
+    axes_h = 0.42 * n + 0.9  # inches, about: the figure less titles and tick labels
+    u_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / axes_h), ncol=4, fontsize=8, frameon=False)
+    _style(u_ax)
     fig.tight_layout()
     return _png(fig)
 

@@ -477,9 +477,9 @@ def render_page(*, title: str, subtitle: str, sections: Sequence[Section], probl
 
 
 def trace_report(trace: Trace, *, source: str, step: int | None = None,
-                 back_link: str | None = None) -> str:
-    """The full HTML report of one trace."""
-    ctx = ReportContext(trace=trace, source=source, step=step)
+                 back_link: str | None = None, context: ReportContext | None = None) -> str:
+    """The full HTML report of one trace (pass `context` to reuse analyses already computed for it)."""
+    ctx = context if context is not None else ReportContext(trace=trace, source=source, step=step)
     sections, problems = build_sections(ctx)
     reproduce = [ctx.command("report", source, "-o", "OUT/")]
     for s in sections:

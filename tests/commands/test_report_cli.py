@@ -113,3 +113,8 @@ def test_corpus_dataset_batch(corpus: Path, tmp_path: Path) -> None:
     index = (tmp_path / "out" / "index.html").read_text()
     assert "177.4 ms" in index and "126.7 ms" in index  # median step wall: num_workers 0 vs 4
     assert "data loading bound" in index  # the verdict column
+    assert "<th class=\"num\">step p95</th>" in index and "177.6 ms" in index  # p95 (linear) of num_workers=4
+    assert "<figcaption>Traces side by side</figcaption>" in index
+    page = next((tmp_path / "out").glob("worker0.1623143089861*/index.html")).read_text()  # num_workers=0
+    if 'id="gaps"' in page:  # gaps.py installed
+        assert "data loading 3" in index  # num_workers=0: about a third of its window idle waiting for data
