@@ -25,8 +25,9 @@ holding the ProfilerStep spans). Reported: the innermost CPU op (`blamed_op`), P
                         _next_data, dataloader.py … __next__)
     communication_wait  the next GPU event is a collective (nccl/rccl kernel) or the op is a
                         c10d:: / nccl: / record_param_comms op
-    memcpy_wait         the gap ends with a memcpy (the GPU waited for the data to arrive), or the op is a
-                        copy that issued an HtoD memcpy (the copy waits for host data)
+    memcpy_wait         the gap ends with a host copy (HtoD / DtoH …, not DtoD / PtoP, which are device
+                        work like a kernel), or the op is a copy that issued an HtoD memcpy (the copy waits
+                        for host data)
     launch_overhead     the next GPU event's launch call started after the gap began (the CPU was late),
                         or the gap is shorter than BACK_TO_BACK_NS (2 µs) between back-to-back launches
     other               none of the above (e.g. the launch came early but the stream waited on another)
@@ -212,7 +213,8 @@ def _blame(trace: Trace, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("next_kernel").fill_null("").str.contains(COMMUNICATION)
               | pl.col("blamed_op").fill_null("").str.contains(COMMUNICATION))
         .then(pl.lit(GapCause.COMMUNICATION_WAIT.value))
-        .when((pl.col("next_kind") == Kind.MEMCPY.value) | (a_copy & pl.col("blamed_op_id").is_in(htod_ops)))
+        .when(((pl.col("next_kind") == Kind.MEMCPY.value) & ~pl.col("next_kernel").str.contains("DtoD|PtoP"))
+              | (a_copy & pl.col("blamed_op_id").is_in(htod_ops)))
         .then(pl.lit(GapCause.MEMCPY_WAIT.value))
         .when((pl.col("next_launch_ts_ns") > pl.col("start_ns")) | (pl.col("dur_ns") < BACK_TO_BACK_NS))
         .then(pl.lit(GapCause.LAUNCH_OVERHEAD.value))

@@ -135,6 +135,12 @@ def test_a_copy_op_is_blamed_by_the_direction_it_copied(tmp_path: Path, directio
     assert _middle_cause(tmp_path, *events) == cause
 
 
+def test_a_device_to_device_copy_next_is_no_memcpy_wait(tmp_path: Path) -> None:
+    events = [runtime("cudaMemcpyAsync", ts=180, dur=2, correlation=2),
+              memcpy("DtoD", ts=185, dur=10, nbytes=4096, correlation=2, src="Device")]
+    assert _middle_cause(tmp_path, *events) == "launch_overhead"
+
+
 def test_communication_op_blamed(tmp_path: Path) -> None:
     events = [cpu_op("record_param_comms", ts=100, dur=80), *_launched("B", at=180, gpu_at=185, dur=10, corr=2)]
     assert _middle_cause(tmp_path, *events) == "communication_wait"
