@@ -129,13 +129,26 @@ def short_name(name: pl.Expr) -> pl.Expr:
 def innermost(frame: pl.LazyFrame, points: pl.DataFrame) -> pl.DataFrame:
     """name, event_id of the innermost event of `frame` enclosing each point (pid, tid, ts_ns); nulls where none.
 
-    One row per point, in the points' order. The nesting walk is nesting.py's (one place, measured there).
+    One row per point, in the points' order. Only events that enclose some point take part (found by an
+    as-of join: the first point at or after an event's start lies before its end); an enclosing event's
+    ancestors enclose the point too, so the nesting among those is the full nesting. The nesting walk is
+    nesting.py's (one place, measured there).
     """
-    iv = sort_for_nesting(frame.filter(pl.col("dur_ns").is_not_null())
-                          .select("pid", "tid", "ts_ns", "dur_ns", "name", "event_id").collect())
-    if iv.height == 0 or points.height == 0:
-        return pl.DataFrame({"name": [None] * points.height, "event_id": [None] * points.height},
-                            schema={"name": pl.String, "event_id": pl.Int64})
+    empty = pl.DataFrame({"name": [None] * points.height, "event_id": [None] * points.height},
+                         schema={"name": pl.String, "event_id": pl.Int64})
+    if points.height == 0:
+        return empty
+    marks = points.select("pid", "tid", p_ts="ts_ns").drop_nulls().sort("p_ts")
+    iv = (
+        frame.filter(pl.col("dur_ns").is_not_null())
+        .select("pid", "tid", "ts_ns", "dur_ns", "name", "event_id").sort("ts_ns")
+        .join_asof(marks.lazy(), left_on="ts_ns", right_on="p_ts", by=["pid", "tid"], strategy="forward",
+                   check_sortedness=False)
+        .filter(pl.col("p_ts") <= pl.col("ts_ns") + pl.col("dur_ns")).drop("p_ts").collect()
+    )
+    if iv.height == 0:
+        return empty
+    iv = sort_for_nesting(iv)
     parent, _ = parent_index(iv)
     rows = innermost_enclosing(iv.with_columns(parent=pl.Series(parent)), points)
     return pl.DataFrame({"name": iv["name"].gather(rows), "event_id": iv["event_id"].gather(rows)})
