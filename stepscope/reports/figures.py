@@ -301,24 +301,33 @@ def step_breakdown_figure(result: StepsResult, gaps: pl.DataFrame | None = None)
         return None
     labels = [str(s) for s in steps["step"].to_list()]
     x = np.arange(len(labels))
-    width = max(11.0, min(15.0, 4 + 0.5 * len(labels)))
-    fig, (cpu_ax, gpu_ax) = plt.subplots(1, 2, figsize=(width, 3.8), sharey=True)
+    has_gpu = bool(steps["gpu_busy_ns"].fill_null(0).sum() or steps["kernel_ns"].fill_null(0).sum())
+    width = max(11.0, min(15.0, 4 + 0.5 * len(labels))) if has_gpu else max(6.0, min(10.0, 3 + 0.3 * len(labels)))
+    fig, axes = plt.subplots(1, 2 if has_gpu else 1, figsize=(width, 3.8), sharey=True, squeeze=False)
+    cpu_ax = axes[0, 0]
     bottom = np.zeros(len(labels))
     for phase in ("data_loading", "forward", "backward", "optimizer", "other_cpu"):
         vals = steps[f"{phase}_ns"].fill_null(0).to_numpy().astype(float)
         cpu_ax.bar(x, vals, bottom=bottom, color=color(phase), label=phase.replace("_", " "))
         bottom += vals
-    parts = _gpu_step_parts(steps, gaps)
-    bottom = np.zeros(len(labels))
-    for label, vals, fill, edge in parts:
-        gpu_ax.bar(x, vals, bottom=bottom, color=fill, edgecolor=edge, linewidth=0.4 if edge else 0, label=label)
-        bottom += vals
     top = float(max(bottom.max(initial=0), steps["cpu_ns"].max() or 0))
-    for ax, title in ((cpu_ax, "CPU time per step, by phase"), (gpu_ax, "GPU time per step: busy and idle by cause")):
+    panels = [(cpu_ax, "CPU time per step, by phase")]
+    if has_gpu:  # a CPU-only trace gets no GPU panel (it would be all idle)
+        gpu_ax = axes[0, 1]
+        bottom = np.zeros(len(labels))
+        for label, vals, fill, edge in _gpu_step_parts(steps, gaps):
+            gpu_ax.bar(x, vals, bottom=bottom, color=fill, edgecolor=edge, linewidth=0.4 if edge else 0,
+                       label=label)
+            bottom += vals
+        top = max(top, float(bottom.max(initial=0)))
+        panels.append((gpu_ax, "GPU time per step: busy and idle by cause"))
+    pad = max(0.0, (6 - len(labels)) / 2)  # a few steps: keep the bars narrow
+    for ax, title in panels:
         ax.set_title(title, fontsize=11)
         ax.set_xlabel("step")
         step_every = max(1, len(labels) // 15)
         ax.set_xticks(x[::step_every], labels[::step_every])
+        ax.set_xlim(-0.6 - pad, len(labels) - 0.4 + pad)
         ax.grid(axis="y", alpha=0.3)
         ax.spines["top"].set_visible(False)
         ax.spines["right"].set_visible(False)
@@ -623,10 +632,15 @@ def transfers_figure(result: TransfersResult) -> bytes | None:
         c_ax.set_yscale("log")
         c_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
         c_ax.margins(y=0.25)
-    c_ax.set_title(f"Each copy's bandwidth ({copies.height:,} copies; marker area ~ bytes)", fontsize=11)
+    noun = "copy" if copies.height == 1 else "copies"
+    c_ax.set_title(f"Each copy's bandwidth ({copies.height:,} {noun}; marker area ~ bytes)", fontsize=11)
     c_ax.set_xlabel("copy number, in time order")
+    c_ax.set_xlim(0.5, copies.height + 0.5)
     c_ax.set_ylabel("GB/s")
-    c_ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+    if copies.height <= 10:
+        c_ax.set_xticks(range(1, copies.height + 1))
+    else:
+        c_ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
     c_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
     _style(c_ax)
     c_ax.grid(axis="y", alpha=0.3)
@@ -649,6 +663,7 @@ def transfers_figure(result: TransfersResult) -> bytes | None:
         t_ax.set_ylabel(f"time ({_ns_axis(t_ax, 'y', top=float(bottom.max() or 1))})")
         every = max(1, len(steps) // 15)
         t_ax.set_xticks(x[::every], steps[::every], fontsize=8)
+        t_ax.set_xlim(-0.6 - max(0.0, (6 - len(steps)) / 2), len(steps) - 0.4 + max(0.0, (6 - len(steps)) / 2))
         t_ax.set_xlabel("step")
         t_ax.grid(axis="y", alpha=0.3)
         t_ax.spines["top"].set_visible(False)
