@@ -11,7 +11,8 @@ Definitions:
 one call stack, so op, Python frame and runtime call are consistent with each other). The thread is the
 one that launched the GPU event right after the gap; where that is unknown, the main thread (the one
 holding the ProfilerStep spans). Reported: the innermost CPU op (`blamed_op`), Python frame
-(`blamed_python`, with_stack traces) and runtime call (`blamed_runtime`) enclosing the midpoint.
+(`blamed_python`, with_stack traces; the innermost frame naming a source line, `file.py(N): fn`, so
+C builtins such as `<built-in method item …>` are skipped) and runtime call (`blamed_runtime`) enclosing the midpoint.
 
 **Cause** — ordered rules, the first that holds wins:
 
@@ -154,6 +155,15 @@ def innermost(frame: pl.LazyFrame, points: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame({"name": iv["name"].gather(rows), "event_id": iv["event_id"].gather(rows)})
 
 
+def source_frames(trace: Trace) -> pl.LazyFrame:
+    """Python frames that name a source line (``model.py(42): forward``), not C builtins.
+
+        <built-in method copy_ of Tensor object at 0x7f…>   -> skipped (it says nothing about where)
+        train.py(88): train_step                            -> kept
+    """
+    return trace.python.filter(pl.col("name").str.contains(r"\(\d+\): "))
+
+
 def _gpu(trace: Trace, device: int | None) -> pl.DataFrame:
     gpu = (
         trace.launches()
@@ -195,7 +205,7 @@ def _blame(trace: Trace, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     points = g.select(pl.col("pid", "tid").fill_null(""), ts_ns="mid_ns")
     op = innermost(trace.cpu_ops, points)
     g = g.with_columns(blamed_op=op["name"], blamed_op_id=op["event_id"],
-                       blamed_python=innermost(trace.python, points)["name"],
+                       blamed_python=innermost(source_frames(trace), points)["name"],
                        blamed_runtime=innermost(trace.runtime, points)["name"])
 
     def gaps_inside(events: pl.LazyFrame, on: list[str]) -> pl.Series:
@@ -320,4 +330,5 @@ def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps",
     )
 
 
-__all__ = ["BACK_TO_BACK_NS", "GapCause", "GapsResult", "gpu_gaps", "innermost", "is_sync_runtime", "short_name"]
+__all__ = ["BACK_TO_BACK_NS", "GapCause", "GapsResult", "gpu_gaps", "innermost", "is_sync_runtime", "short_name",
+           "source_frames"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.gaps import innermost, is_sync_runtime
+from stepscope.analyze.gaps import innermost, is_sync_runtime, source_frames
 from stepscope.analyze.trace import Trace
 from stepscope.analyze.window import analysis_window
 
@@ -109,7 +109,7 @@ def cpu_gpu_overlap(trace: Trace) -> OverlapResult:
     syncs = trace.runtime.filter(is_sync_runtime(pl.col("name"))).select(
         "pid", "tid", "ts_ns", "dur_ns", "name").collect()
     points = syncs.select("pid", "tid", "ts_ns")
-    syncs = syncs.with_columns(python=innermost(trace.python, points)["name"],
+    syncs = syncs.with_columns(python=innermost(source_frames(trace), points)["name"],
                                op=innermost(trace.cpu_ops, points)["name"])
     sources = (
         syncs.with_columns(source=pl.coalesce("python", "op", pl.lit("(no enclosing op)")))

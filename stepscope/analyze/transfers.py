@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.gaps import innermost, is_sync_runtime
+from stepscope.analyze.gaps import innermost, is_sync_runtime, source_frames
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
 from stepscope.analyze.window import step_windows
@@ -83,7 +83,7 @@ def transfers(trace: Trace, *, top: int = 10) -> TransfersResult:
     copies = copies.with_columns(covered_ns(copies.select("device", "start_ns", "end_ns"), busy))
     points = copies.select(pid=pl.col("launch_pid").fill_null(""), tid=pl.col("launch_tid").fill_null(""),
                            ts_ns=pl.col("launch_ts_ns").fill_null(0))
-    copies = copies.with_columns(python_line=innermost(trace.python, points)["name"])
+    copies = copies.with_columns(python_line=innermost(source_frames(trace), points)["name"])
     windows = step_windows(trace).select("step", w_start="start_ns", w_end="end_ns").collect().sort("w_start")
     copies = (copies.sort("start_ns").join_asof(windows, left_on="start_ns", right_on="w_start", strategy="backward")
               .with_columns(step=pl.when(pl.col("start_ns") < pl.col("w_end")).then("step")))

@@ -38,6 +38,7 @@ def test_item_sync_gap_is_host_sync_and_blamed_on_the_op_and_python_line(tmp_pat
         step(1, ts=-5, dur=190),
         *_launched("A", at=-4, gpu_at=0, dur=100, corr=1),
         python_fn("model.py(42): forward", ts=95, dur=100),
+        python_fn("<built-in method item of Tensor object at 0x7f00>", ts=99, dur=90),  # skipped: no source line
         cpu_op("aten::item", ts=100, dur=80),
         cpu_op("aten::_local_scalar_dense", ts=101, dur=78),
         runtime("cudaStreamSynchronize", ts=103, dur=75),
