@@ -27,15 +27,9 @@ def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool
     emit(render(result, "json" if as_json else "table"), None)
     if out is not None:
         from stepscope.analyze._io import atomic_dir
-        from stepscope.reports.figures import diff_figure
-        from stepscope.reports.html import Figure, render_page, result_section
+        from stepscope.reports.html import diff_report
 
-        png = diff_figure(result)
-        figs = [Figure(title="Before vs after", png=png)] if png else []
-        page = render_page(title=f"stepscope diff: {result.before} -> {result.after}",
-                           subtitle="after minus before; negative deltas are faster",
-                           sections=[result_section(result, id="diff", title="What changed", figures=figs)],
-                           reproduce=[f"stepscope diff {before} {after} -o {out}"])
+        page = diff_report(result, reproduce=[f"stepscope diff {before} {after} -o {out}"])
         with atomic_dir(out) as tmp:
             (tmp / "index.html").write_text(page, encoding="utf-8")
         click.echo(f"wrote {out / 'index.html'}", err=True)

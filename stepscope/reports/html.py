@@ -24,9 +24,11 @@ import polars as pl
 
 from stepscope import __version__
 from stepscope.reports.text import format_value, result_headline
+from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 if TYPE_CHECKING:
     from stepscope.analyze import Trace
+    from stepscope.analyze.diff import TraceDiff
     from stepscope.analyze.gaps import GapsResult
     from stepscope.analyze.info import TraceInfo
     from stepscope.analyze.kernels import KernelsResult
@@ -498,6 +500,66 @@ def result_section(result: Any, *, id: str, title: str, figures: Sequence[Figure
               and getattr(result, f.name).height]
     return Section(id=id, title=title, headline=headline_items(result), figures=list(figures), tables=tables,
                    notes=list(notes))
+
+
+def _delta_cell(before: float | None, after: float | None, fmt: Callable[[Any], str], relative: bool) -> Cell:
+    """after - before: '-50.7 ms (-28.6%)' with relative, shares as points ('+16.0 points')."""
+    if before is None or after is None:
+        return Cell(text="-")
+    delta = after - before
+    if fmt is human_fraction:
+        return Cell(text=f"{100 * delta:+.1f} points", sort=float(delta))
+    rel = f" ({100 * delta / before:+.1f}%)" if relative and before else ""
+    return Cell(text=f"{'+' if delta > 0 else ''}{fmt(delta)}{rel}", sort=float(delta))
+
+
+def diff_report(result: TraceDiff, *, reproduce: Sequence[str] = ()) -> str:
+    """The HTML page of `stepscope diff`: the answer first (step time and verdict, before -> after), a
+    before/after table of the headline figures, the figure, then the ops, kernels and idle-by-cause deltas."""
+    from stepscope.reports import figures
+
+    r = result
+    lead = []
+    if r.before_median_step_ns is not None and r.after_median_step_ns is not None:
+        change = r.step_time_change_fraction or 0.0
+        word = "faster" if change < -0.02 else "slower" if change > 0.02 else "about the same"
+        lead.append(f"Median step {human_ns(r.before_median_step_ns)} → {human_ns(r.after_median_step_ns)} "
+                    f"({100 * change:+.1f}%): {word}.")
+    else:
+        lead.append("One of the traces has no ProfilerStep#N spans: no step time to compare.")
+    lead.append(f"What bounds the step: {r.before_verdict.replace('_', ' ')} → {r.after_verdict.replace('_', ' ')}.")
+    rows: list[tuple[str, Any, Any, Callable[[Any], str], bool]] = [
+        ("steps", r.before_steps, r.after_steps, lambda v: f"{v:,}", False),
+        ("median step (wall)", r.before_median_step_ns, r.after_median_step_ns, human_ns, True),
+        ("GPU busy per step (mean)", r.before_step_gpu_busy_fraction, r.after_step_gpu_busy_fraction,
+         human_fraction, False),
+        ("GPU busy over the GPU span", r.before_trace_gpu_busy_fraction, r.after_trace_gpu_busy_fraction,
+         human_fraction, False),
+        ("self device time (all ops)", r.before_self_device_total_ns, r.after_self_device_total_ns, human_ns, True),
+        ("peak memory (allocated)", r.before_peak_memory_bytes, r.after_peak_memory_bytes, human_bytes, True),
+    ]
+    cells: list[list[Cell]] = [[Cell(text="verdict"), Cell(text=r.before_verdict), Cell(text=r.after_verdict),
+                                Cell(text="")]]
+    for label, before, after, fmt, relative in rows:
+        cells.append([Cell(text=label), Cell(text="-" if before is None else fmt(before), sort=before),
+                      Cell(text="-" if after is None else fmt(after), sort=after),
+                      _delta_cell(before, after, fmt, relative)])
+    summary = Table(title="Before and after", columns=["", "before", "after", "change"], rows=cells,
+                    total_rows=len(cells), numeric=[False, True, True, True])
+    png = figures.diff_figure(r)
+    tables = [summary]
+    for name, title in (("idle_by_cause", "GPU idle by cause (gaps in the step windows, all devices)"),
+                        ("ops", "Ops whose self time changed most (CPU ops and runtime calls)"),
+                        ("kernels", "GPU kernels and copies whose time changed most")):
+        frame = getattr(r, name)
+        if frame.height:
+            tables.append(frame_table(frame, title))
+    section = Section(id="diff", title="What changed", lead=lead, tables=tables,
+                      figures=[Figure(title="Before vs after", png=png)] if png else [],
+                      notes=[f"before: {r.before}", f"after: {r.after}",
+                             "Deltas are after minus before: negative is less time (faster) or less memory."])
+    return render_page(title=f"stepscope diff: {r.before} → {r.after}", subtitle="after minus before",
+                       sections=[section], reproduce=reproduce)
 
 
 def write_html(path: Path, text: str) -> None:

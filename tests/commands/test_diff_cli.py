@@ -23,6 +23,19 @@ def test_diff_text_and_html(tmp_path: Path) -> None:
     page = (tmp_path / "out" / "index.html").read_text()
     assert "What changed" in page and "&lt;script&gt;" in page
     assert "data:image/png;base64," in page  # the before/after figure
+    assert "Median step 100.0 µs → 100.0 µs (+0.0%): about the same." in page  # the answer leads the page
+    assert "Before and after" in page and "+20 µs (+66.7%)" in page  # self device 30 -> 50 µs (kernels 2x)
+
+
+def test_corpus_resnet_workers_html(corpus: Path, tmp_path: Path) -> None:
+    k = corpus / "traces" / "kineto"
+    result = CliRunner().invoke(cli, ["diff", str(k / "resnet50_num_workers_0"), str(k / "resnet50_num_workers_4"),
+                                      "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "Median step 177.4 ms → 126.7 ms (-28.6%): faster." in page
+    assert "data loading bound → gpu bound" in page
+    assert "+15.9 points" in page  # GPU busy per step 56.6% -> 72.6%
 
 
 def test_corpus_resnet_workers(corpus: Path) -> None:
