@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator  # noqa: E402
 
@@ -39,8 +40,11 @@ _LABEL_CHARS = 48
 
 
 def _short(label: str, n: int = _LABEL_CHARS) -> str:
+    """A trace-derived label on one line, at most n characters, drawn as plain text: a '$' would otherwise
+    start matplotlib's math mode (and a name like '$\\frac' would fail the whole figure)."""
     label = " ".join(str(label).split())
-    return label if len(label) <= n else label[: n - 1] + "…"
+    label = label if len(label) <= n else label[: n - 1] + "…"
+    return label.replace("$", r"\$")
 
 
 def _png(fig: Any) -> bytes:
@@ -251,7 +255,9 @@ def timeline_figure(trace: Trace, step: int | None = None, gaps: pl.DataFrame | 
     ax.set_title(title, fontsize=11, loc="left")
     kinds = (gpu.group_by("category").agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True)["category"]
              .to_list())
-    handles = [Rectangle((0, 0), 1, 1, color=color(k)) for k in kinds]
+    handles: list[Any] = [Line2D([], [], color=color(k), marker="v", markersize=6, markeredgecolor="#8a4b08",
+                                 linewidth=6) if k == "memcpy" else Rectangle((0, 0), 1, 1, color=color(k))
+                          for k in kinds]
     idle_labels = [f"idle: {c.replace('_', ' ')}" for c in causes] or ["idle (blank)"]
     handles += [Rectangle((0, 0), 1, 1, facecolor=idle_color(c), edgecolor="#999999") for c in causes]
     if not causes:

@@ -138,3 +138,11 @@ def test_transfers_figure_on_the_resnet_trace(corpus: Path) -> None:
     result = transfers_mod.transfers(t)
     assert result.pageable_copies == 12  # the corpus README: 12 HtoD copies, all pageable
     assert_png(figures.transfers_figure(result), min_w=900)
+
+
+def test_dollar_signs_in_names_are_plain_text(tmp_path: Path) -> None:
+    # GIVEN op names matplotlib would read as math ('$\frac' is not even valid math)
+    t = load_events(tmp_path, trace(cpu_op("my$op$", ts=0, dur=5), cpu_op("$\\frac{", ts=10, dur=5)))
+    # THEN the figure still renders, and the labels are escaped for matplotlib
+    assert_png(figures.ops_figure(op_table(t)))
+    assert figures._short("a$b") == "a\\$b"
