@@ -261,5 +261,6 @@ def load(path: str | Path, *, cache_dir: Path | None = None) -> Trace:
                          "`stepscope ingest` and `stepscope report` for many", path=path)
     sha = file_sha256(path)
     target = (cache_dir or default_cache_dir()) / sha[:2] / sha
-    ingest_trace(path, target)
+    if not is_ingested(target, sha):  # the cache is keyed by content: a hit needs no read of the trace
+        ingest_trace(path, target)
     return Trace(directory=target, meta=_read_meta(target))
