@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from stepscope.analyze import intervals
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
 
@@ -88,29 +89,13 @@ def category_expr(name: str = "name", kind: str = "kind") -> pl.Expr:
     )
 
 
-def union_length_ns(frame: pl.LazyFrame, *, by: tuple[str, ...] = ()) -> pl.LazyFrame:
-    """Length of the union of [ts_ns, ts_ns + dur_ns) intervals, per `by` group (column `busy_ns`)."""
-    keys = list(by)
-    ivs = frame.select(*keys, s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).filter(pl.col("e") > pl.col("s"))
-    ivs = ivs.sort(*keys, "s")
-    prev_end = pl.col("e").cum_max().shift(1)
-    if keys:
-        prev_end = prev_end.over(keys)
-    merged = ivs.with_columns(prev_end=prev_end).with_columns(
-        new=(pl.col("prev_end").is_null() | (pl.col("s") > pl.col("prev_end"))).cast(pl.Int64)
-    ).with_columns(run=pl.col("new").cum_sum() if not keys else pl.col("new").cum_sum().over(keys))
-    runs = merged.group_by(*keys, "run").agg(s=pl.col("s").min(), e=pl.col("e").max())
-    if keys:
-        return runs.group_by(*keys).agg(busy_ns=(pl.col("e") - pl.col("s")).sum())
-    return runs.select(busy_ns=(pl.col("e") - pl.col("s")).sum())
-
-
 @dataclass(frozen=True, kw_only=True)
 class KernelsResult:
     """GPU time by kernel name and by category.
 
-    gpu_busy_ns is the union of every kernel/memcpy/memset interval (overlaps counted once); a name's
-    busy_share is its summed time over that union (shares can add up past 100% with concurrent streams).
+    gpu_busy_ns is the union of every kernel/memcpy/memset interval per device (overlapping streams counted
+    once; `analyze.intervals`), summed over devices; a name's busy_share is its summed time over that busy
+    time (shares can add up past 100% with concurrent streams).
     """
 
     gpu_events: int
@@ -133,7 +118,8 @@ def kernel_summary(trace: Trace, *, top: int | None = None) -> KernelsResult:
     """Time per kernel name (count, total/mean/min/max, busy share, most common grid/block, occupancy)
     and per category (count, total, time_share of all GPU event time). `top` keeps the N longest names."""
     gpu = trace.gpu.filter(pl.col("dur_ns").is_not_null()).with_columns(category=category_expr())
-    busy = int(union_length_ns(gpu).collect().item() or 0)
+    ends = gpu.select("device", "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+    busy = int(intervals.union_length(ends, by=["device"]).select(pl.col("length_ns").sum()).collect().item() or 0)
     by_name = (
         gpu.group_by("name", "category")
         .agg(

@@ -134,10 +134,23 @@ def test_resnet50_figures(corpus: Path, tmp_path: Path) -> None:
 def test_hta_counts(corpus: Path, tmp_path: Path) -> None:
     nccl = kernel_summary(load(corpus / "traces/hta/nccl_parser_config/nccl_data.json.gz", cache_dir=tmp_path))
     assert int(nccl.by_name.filter(pl.col("name").str.starts_with("ncclKernel"))["count"].sum()) == 21
-    ns = kernel_summary(load(corpus / "traces/hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
-                             cache_dir=tmp_path))
-    # HTA's test says 4,876 "GPU kernels". The file holds 4,350 `kernel` events (= its 4,350 cudaLaunchKernel
-    # calls), 1,600 memcpy (= 1,600 cudaMemcpyAsync) and 145 memset: 6,095 GPU events. Neither 4,350 nor
-    # 6,095 (nor the 5,074 inside the ProfilerStep spans) is 4,876, so HTA's figure counts something its
-    # loader derives (a filtered frame), not the events in the file; we assert what the file holds.
-    assert (ns.kernels, ns.gpu_events) == (4_350, 6_095)
+    t = load(corpus / "traces/hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", cache_dir=tmp_path)
+    ns = kernel_summary(t)
+    assert (ns.kernels, ns.gpu_events) == (4_350, 6_095)  # kernel events; kernel + memcpy + memset events
+    # HTA's test_get_gpu_kernels_with_user_annotations expects 4,876 "GPU kernels". HTA's frame holds every GPU
+    # event (its row for correlation 135139 is a "Memcpy DtoD"), and HTA trims the trace by default to the
+    # ProfilerSteps before the last one (include_last_profiler_step=False), keeping GPU events whose launching
+    # runtime call starts in [first step start, last step start). That is 4,876 of the file's 6,095.
+    steps = t.steps.collect()
+    first, last = steps["ts_ns"].min(), steps["ts_ns"].max()
+    launched = t.launches().filter(pl.col("launch_ts_ns").is_between(first, last, closed="left")).collect()
+    assert launched.height == 4_876
+
+
+def test_busy_is_per_device_then_summed(tmp_path: Path) -> None:
+    """Two devices busy at the same time are two busy GPUs (10 + 10 µs), not one 10 µs union."""
+    t = load_events(tmp_path, trace(kernel("sgemm", ts=0, dur=10, device=0), kernel("sgemm", ts=0, dur=10, device=1),
+                                    kernel("sgemm", ts=5, dur=10, device=1, stream=8)))
+    r = kernel_summary(t)
+    assert r.gpu_busy_ns == 10_000 + 15_000
+    assert r.by_name["busy_share"].item() == pytest.approx(30 / 25)  # concurrent streams: past 100%
