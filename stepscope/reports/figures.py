@@ -154,7 +154,7 @@ def memory_figure(result: MemoryTimeline) -> bytes | None:
         _bytes_axis(ax, "y")
         ax.set_xlabel(f"time since trace start ({_ns_axis(ax)})")
         ax.set_ylim(bottom=0)
-        ax.legend(loc="lower right", fontsize=8, frameon=True, framealpha=0.85)
+        ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.85)
         _style(ax)
     fig.tight_layout()
     return _png(fig)
@@ -458,7 +458,7 @@ def snapshot_figure(result: SnapshotResult, n: int = 12) -> bytes | None:
             _bytes_axis(ax, "y")
             ax.set_ylim(bottom=0)
             ax.set_xlabel(f"time since the first allocator event ({_ns_axis(ax)})")
-            ax.legend(loc="lower right", fontsize=8, frameon=True, framealpha=0.85)
+            ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.85)
         else:
             labels = [_short(v, 44) for v in live["frame"].to_list()][::-1]
             values = live["live_bytes"].to_list()[::-1]
