@@ -25,11 +25,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import polars as pl
 
+from stepscope.analyze import intervals
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
+
+if TYPE_CHECKING:  # gaps imports window, which imports this module: gaps is imported where it is used
+    from stepscope.analyze.gaps import GapsResult
 
 DATALOADER_PATTERN = r"^enumerate\(DataLoader\)#"
 OPTIMIZER_PATTERN = r"^Optimizer\.(step|zero_grad)#"
@@ -44,7 +49,14 @@ OUTLIER_MIN_REL = 0.10
 
 @dataclass(frozen=True, kw_only=True)
 class StepsResult:
-    """Per-step table, stats across steps, outlier steps and (with nn.Module frames) per-module time."""
+    """Per-step table, stats across steps, outlier steps, GPU idle by cause per step and (with nn.Module
+    frames) per-module time.
+
+    `idle_by_cause`: step, then one `idle_<cause>_ns` column per `gaps.GapCause` (host_sync, data_loading,
+    communication_wait, memcpy_wait, launch_overhead, other): the idle gaps of `gaps.gpu_gaps` split at the
+    step windows, summed over devices. On a one-device trace the causes add up to the step's gpu_idle_ns.
+    No rows when the trace has no GPU work.
+    """
 
     steps_found: int
     mean_wall_ns: float | None
@@ -54,21 +66,13 @@ class StepsResult:
     outlier_steps: list[int]
     steps: pl.DataFrame
     stats: pl.DataFrame
+    idle_by_cause: pl.DataFrame
     modules: pl.DataFrame
 
 
-def merge_intervals(frame: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
-    """Merge overlapping [s, e) intervals per `by` group into disjoint ones (columns by..., s, e)."""
-    ivs = frame.filter(pl.col("e") > pl.col("s")).sort(*by, "s")
-    prev_end = pl.col("e").cum_max().shift(1).over(by) if by else pl.col("e").cum_max().shift(1)
-    run = pl.col("new").cum_sum().over(by) if by else pl.col("new").cum_sum()
-    return (
-        ivs.with_columns(prev_end=prev_end)
-        .with_columns(new=(pl.col("prev_end").is_null() | (pl.col("s") > pl.col("prev_end"))).cast(pl.Int64))
-        .with_columns(run=run)
-        .group_by(*by, "run").agg(s=pl.col("s").min(), e=pl.col("e").max())
-        .drop("run")
-    )
+def _merge(frame: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
+    """`intervals.union` on (by..., s, e) columns: disjoint merged intervals, same column names."""
+    return intervals.union(frame, by=by, start="s", end="e").rename({"start_ns": "s", "end_ns": "e"})
 
 
 def step_windows(trace: Trace) -> pl.DataFrame:
@@ -107,15 +111,11 @@ def gpu_by_step(trace: Trace, steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _covered_length(windows: pl.DataFrame, intervals: pl.DataFrame) -> pl.DataFrame:
-    """Union length of `intervals` (step, s, e) clipped to each step's [start_ns, end_ns): step, busy_ns."""
-    clipped = (
-        intervals.lazy().join(windows.lazy().select("step", "start_ns", "end_ns"), on="step")
-        .select("step", s=pl.max_horizontal("s", "start_ns"), e=pl.min_horizontal("e", "end_ns"))
-    )
-    return (
-        merge_intervals(clipped, ["step"]).group_by("step").agg(busy_ns=(pl.col("e") - pl.col("s")).sum()).collect()
-    )
+def _covered_length(windows: pl.DataFrame, ivs: pl.DataFrame) -> pl.DataFrame:
+    """Union length of `ivs` (step, s, e) clipped to each step's [start_ns, end_ns): step, busy_ns."""
+    clipped = intervals.clip(ivs.lazy().select("step", start_ns="s", end_ns="e"),
+                             windows.lazy().select("step", "start_ns", "end_ns"), by=["step"])
+    return clipped.group_by("step").agg(busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum()).collect()
 
 
 def _phase_intervals(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
@@ -156,7 +156,7 @@ def _phase_intervals(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
 
 def _phase_split(windows: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
     """Exclusive time per (step, phase) by elementary segments; the first phase in PHASES wins."""
-    merged = merge_intervals(phases.lazy(), ["step", "phase"]).collect()
+    merged = _merge(phases.lazy(), ["step", "phase"]).collect()
     bounds = pl.concat([
         merged.select("step", b="s"), merged.select("step", b="e"),
         windows.select("step", b="cpu_start_ns"), windows.select("step", b="cpu_end_ns"),
@@ -251,15 +251,50 @@ def module_times(trace: Trace, *, top: int = 20) -> pl.DataFrame:
     )
 
 
-def step_breakdown(trace: Trace) -> StepsResult:
+def idle_by_cause(gaps: GapsResult, windows: pl.DataFrame) -> pl.DataFrame:
+    """step, idle_<cause>_ns for every GapCause: each step's part of the idle gaps, summed over devices.
+
+    A gap is a maximal idle stretch of the (merged) window, so it can run over a step boundary; it is split
+    at the step windows (`windows`: step, start_ns, end_ns) and each piece counts in its own step, keeping
+    the gap's cause:
+
+        step 1 [0, 100), step 2 [100, 200); gap [70, 150) data_loading, gap [170, 200) other
+        -> step 1: idle_data_loading_ns 30; step 2: idle_data_loading_ns 50, idle_other_ns 30
+    """
+    from stepscope.analyze.gaps import GapCause
+
+    if gaps.gaps.height != gaps.gaps_total:
+        raise ValueError("idle_by_cause needs every gap: call gpu_gaps without min_gap_ns or top")
+    cols = [f"idle_{c.value}_ns" for c in GapCause]
+    schema = {"step": pl.Int64, **{c: pl.Int64 for c in cols}}
+    if gaps.devices_with_gpu_work == 0:
+        return pl.DataFrame(schema=schema)
+    w = windows.select("step", w_start="start_ns", w_end="end_ns")
+    pieces = (
+        gaps.gaps.select("cause", "start_ns", "end_ns")
+        .join_where(w, pl.col("start_ns") < pl.col("w_end"), pl.col("end_ns") > pl.col("w_start"))
+        .with_columns(ns=pl.min_horizontal("end_ns", "w_end") - pl.max_horizontal("start_ns", "w_start"))
+    )
+    per = pieces.group_by("step").agg(
+        pl.col("ns").filter(pl.col("cause") == c.value).sum().alias(f"idle_{c.value}_ns") for c in GapCause)
+    return (
+        w.select("step").join(per, on="step", how="left")
+        .with_columns(pl.col(cols).fill_null(0)).select(list(schema)).cast(schema)  # type: ignore[arg-type]
+        .sort("step")
+    )
+
+
+def step_breakdown(trace: Trace, *, gaps: GapsResult | None = None) -> StepsResult:
     """Per ProfilerStep: window and CPU span, GPU busy/idle, kernel/memcpy/memset time, CPU phases
-    (data loading, forward, backward, optimizer, other), exposed data loading; stats and outliers."""
+    (data loading, forward, backward, optimizer, other), exposed data loading, GPU idle by cause; stats and
+    outliers. `gaps` is `gaps.gpu_gaps(trace)` when the caller already has it (every gap, default window)."""
     windows = step_windows(trace)
     modules = module_times(trace)
     if windows.height == 0:
         return StepsResult(steps_found=0, mean_wall_ns=None, mean_gpu_busy_fraction=None, mean_data_loading_ns=None,
                            mean_data_loading_exposed_ns=None,
-                           outlier_steps=[], steps=pl.DataFrame(), stats=pl.DataFrame(), modules=modules)
+                           outlier_steps=[], steps=pl.DataFrame(), stats=pl.DataFrame(),
+                           idle_by_cause=pl.DataFrame(), modules=modules)
     steps_df = trace.steps.collect()
     gpu = gpu_by_step(trace, steps_df)
     by_kind = (
@@ -298,6 +333,10 @@ def step_breakdown(trace: Trace) -> StepsResult:
     ).sort("step")
     out = out.with_columns(outlier=outliers(out["wall_ns"]))
     has_gpu = all_gpu.height > 0
+    if gaps is None:
+        from stepscope.analyze.gaps import gpu_gaps
+
+        gaps = gpu_gaps(trace)
     wall_total, busy_total = int(out["wall_ns"].sum()), int(out["gpu_busy_ns"].sum())
     mean_frac = busy_total / wall_total if wall_total and has_gpu else None
     return StepsResult(
@@ -309,6 +348,7 @@ def step_breakdown(trace: Trace) -> StepsResult:
         outlier_steps=out.filter(pl.col("outlier"))["step"].to_list(),
         steps=out,
         stats=_stats(out.drop("outlier")),
+        idle_by_cause=idle_by_cause(gaps, out),
         modules=modules,
     )
 
@@ -338,8 +378,8 @@ def _exposed(cpu: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     does not hide, whichever step's GPU work that is). step, data_loading_exposed_ns."""
     if cpu.height == 0:
         return pl.DataFrame(schema={"step": pl.Int64, "data_loading_exposed_ns": pl.Int64})
-    c = merge_intervals(cpu.lazy(), ["step"]).collect()
-    g = merge_intervals(gpu.lazy(), []).collect()
+    c = _merge(cpu.lazy(), ["step"]).collect()
+    g = _merge(gpu.lazy(), []).collect()
     hidden = busy_before(c, g, "e") - busy_before(c, g, "s")
     return c.with_columns(hidden=hidden).group_by("step").agg(
         data_loading_exposed_ns=(pl.col("e") - pl.col("s") - pl.col("hidden")).sum())

@@ -10,9 +10,9 @@ from builders import annotation, cpu_op, kernel, load_events, python_fn, runtime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope.analyze import load
-from stepscope.analyze.kernels import union_length_ns
-from stepscope.analyze.steps import busy_before, merge_intervals, outliers, step_breakdown
+from stepscope.analyze import intervals, load
+from stepscope.analyze.gaps import gpu_gaps
+from stepscope.analyze.steps import busy_before, outliers, step_breakdown
 
 AUTOGRAD_TID = 2
 
@@ -40,6 +40,25 @@ def test_phase_split_docstring_example(tmp_path: Path) -> None:
     assert row["wall_ns"] == 100_000 and row["gpu_busy_ns"] == 20_000 and row["kernel_ns"] == 20_000
     assert row["gpu_busy_fraction"] == pytest.approx(0.2)
     assert row["data_loading_exposed_ns"] == 30_000  # no GPU work during 0-30
+
+
+def test_idle_by_cause_from_gaps(tmp_path: Path) -> None:
+    """The docstring step alone is idle 0-50 (midpoint 25 inside the DataLoader: data_loading) and 70-100 (no
+    next launch, midpoint 85 in Optimizer.step: other). With a second step, the gap 70-150 runs over the step
+    boundary (its midpoint 110 is in step 2's DataLoader): 30 µs of it counts in step 1, 50 µs in step 2."""
+    one = step_breakdown(load_events(tmp_path / "one", trace(*_docstring_step(1, 0)))).idle_by_cause
+    assert one.row(0, named=True) == {"step": 1, "idle_host_sync_ns": 0, "idle_data_loading_ns": 50_000,
+                                      "idle_communication_wait_ns": 0, "idle_memcpy_wait_ns": 0,
+                                      "idle_launch_overhead_ns": 0, "idle_other_ns": 30_000}
+    t = load_events(tmp_path / "two", trace(*_docstring_step(1, 0), *_docstring_step(2, 100)))
+    r = step_breakdown(t)
+    assert r.idle_by_cause["idle_data_loading_ns"].to_list() == [80_000, 50_000]
+    assert r.idle_by_cause["idle_other_ns"].to_list() == [0, 30_000]
+    sums = r.idle_by_cause.select(pl.sum_horizontal(pl.exclude("step"))).to_series().to_list()
+    assert sums == r.steps["gpu_idle_ns"].to_list()
+    assert step_breakdown(t, gaps=gpu_gaps(t)).idle_by_cause.equals(r.idle_by_cause)  # a caller's own gaps
+    with pytest.raises(ValueError, match="every gap"):
+        step_breakdown(t, gaps=gpu_gaps(t, top=1))
 
 
 def test_window_extends_to_gpu_end_and_next_step_starts_after(tmp_path: Path) -> None:
@@ -96,7 +115,12 @@ def test_modules_inclusive_cpu_and_gpu(tmp_path: Path) -> None:
 
 def test_no_steps(tmp_path: Path) -> None:
     r = step_breakdown(load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5))))
-    assert r.steps_found == 0 and r.outlier_steps == []
+    assert r.steps_found == 0 and r.outlier_steps == [] and r.idle_by_cause.height == 0
+
+
+def test_cpu_only_steps_have_no_idle_causes(tmp_path: Path) -> None:
+    r = step_breakdown(load_events(tmp_path, trace(step(1, ts=0, dur=10), cpu_op("aten::add", ts=0, dur=5))))
+    assert r.steps_found == 1 and r.idle_by_cause.height == 0 and r.mean_gpu_busy_fraction is None
 
 
 RESNET = "traces/kineto/resnet50_num_workers_{}/"
@@ -121,6 +145,14 @@ def test_resnet50_matches_tb_plugin(corpus: Path, tmp_path: Path, workers: int, 
     assert float(r.steps["kernel_ns"].mean()) == pytest.approx(kernel_us * 1000, rel=1e-3)  # type: ignore[arg-type]
     if workers == 0:  # tb_plugin's per-step totals (its tooltips): 187,948 and 175,153 µs
         assert r.steps["wall_ns"].to_list()[:2] == [187_948_000, 175_153_000]
+    # one device: the idle causes add up to each step's GPU idle time; data loading is the largest with 0 workers
+    sums = r.idle_by_cause.select(pl.sum_horizontal(pl.exclude("step"))).to_series().to_list()
+    assert sums == r.steps["gpu_idle_ns"].to_list()
+    dl_idle = float(r.idle_by_cause["idle_data_loading_ns"].mean())  # type: ignore[arg-type]
+    if workers == 0:
+        assert dl_idle == pytest.approx(dataloader_us * 1000, rel=0.05)  # gaps' blame vs tb_plugin: within 5%
+    else:
+        assert dl_idle < 0.02 * step_us * 1000
 
 
 # ---------------------------------------------------------------- interval math (hypothesis)
@@ -133,15 +165,10 @@ def _covered(ivs: list[tuple[int, int]]) -> set[int]:
 
 @settings(max_examples=150, deadline=None)
 @given(_ivs, st.lists(st.integers(0, 260), min_size=1, max_size=5))
-def test_merge_union_and_busy_before_match_brute_force(ivs: list[tuple[int, int]], times: list[int]) -> None:
+def test_busy_before_matches_brute_force(ivs: list[tuple[int, int]], times: list[int]) -> None:
     frame = pl.DataFrame({"s": [s for s, _ in ivs], "e": [s + d for s, d in ivs]},
                          schema={"s": pl.Int64, "e": pl.Int64})
-    merged = merge_intervals(frame.lazy(), []).collect().sort("s")
+    merged = intervals.union(frame.lazy(), start="s", end="e").collect().select(s="start_ns", e="end_ns")
     covered = _covered(ivs)
-    assert sum(e - s for s, e in merged.iter_rows()) == len(covered)
-    assert all(a_e < b_s for (_, a_e), (b_s, _) in zip(merged.iter_rows(), merged[1:].iter_rows(), strict=False))
-    spans = pl.DataFrame({"ts_ns": [s for s, _ in ivs], "dur_ns": [d for _, d in ivs]},
-                         schema={"ts_ns": pl.Int64, "dur_ns": pl.Int64})
-    assert int(union_length_ns(spans.lazy()).collect().item() or 0) == len(covered)
     got = busy_before(pl.DataFrame({"t": times}, schema={"t": pl.Int64}), merged, "t").to_list()
     assert got == [sum(1 for c in covered if c < t) for t in times]
