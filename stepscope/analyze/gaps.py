@@ -97,8 +97,8 @@ def is_sync_runtime(name: pl.Expr) -> pl.Expr:
 class GapsResult:
     """Per-device busy/window/utilization, every idle gap with blame and cause, idle by cause, a histogram.
 
-    `gaps` columns: device, step, at_ns (the gap's start since the window began), dur_ns, cause, blamed_op,
-    blamed_python, blamed_runtime, prev_kernel, next_kernel, tid (the blamed thread), start_ns and end_ns
+    `gaps` columns: device, step, since_start_ns (the gap's start since the window began), dur_ns, cause,
+    blamed_op, blamed_python, blamed_runtime, prev_kernel, next_kernel, tid (the blamed thread), start_ns and end_ns
     (on the trace's clock). Totals (`idle_ns`, `idle_by_cause`, `histogram`) count every gap, whatever
     `min_gap_ns` and `top` leave in `gaps`.
     """
@@ -308,7 +308,8 @@ def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps",
     )
     first = windows["start_ns"].min() if windows.height else 0
     shown = gaps.filter(pl.col("dur_ns") >= min_gap_ns).sort("dur_ns", descending=True).select(
-        "device", "step", at_ns=pl.col("start_ns") - pl.lit(first, pl.Int64), dur_ns="dur_ns", cause="cause",
+        "device", "step", since_start_ns=pl.col("start_ns") - pl.lit(first, pl.Int64), dur_ns="dur_ns",
+        cause="cause",
         blamed_op="blamed_op", blamed_python="blamed_python", blamed_runtime="blamed_runtime",
         prev_kernel=short_name(pl.col("prev_kernel")), next_kernel=short_name(pl.col("next_kernel")), tid="tid",
         start_ns="start_ns", end_ns="end_ns")

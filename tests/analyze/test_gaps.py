@@ -86,7 +86,7 @@ def test_overlapping_streams_and_gpu_work_spilling_past_the_step(tmp_path: Path)
     result = gpu_gaps(load_events(tmp_path, doc))
     dev = result.devices.row(0, named=True)
     assert dev["window_ns"] == 80_000 and dev["busy_ns"] == 70_000  # window extended to B's end at 80 µs
-    assert result.gaps.select("at_ns", "dur_ns").rows() == [(0, 10_000)]
+    assert result.gaps.select("since_start_ns", "dur_ns").rows() == [(0, 10_000)]
 
 
 def test_cpu_only_trace_has_no_gpu_work(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_back_to_back_gap_is_launch_overhead_a_long_one_after_an_early_launch_is
     doc = trace(step(1, ts=-5, dur=300), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1),
                 *_launched("B", at=5, gpu_at=101, dur=50, corr=2),     # queued early; 1 µs gap: the GPU's own
                 *_launched("C", at=6, gpu_at=200, dur=10, corr=3))     # queued early; 49 µs gap: something else
-    gaps = gpu_gaps(load_events(tmp_path, doc)).gaps.sort("at_ns")
+    gaps = gpu_gaps(load_events(tmp_path, doc)).gaps.sort("since_start_ns")
     assert BACK_TO_BACK_NS > 1_000
     after_a = gaps.filter(pl.col("start_ns") >= 100_000).select("dur_ns", "cause", "prev_kernel", "next_kernel")
     assert after_a.rows()[:2] == [(1_000, "launch_overhead", "A", "B"), (49_000, "other", "B", "C")]
