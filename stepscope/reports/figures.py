@@ -89,6 +89,12 @@ def _bytes_axis(ax: Any, axis: str = "y") -> None:
     target.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
 
 
+def _ns_tick(v: float) -> str:
+    """A log-axis tick in its own unit, no trailing zeros: 1e5 -> '100 µs', 1e6 -> '1 ms'."""
+    scale, unit = next(((f, u) for f, u in _NS_UNITS if v >= f), (1.0, "ns"))
+    return f"{v / scale:g} {unit}"
+
+
 def _style(ax: Any) -> None:
     ax.spines["top"].set_visible(False)
     ax.spines["right"].set_visible(False)
@@ -586,17 +592,21 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
     dur = dur[dur > 0]
     lo, hi = max(float(dur.min()), 1.0), float(dur.max())
     bins = np.logspace(np.log10(lo), np.log10(hi * 1.0001) if hi > lo else np.log10(lo) + 1, 30)
-    hist_ax.hist(dur, bins=bins, weights=dur, color=color("idle"), edgecolor="#777777")
+    heights, _edges, _patches = hist_ax.hist(dur, bins=bins, weights=dur, color=color("idle"), edgecolor="#777777")
     hist_ax.set_xscale("log")
-    hist_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_ns(v)))
-    hist_ax.set_ylabel("idle time in the bin")
-    hist_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: human_ns(v)))
+    hist_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: _ns_tick(v)))
+    tallest = float(heights.max(initial=0)) or 1.0
+    hist_ax.set_ylim(0, tallest * 1.6)  # headroom: the box of the longest gaps sits above the bars
+    hist_ax.set_ylabel(f"idle time in the bin ({_ns_axis(hist_ax, 'y', top=tallest * 1.6)})")
     hist_ax.set_xlabel("gap length (log scale)")
     hist_ax.set_title(f"Idle gaps by length ({len(dur):,} gaps; bar height = their total idle time)", fontsize=11)
     top = gaps.sort("dur_ns", descending=True).head(n_labels)
     lines = ["longest gaps:"]
     for row in top.iter_rows(named=True):
-        what = _short(str(row.get("blamed_op") or row.get("blamed_runtime") or row.get("next_kernel") or "-"), 36)
+        op = row.get("blamed_op") or row.get("blamed_runtime")
+        where = row.get("blamed_python")  # the Python line, when the trace has stacks
+        what = (f"{_short(str(op), 28)} @ {_short(str(where), 40)}" if op and where else
+                _short(str(where or op or (f"before {row['next_kernel']}" if row.get("next_kernel") else "-")), 44))
         cause = str(row.get("cause") or "-").replace("_", " ")
         step = f", step {row['step']}" if row.get("step") is not None else ""
         lines.append(f"{human_ns(row['dur_ns'])}  {cause}{step}: {what}")
