@@ -55,7 +55,7 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     elif kind == "steps":
         from stepscope.analyze.steps import step_breakdown
 
-        png = figures.step_breakdown_figure(step_breakdown(loaded), _gaps_table(loaded))
+        png = figures.step_breakdown_figure(step_breakdown(loaded))
         empty = "no ProfilerStep#N spans in this trace"
     elif kind == "transfers":
         from stepscope.analyze.transfers import transfers

@@ -298,15 +298,14 @@ def steps_figure(trace: Trace) -> bytes | None:
     return _png(fig)
 
 
-def step_breakdown_figure(result: StepsResult, gaps: pl.DataFrame | None = None) -> bytes | None:
+def step_breakdown_figure(result: StepsResult) -> bytes | None:
     """Per step, side by side: CPU time by phase (data loading first), and the step's GPU time as compute
-    (kernels), memcpy, memset and idle, the idle split by cause when gaps.py's table (step, cause, dur_ns)
-    is given.
+    (kernels), memcpy, memset and idle by cause (steps.py's `idle_by_cause`).
 
-    The GPU bar's height is the step window (steps.py's gpu_busy_ns + gpu_idle_ns). Busy is split in
-    proportion to kernel/memcpy/memset time (they can overlap across streams), idle in proportion to
-    each cause's gap time in that step: busy 100 ms with kernel 98 + memcpy 2, idle 80 ms of which gaps
-    are 60 data loading + 20 other -> bars 98, 2, 60, 20.
+    The GPU bar's height is the step window (gpu_busy_ns + gpu_idle_ns). Busy is split in proportion to
+    kernel/memcpy/memset time (they can overlap across streams); idle by cause is scaled to gpu_idle_ns
+    (a no-op on one device; on several devices the causes are summed over devices): busy 100 ms with
+    kernel 98 + memcpy 2, idle 80 ms = data loading 60 + other 20 -> bars 98, 2, 60, 20.
     """
     steps = result.steps
     if steps.height == 0:
@@ -327,7 +326,7 @@ def step_breakdown_figure(result: StepsResult, gaps: pl.DataFrame | None = None)
     if has_gpu:  # a CPU-only trace gets no GPU panel (it would be all idle)
         gpu_ax = axes[0, 1]
         bottom = np.zeros(len(labels))
-        for label, vals, fill, edge in _gpu_step_parts(steps, gaps):
+        for label, vals, fill, edge in _gpu_step_parts(steps, result.idle_by_cause):
             gpu_ax.bar(x, vals, bottom=bottom, color=fill, edgecolor=edge, linewidth=0.4 if edge else 0,
                        label=label)
             bottom += vals
@@ -350,8 +349,9 @@ def step_breakdown_figure(result: StepsResult, gaps: pl.DataFrame | None = None)
     return _png(fig)
 
 
-def _gpu_step_parts(steps: pl.DataFrame, gaps: pl.DataFrame | None) -> list[tuple[str, Any, str, str | None]]:
-    """(label, values per step, fill, edge) for the GPU bar of `step_breakdown_figure`."""
+def _gpu_step_parts(steps: pl.DataFrame, idle_by_cause: pl.DataFrame) -> list[tuple[str, Any, str, str | None]]:
+    """(label, values per step, fill, edge) for the GPU bar of `step_breakdown_figure`; `idle_by_cause` is
+    steps.py's table (step, idle_<cause>_ns ...)."""
     busy = steps["gpu_busy_ns"].fill_null(0).to_numpy().astype(float)
     idle = steps["gpu_idle_ns"].fill_null(0).to_numpy().astype(float)
     work = {k: steps[f"{k}_ns"].fill_null(0).to_numpy().astype(float) for k in ("kernel", "memcpy", "memset")}
@@ -360,20 +360,19 @@ def _gpu_step_parts(steps: pl.DataFrame, gaps: pl.DataFrame | None) -> list[tupl
     parts: list[tuple[str, Any, str, str | None]] = [
         ("compute (kernels)" if k == "kernel" else k, v * scale, color(k), None)
         for k, v in work.items() if v.any()]
-    if gaps is not None and gaps.height and {"step", "cause", "dur_ns"} <= set(gaps.columns):
-        per = gaps.filter(pl.col("step").is_not_null()).group_by("step", "cause").agg(pl.col("dur_ns").sum())
-        wide = steps.select("step").join(per.pivot(on="cause", index="step", values="dur_ns"), on="step",
-                                         how="left").fill_null(0)
-        causes = [c for c in wide.columns if c != "step"]
-        causes.sort(key=lambda c: -float(wide[c].sum()))
-        total = wide.select(causes).sum_horizontal().to_numpy().astype(float) if causes else np.zeros(len(idle))
+    cols = [c for c in idle_by_cause.columns if c.startswith("idle_") and c.endswith("_ns")]
+    if idle_by_cause.height and cols:
+        wide = steps.select("step").join(idle_by_cause, on="step", how="left").fill_null(0)
+        cols = [c for c in sorted(cols, key=lambda c: -float(wide[c].sum())) if wide[c].sum() > 0]
+        total = wide.select(cols).sum_horizontal().to_numpy().astype(float) if cols else np.zeros(len(idle))
         share = np.divide(idle, total, out=np.zeros_like(idle), where=total > 0)
-        for c in causes:
-            parts.append((f"idle: {c.replace('_', ' ')}", wide[c].to_numpy().astype(float) * share, idle_color(c),
-                          "#999999"))
+        for c in cols:
+            cause = c.removeprefix("idle_").removesuffix("_ns")
+            parts.append((f"idle: {cause.replace('_', ' ')}", wide[c].to_numpy().astype(float) * share,
+                          idle_color(cause), "#999999"))
         unexplained = np.where(total > 0, 0.0, idle)
         if unexplained.any():
-            parts.append(("idle", unexplained, color("gpu_idle"), None))
+            parts.append(("GPU idle", unexplained, color("gpu_idle"), None))
     else:
         parts.append(("GPU idle", idle, color("gpu_idle"), None))
     return parts

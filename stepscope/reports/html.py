@@ -160,7 +160,7 @@ class ReportContext:
     def step_breakdown(self) -> StepsResult:
         from stepscope.analyze.steps import step_breakdown
 
-        return step_breakdown(self.trace)
+        return step_breakdown(self.trace, gaps=self.gaps)  # the gaps already computed for the report
 
     @cached_property
     def verdict(self) -> SummaryResult:
@@ -237,7 +237,7 @@ def steps_section(ctx: ReportContext) -> Section | None:
         return None
     notes = []
     if result.steps_found:
-        png = figures.step_breakdown_figure(result, gaps.gaps if gaps is not None else None)
+        png = figures.step_breakdown_figure(result)
         if png is not None:
             figs.append(Figure(title="Each step: CPU time by phase; GPU time as compute, memcpy and idle by cause",
                                png=png))

@@ -102,16 +102,21 @@ def test_timeline_defaults_to_the_median_duration_step() -> None:
 def test_step_bars_split_idle_by_cause_to_the_step_idle() -> None:
     import polars as pl
 
-    # GIVEN a step with 100 busy (98 kernel + 2 memcpy) and 80 idle; gaps say 60 data loading + 20 other
+    # GIVEN a step with 100 busy (98 kernel + 2 memcpy) and 80 idle: 60 data loading + 20 other
     steps = pl.DataFrame({"step": [7], "gpu_busy_ns": [100], "gpu_idle_ns": [80], "kernel_ns": [98],
                           "memcpy_ns": [2], "memset_ns": [0]})
-    gaps = pl.DataFrame({"step": [7, 7, 7, None], "cause": ["data_loading", "other", "data_loading", "other"],
-                         "dur_ns": [40, 20, 20, 999]})
-    parts = {label: list(vals) for label, vals, _f, _e in figures._gpu_step_parts(steps, gaps)}
+    idle = pl.DataFrame({"step": [7], "idle_host_sync_ns": [0], "idle_data_loading_ns": [60], "idle_other_ns": [20]})
+    parts = {label: list(vals) for label, vals, _f, _e in figures._gpu_step_parts(steps, idle)}
     assert parts == {"compute (kernels)": [98.0], "memcpy": [2.0], "idle: data loading": [60.0],
                      "idle: other": [20.0]}
-    # WITHOUT gaps the idle is one part
-    assert [p[0] for p in figures._gpu_step_parts(steps, None)] == ["compute (kernels)", "memcpy", "GPU idle"]
+    # causes summed over two devices (120) are scaled to the step's idle (80)
+    two = idle.with_columns(pl.col("idle_data_loading_ns") * 2, pl.col("idle_other_ns") - 20 + 60)
+    parts = {label: list(vals) for label, vals, _f, _e in figures._gpu_step_parts(steps, two)}
+    assert parts["idle: data loading"] == pytest.approx([80 * 120 / 180])
+    assert parts["idle: other"] == pytest.approx([80 * 60 / 180])
+    # WITHOUT a table the idle is one part
+    assert [p[0] for p in figures._gpu_step_parts(steps, pl.DataFrame())] == ["compute (kernels)", "memcpy",
+                                                                                "GPU idle"]
 
 
 def test_snapshot_figure_shows_frames_at_the_peak(tmp_path: Path) -> None:
