@@ -251,6 +251,10 @@ def steps_section(ctx: ReportContext) -> Section | None:
                            png=timeline))
     cols = [c for c in result.steps.columns if c not in ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")]
     tables = [frame_table(result.steps, "Steps", columns=cols)] if result.steps.height else []
+    if result.idle_by_cause.height:
+        idle = result.idle_by_cause
+        keep = ["step", *[c for c in idle.columns if c != "step" and idle[c].sum() > 0]]
+        tables.append(frame_table(idle, "GPU idle by cause, per step", columns=keep))
     if result.stats.height:
         tables.append(frame_table(result.stats, "Across steps"))
     if result.modules.height:

@@ -72,3 +72,4 @@ def test_gaps_section(corpus: Path) -> None:
     assert "Memcpy HtoD" in page or "HtoD" in page
     idle = gaps_mod.gpu_gaps(t).idle_ns
     assert human_ns(idle) in page
+    assert "GPU idle by cause, per step" in page and "69.6 ms" in page  # step 5 waited 69.6 ms for data
