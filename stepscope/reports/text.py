@@ -106,6 +106,15 @@ def format_value(name: str, value: Any) -> str:
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
+def _display_names(names: Sequence[str]) -> list[str]:
+    """Short names without the unit suffix; where two would collide (busy_ns, busy_fraction), the share
+    reads 'busy %' and the other keeps 'busy'; any remaining clash keeps the full name."""
+    short = [_display_name(n) for n in names]
+    out = [f"{d} %" if short.count(d) > 1 and n.endswith(("_fraction", "_share")) else d
+           for n, d in zip(names, short, strict=True)]
+    return [n if out.count(d) > 1 else d for n, d in zip(names, out, strict=True)]
+
+
 def _display_name(name: str) -> str:
     for suffix in ("_ns", "_bytes", "_fraction", "_share"):
         if name.endswith(suffix):
@@ -123,9 +132,8 @@ def render_frame(frame: pl.DataFrame, *, title: str | None = None, max_rows: int
         lines.append("  (none)")
         return "\n".join(lines)
     shown = frame if max_rows is None else frame.head(max_rows)
-    short = [_display_name(c) for c in shown.columns]
-    names = [(column_names or {}).get(c, c if short.count(d) > 1 else d) for c, d in zip(shown.columns, short,
-                                                                                        strict=True)]
+    names = [(column_names or {}).get(c, d) for c, d in zip(shown.columns, _display_names(shown.columns),
+                                                            strict=True)]
     cells = [[format_value(c, v) for c, v in zip(shown.columns, row, strict=True)] for row in shown.iter_rows()]
     numeric = [t.is_numeric() for t in shown.dtypes]
     widths = [max(len(n), *(len(r[i]) for r in cells)) for i, n in enumerate(names)]
@@ -146,8 +154,7 @@ def render_headline(headline: Mapping[str, Any]) -> str:
     """`name: value` lines for headline figures, values formatted by unit."""
     if not headline:
         return ""
-    short = {k: _display_name(k) for k in headline}
-    label = {k: (k if list(short.values()).count(d) > 1 else d).replace("_", " ") for k, d in short.items()}
+    label = {k: d.replace("_", " ") for k, d in zip(headline, _display_names(list(headline)), strict=True)}
     width = max(len(v) for v in label.values())
     out = []
     for k, v in headline.items():
