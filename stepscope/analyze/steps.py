@@ -187,7 +187,8 @@ def _phase_split(windows: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
 
 def _stats(steps: pl.DataFrame) -> pl.DataFrame:
     clock = ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")
-    metrics = [c for c in steps.columns if c.endswith("_ns") and c not in clock]
+    known = [c for c in steps.columns if steps[c].null_count() < steps.height]  # all-null: no GPU in the trace
+    metrics = [c for c in known if c.endswith("_ns") and c not in clock]
     rows = []
     for m in metrics:
         s = steps[m].cast(pl.Float64)
@@ -333,11 +334,14 @@ def step_breakdown(trace: Trace, *, gaps: GapsResult | None = None) -> StepsResu
     ).sort("step")
     out = out.with_columns(outlier=outliers(out["wall_ns"]))
     has_gpu = all_gpu.height > 0
+    if not has_gpu:  # no GPU work recorded: GPU figures are unknown, not 0 busy / all idle
+        gpu_cols = ("gpu_busy_ns", "gpu_idle_ns", "gpu_busy_fraction", "kernel_ns", "memcpy_ns", "memset_ns")
+        out = out.with_columns(pl.lit(None, out.schema[c]).alias(c) for c in gpu_cols)
     if gaps is None:
         from stepscope.analyze.gaps import gpu_gaps
 
         gaps = gpu_gaps(trace)
-    wall_total, busy_total = int(out["wall_ns"].sum()), int(out["gpu_busy_ns"].sum())
+    wall_total, busy_total = int(out["wall_ns"].sum()), int(out["gpu_busy_ns"].sum() or 0)
     mean_frac = busy_total / wall_total if wall_total and has_gpu else None
     return StepsResult(
         steps_found=out.height,

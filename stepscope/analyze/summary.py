@@ -7,12 +7,14 @@ verdict (over the GPU span when the trace has no ProfilerStep):
 
 1. no_gpu              the trace holds no GPU kernel, memcpy or memset
 2. data_loading_bound  data loading the GPU does not hide >= 10% of the step (tb_plugin advises from 5%)
-3. sync_bound          synchronizing calls (cuda/hip Device/Stream/EventSynchronize, blocking cudaMemcpy)
-                       take >= 10% of the step on the CPU while the GPU is busy < 60% (a sync while the
-                       GPU is busy only waits for work that had to run anyway)
-4. transfer_bound      memcpy GPU time >= 10% of the step, or pageable memcpy >= 5%
+3. sync_bound          the GPU sits idle behind host syncs (`stepscope gaps` cause host_sync) >= 10% of the
+                       step, or synchronizing calls (cuda/hip Device/Stream/EventSynchronize, blocking
+                       cudaMemcpy) take >= 10% of the step on the CPU while the GPU is busy < 60% (a sync
+                       while the GPU is busy only waits for work that had to run anyway)
+4. transfer_bound      memcpy GPU time >= 10% of the step, or pageable memcpy >= 5%, or the GPU sits idle
+                       waiting for host copies (gaps cause memcpy_wait) >= 10%
 5. launch_bound        the GPU is busy < 60% of the step (the CPU cannot feed it: launch overhead, Python,
-                       tiny kernels; tiny_kernel_fraction tells which)
+                       tiny kernels; launch_idle_fraction and tiny_kernel_fraction tell which)
 6. gpu_bound           otherwise: the GPU is busy most of the step; speed up the kernels themselves
 
 Before/after: a 100 ms step with 30 ms of exposed data loading and 40 ms GPU busy is data_loading_bound
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps, short_name
 from stepscope.analyze.kernels import kernel_summary
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.steps import DATALOADER_PATTERN, step_breakdown
@@ -78,14 +81,16 @@ RULES: tuple[Rule, ...] = (
     Rule(Verdict.NO_GPU, lambda e: _f(e, "gpu_events") == 0, "no GPU work in the trace",
          "No GPU kernel, memcpy or memset was recorded: a CPU-only run, or GPU activity was not captured "
          "(add ProfilerActivity.CUDA). See `stepscope ops` for where the CPU time goes."),
-    Rule(Verdict.SYNC_BOUND, lambda e: _f(e, "sync_fraction") >= SYNC_MIN
-         and _f(e, "gpu_busy_fraction") < GPU_BUSY_MIN,
-         f"synchronizing calls >= {SYNC_MIN:.0%} of the step while the GPU is busy < {GPU_BUSY_MIN:.0%}",
+    Rule(Verdict.SYNC_BOUND, lambda e: _f(e, "sync_idle_fraction") >= SYNC_MIN
+         or (_f(e, "sync_fraction") >= SYNC_MIN and _f(e, "gpu_busy_fraction") < GPU_BUSY_MIN),
+         f"GPU idle behind host syncs >= {SYNC_MIN:.0%} of the step, or synchronizing calls >= {SYNC_MIN:.0%} "
+         f"while the GPU is busy < {GPU_BUSY_MIN:.0%}",
          "Remove host syncs from the loop: .item(), .cpu(), print(tensor), torch.cuda.synchronize(), "
          "blocking copies; log metrics every N steps."),
     Rule(Verdict.TRANSFER_BOUND, lambda e: _f(e, "memcpy_fraction") >= MEMCPY_MIN
-         or _f(e, "pageable_memcpy_fraction") >= PAGEABLE_MIN,
-         f"memcpy >= {MEMCPY_MIN:.0%} of the step or pageable memcpy >= {PAGEABLE_MIN:.0%}",
+         or _f(e, "pageable_memcpy_fraction") >= PAGEABLE_MIN or _f(e, "memcpy_idle_fraction") >= MEMCPY_MIN,
+         f"memcpy >= {MEMCPY_MIN:.0%} of the step, pageable memcpy >= {PAGEABLE_MIN:.0%}, or GPU idle waiting "
+         f"for copies >= {MEMCPY_MIN:.0%}",
          "Pin host memory (pin_memory=True) and copy with non_blocking=True; keep tensors on the GPU "
          "between steps."),
     Rule(Verdict.LAUNCH_BOUND, lambda e: _f(e, "gpu_busy_fraction") < GPU_BUSY_MIN,
@@ -116,6 +121,9 @@ class SummaryResult:
     sync_fraction: float | None
     memcpy_fraction: float | None
     pageable_memcpy_fraction: float | None
+    sync_idle_fraction: float | None
+    memcpy_idle_fraction: float | None
+    launch_idle_fraction: float | None
     tiny_kernel_fraction: float | None
     sync_calls: int
     per_step: pl.DataFrame
@@ -147,12 +155,13 @@ def _per_step(trace: Trace, steps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Data
     )
     return (
         steps.join(extra, on="step", how="left").join(sync, on="step", how="left")
-        .with_columns(pl.col("gpu_events", "pageable_ns", "tiny", "kernels", "sync_ns", "sync_calls").fill_null(0))
+        .with_columns(pl.col("gpu_events", "pageable_ns", "tiny", "kernels", "sync_ns", "sync_calls", "gpu_busy_ns",
+                             "memcpy_ns").fill_null(0))
     )
 
 
 def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy: int, pageable: int,
-              tiny: int, kernels: int) -> dict[str, float | None]:
+              tiny: int, kernels: int, idle: dict[str, int]) -> dict[str, float | None]:
     def frac(x: int) -> float | None:
         return x / wall if wall else None
 
@@ -161,13 +170,16 @@ def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy:
         "gpu_busy_fraction": frac(busy) if gpu_events else None,
         "data_loading_fraction": frac(dl),
         "sync_fraction": frac(sync),
-        "memcpy_fraction": frac(memcpy),
-        "pageable_memcpy_fraction": frac(pageable),
+        "memcpy_fraction": frac(memcpy) if gpu_events else None,
+        "pageable_memcpy_fraction": frac(pageable) if gpu_events else None,
+        "sync_idle_fraction": frac(idle["host_sync"]) if gpu_events else None,
+        "memcpy_idle_fraction": frac(idle["memcpy_wait"]) if gpu_events else None,
+        "launch_idle_fraction": frac(idle["launch_overhead"]) if gpu_events else None,
         "tiny_kernel_fraction": tiny / kernels if kernels else None,
     }
 
 
-def _places(trace: Trace, verdict: Verdict, syncs: pl.DataFrame) -> pl.DataFrame:
+def _places(trace: Trace, verdict: Verdict, syncs: pl.DataFrame, gaps: GapsResult) -> pl.DataFrame:
     """Top three places to look for this verdict: (what, name, total_ns, count)."""
     ops = trace.cpu_ops.select("name", "ts_ns", "dur_ns", "external_id", "pid", "tid")
     if verdict is Verdict.DATA_LOADING_BOUND:
@@ -186,43 +198,65 @@ def _places(trace: Trace, verdict: Verdict, syncs: pl.DataFrame) -> pl.DataFrame
                          top.sort("total_ns", descending=True).with_columns(what=pl.lit("op (inside DataLoader)"))],
                         how="diagonal")
     elif verdict is Verdict.SYNC_BOUND:
+        # where the GPU waited behind a sync (Python line, else op), then the sync calls by the op issuing them
+        behind = gaps.gaps.filter(pl.col("cause") == GapCause.HOST_SYNC.value).group_by(
+            name=pl.coalesce("blamed_python", "blamed_op", "blamed_runtime")).agg(
+            total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(what=pl.lit("GPU idle behind sync at"))
         by_op = syncs.join(ops.select("external_id", op="name").collect().unique("external_id"),
                            on="external_id", how="left")
-        out = by_op.group_by(name=pl.coalesce("op", "name")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
+        calls = by_op.group_by(name=pl.coalesce("op", "name")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
             .with_columns(what=pl.lit("sync call (op)"))
+        out = pl.concat([behind.sort("total_ns", descending=True).head(2), calls.sort("total_ns", descending=True)],
+                        how="diagonal_relaxed")
     elif verdict is Verdict.TRANSFER_BOUND:
         out = (trace.launches().filter(pl.col("kind") == Kind.MEMCPY.value)
                .group_by(name=pl.coalesce("op_name", "name")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len())
                .with_columns(what=pl.lit("memcpy (op)")).collect())
     elif verdict is Verdict.LAUNCH_BOUND:
-        out = (trace.launches().filter(pl.col("launch_dur_ns").is_not_null())
-               .group_by(name=pl.coalesce("op_name", "runtime_name"))
-               .agg(count=pl.len(), total_ns=pl.col("launch_dur_ns").sum())
-               .with_columns(what=pl.lit("op (launches, launch time)")).collect())
-        out = out.sort("count", descending=True).head(3)
+        # where the GPU waited for the CPU to launch (Python line, else op), then the op launching the most work
+        late = gaps.gaps.filter(pl.col("cause") == GapCause.LAUNCH_OVERHEAD.value).group_by(
+            name=pl.coalesce("blamed_python", "blamed_op")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
+            .drop_nulls("name").with_columns(what=pl.lit("GPU idle, launch late at"))
+        launches = (trace.launches().filter(pl.col("launch_dur_ns").is_not_null())
+                    .group_by(name=pl.coalesce("op_name", "runtime_name"))
+                    .agg(count=pl.len(), total_ns=pl.col("launch_dur_ns").sum())
+                    .with_columns(what=pl.lit("op (launches, launch time)")).collect())
+        out = pl.concat([late.sort("total_ns", descending=True).head(2),
+                         launches.sort("count", descending=True).head(3)], how="diagonal_relaxed")
     elif verdict is Verdict.GPU_BOUND:
         k = kernel_summary(trace, top=3).by_name
-        out = k.select("name", "total_ns", "count").with_columns(what=pl.lit("kernel"))
+        out = k.select(short_name(pl.col("name")), "total_ns", "count").with_columns(what=pl.lit("kernel"))
     else:
         out = ops.group_by("name").agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(
             what=pl.lit("op (inclusive CPU)")).collect()
-    if verdict is not Verdict.LAUNCH_BOUND:
-        out = out.sort("total_ns", descending=True) if verdict is not Verdict.DATA_LOADING_BOUND else out
+    if verdict not in (Verdict.LAUNCH_BOUND, Verdict.DATA_LOADING_BOUND, Verdict.SYNC_BOUND):
+        out = out.sort("total_ns", descending=True)
     return out.select("what", "name", pl.col("total_ns").cast(pl.Int64), pl.col("count").cast(pl.Int64)).head(3)
 
 
+def _idle(frame: pl.DataFrame) -> dict[str, int]:
+    """cause -> idle ns from a frame with idle_<cause>_ns columns (summed over its rows)."""
+    return {c.value: int(frame[f"idle_{c.value}_ns"].sum() or 0) if frame.height else 0 for c in GapCause}
+
+
 def verdict(trace: Trace) -> SummaryResult:
-    """The overall and per-step verdict (rule table `RULES`), its evidence and the top three places."""
-    br = step_breakdown(trace)
+    """The overall and per-step verdict (rule table `RULES`), its evidence and the top three places.
+
+    With ProfilerSteps the fractions are of the step windows (per step, and summed over steps for the overall
+    verdict); without, of the analysis window of `stepscope gaps` (first to last GPU event per device).
+    """
+    gaps = gpu_gaps(trace)
+    br = step_breakdown(trace, gaps=gaps)
     syncs = _sync_calls(trace)
-    kinds = trace.gpu.group_by("kind").agg(n=pl.len()).collect()
-    gpu_events = int(kinds["n"].sum() or 0)
+    gpu_events = int(trace.gpu.select(pl.len()).collect().item())
     if br.steps_found:
         per = _per_step(trace, br.steps, syncs)
+        idle_by_step = br.idle_by_cause
         rows = []
         for r in per.iter_rows(named=True):  # one row per step: a handful, not per event
+            idle = _idle(idle_by_step.filter(pl.col("step") == r["step"]))
             ev = _evidence(r["wall_ns"], gpu_events, r["gpu_busy_ns"], r["data_loading_exposed_ns"], r["sync_ns"],
-                           r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"])
+                           r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"], idle)
             rule = decide(ev)
             rows.append({"step": r["step"], "verdict": rule.verdict.value, "wall_ns": r["wall_ns"],
                          **{k: v for k, v in ev.items() if k != "gpu_events"}})
@@ -230,31 +264,32 @@ def verdict(trace: Trace) -> SummaryResult:
         tot = per.select(pl.col("wall_ns", "gpu_busy_ns", "data_loading_exposed_ns", "sync_ns", "memcpy_ns",
                                 "pageable_ns", "tiny", "kernels").sum()).row(0, named=True)
         calls = int(per["sync_calls"].sum())
-        ev = _evidence(tot["wall_ns"], gpu_events, tot["gpu_busy_ns"], tot["data_loading_exposed_ns"], tot["sync_ns"],
-                       tot["memcpy_ns"], tot["pageable_ns"], tot["tiny"], tot["kernels"])
+        wall = int(tot["wall_ns"])
+        ev = _evidence(wall, gpu_events, tot["gpu_busy_ns"], tot["data_loading_exposed_ns"], tot["sync_ns"],
+                       tot["memcpy_ns"], tot["pageable_ns"], tot["tiny"], tot["kernels"], _idle(idle_by_step))
     else:
         per_step = pl.DataFrame()
-        g = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select(
-            "kind", "name", "ts_ns", "dur_ns").collect()
-        k = kernel_summary(trace)
-        span = g.select(lo=pl.col("ts_ns").min(), hi=(pl.col("ts_ns") + pl.col("dur_ns")).max())
-        wall = int(span["hi"][0] - span["lo"][0]) if g.height else 0
+        g = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select("kind", "name", "dur_ns").collect()
         memcpy = g.filter(pl.col("kind") == Kind.MEMCPY.value)
         kern = g.filter(pl.col("kind") == Kind.KERNEL.value)
         calls = syncs.height
-        ev = _evidence(wall, gpu_events, k.gpu_busy_ns, 0, int(syncs["dur_ns"].sum() or 0),
+        wall = gaps.window_ns
+        by_cause = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum())
+        idle = {c.value: int(by_cause.filter(pl.col("cause") == c.value)["idle_ns"].sum() or 0) for c in GapCause}
+        ev = _evidence(wall, gpu_events, gaps.busy_ns, 0, int(syncs["dur_ns"].sum() or 0),
                        int(memcpy["dur_ns"].sum() or 0),
                        int(memcpy.filter(pl.col("name").str.contains("Pageable"))["dur_ns"].sum() or 0),
-                       int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height)
-        tot = {"wall_ns": wall}
+                       int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle)
     rule = decide(ev)
     rules = pl.DataFrame([{"order": i + 1, "verdict": r.verdict.value, "when": r.when,
                            "matched": r is rule} for i, r in enumerate(RULES)])
     return SummaryResult(
         verdict=rule.verdict, reason=rule.when, advice=rule.advice, steps_found=br.steps_found,
-        wall_ns=int(tot["wall_ns"]),
+        wall_ns=wall,
         gpu_busy_fraction=ev["gpu_busy_fraction"], data_loading_fraction=ev["data_loading_fraction"],
         sync_fraction=ev["sync_fraction"], memcpy_fraction=ev["memcpy_fraction"],
-        pageable_memcpy_fraction=ev["pageable_memcpy_fraction"], tiny_kernel_fraction=ev["tiny_kernel_fraction"],
-        sync_calls=calls, per_step=per_step, places=_places(trace, rule.verdict, syncs), rules=rules,
+        pageable_memcpy_fraction=ev["pageable_memcpy_fraction"], sync_idle_fraction=ev["sync_idle_fraction"],
+        memcpy_idle_fraction=ev["memcpy_idle_fraction"], launch_idle_fraction=ev["launch_idle_fraction"],
+        tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
+        places=_places(trace, rule.verdict, syncs, gaps), rules=rules,
     )

@@ -13,17 +13,26 @@ def render_summary(result: SummaryResult) -> str:
         f"verdict: {result.verdict.value}  ({result.reason})",
         f"advice:  {result.advice}",
         "",
-        (f"{result.steps_found} steps, {human_ns(result.wall_ns)} in all "
+        (f"{result.steps_found} step{'' if result.steps_found == 1 else 's'}, {human_ns(result.wall_ns)} in all "
          f"(mean step {human_ns(result.wall_ns / result.steps_found)}); share of the step time:"
          if result.steps_found else
          f"no ProfilerStep in the trace: over the GPU span, {human_ns(result.wall_ns)}; share of that span:"),
-        f"  GPU busy              {human_fraction(result.gpu_busy_fraction)}",
-        f"  exposed data loading  {human_fraction(result.data_loading_fraction)}",
-        f"  sync calls            {human_fraction(result.sync_fraction)} ({result.sync_calls} calls)",
-        f"  memcpy                {human_fraction(result.memcpy_fraction)}"
-        f" (pageable {human_fraction(result.pageable_memcpy_fraction)})",
-        f"  kernels < 10 µs       {human_fraction(result.tiny_kernel_fraction)} of kernels",
+        f"  GPU busy                    {human_fraction(result.gpu_busy_fraction)}"
+        if result.gpu_busy_fraction is not None else "  GPU                         no kernel, memcpy or memset recorded",
+        f"  exposed data loading        {human_fraction(result.data_loading_fraction)}",
+        f"  sync calls (CPU)            {human_fraction(result.sync_fraction)} ({result.sync_calls} calls)",
     ]
+    if result.gpu_busy_fraction is not None:
+        lines += [
+            f"  memcpy (GPU)                {human_fraction(result.memcpy_fraction)}"
+            f" (pageable {human_fraction(result.pageable_memcpy_fraction)})",
+            "  GPU idle, by cause:",
+            f"    behind host syncs         {human_fraction(result.sync_idle_fraction)}",
+            f"    waiting for copies        {human_fraction(result.memcpy_idle_fraction)}",
+            f"    launch overhead           {human_fraction(result.launch_idle_fraction)}"
+            "  (every cause: `stepscope gaps`)",
+            f"  kernels < 10 µs             {human_fraction(result.tiny_kernel_fraction)} of kernels",
+        ]
     if result.per_step.height:
         counts = result.per_step.group_by("verdict").len().sort("len", descending=True)
         lines.append("per step: " + ", ".join(f"{v} ×{n}" for v, n in counts.iter_rows()))

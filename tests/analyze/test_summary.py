@@ -43,7 +43,41 @@ def _evidence(r: SummaryResult) -> dict[str, float | None]:
     return {"gpu_events": 0.0 if r.verdict is Verdict.NO_GPU else 1.0, "gpu_busy_fraction": r.gpu_busy_fraction,
             "data_loading_fraction": r.data_loading_fraction, "sync_fraction": r.sync_fraction,
             "memcpy_fraction": r.memcpy_fraction, "pageable_memcpy_fraction": r.pageable_memcpy_fraction,
-            "tiny_kernel_fraction": r.tiny_kernel_fraction}
+            "sync_idle_fraction": r.sync_idle_fraction, "memcpy_idle_fraction": r.memcpy_idle_fraction,
+            "launch_idle_fraction": r.launch_idle_fraction, "tiny_kernel_fraction": r.tiny_kernel_fraction}
+
+
+#: the second clause of a rule, each triggered alone (the first clause stays below its threshold)
+CLAUSES: dict[str, tuple[Verdict, list[dict[str, Any]]]] = {
+    # kernel 0-10, aten::item 10-60 (its cudaStreamSynchronize is 1 µs: sync calls 1%), next kernel 70-100:
+    # the gap 10-70 has its midpoint in aten::item, so the GPU idles 60% of the step behind a host sync.
+    "sync: GPU idle behind aten::item": (Verdict.SYNC_BOUND, [
+        step(1, ts=0, dur=100), *_launched("sgemm", 0, 10, 1, 0),
+        cpu_op("aten::item", ts=10, dur=50), runtime("cudaStreamSynchronize", ts=11, dur=1),
+        *_launched("sgemm", 70, 30, 2, 65)]),
+    # a 4 µs pinned HtoD copy (memcpy 4%, not pageable) that the GPU waits 16 µs for (gap 10-26 ends with it)
+    "transfer: GPU idle waiting for a copy": (Verdict.TRANSFER_BOUND, [
+        step(1, ts=0, dur=100), *_launched("sgemm", 0, 10, 1, 0),
+        runtime("cudaMemcpyAsync", ts=5, dur=2, correlation=9),
+        memcpy("HtoD", ts=26, dur=4, nbytes=1 << 20, correlation=9, src="Pinned"),
+        *_launched("sgemm", 30, 70, 2, 8)]),
+}
+
+
+@pytest.mark.parametrize("case", list(CLAUSES))
+def test_each_second_clause_triggers_its_rule_alone(tmp_path: Path, case: str) -> None:
+    expected, events = CLAUSES[case]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    assert r.verdict is expected
+    triggered = {rule.verdict for rule in RULES if rule.condition(_evidence(r))}
+    assert triggered - FALLBACKS == {expected}
+    if expected is Verdict.SYNC_BOUND:
+        assert r.sync_fraction == pytest.approx(0.01) and r.sync_idle_fraction == pytest.approx(0.6)
+        assert r.places.row(0, named=True) == {"what": "GPU idle behind sync at", "name": "aten::item",
+                                               "total_ns": 60_000, "count": 1}
+    else:
+        assert r.memcpy_fraction == pytest.approx(0.04) and r.pageable_memcpy_fraction == 0.0
+        assert r.memcpy_idle_fraction == pytest.approx(0.16)
 
 
 @pytest.mark.parametrize("expected", list(CASES))

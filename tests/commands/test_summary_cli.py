@@ -19,6 +19,8 @@ def test_summary_text_and_json(tmp_path: Path) -> None:
     out = CliRunner().invoke(cli, ["summary", str(path)])
     assert out.exit_code == 0, out.output
     assert out.output.startswith("verdict: data_loading_bound") and "where to look" in out.output
+    assert "1 step, 100.0 µs in all" in out.output and "exposed data loading        30.0%" in out.output
+    assert "GPU busy                    70.0%" in out.output and "GPU idle, by cause:" in out.output
     data = json.loads(CliRunner().invoke(cli, ["summary", str(path), "--json"]).output)
     assert data["verdict"] == "data_loading_bound" and data["per_step"][0]["step"] == 1
 
@@ -27,3 +29,4 @@ def test_summary_cpu_only(tmp_path: Path) -> None:
     path = write_trace(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
     out = CliRunner().invoke(cli, ["summary", str(path)])
     assert out.exit_code == 0 and "verdict: no_gpu" in out.output
+    assert "no kernel, memcpy or memset recorded" in out.output and "GPU busy" not in out.output
