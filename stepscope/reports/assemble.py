@@ -81,6 +81,11 @@ def trace_row(trace: Trace, ctx: ReportContext | None = None) -> dict[str, Any]:
     the analysis window, `window_busy_fraction` is gaps.py's busy share of the same window.
     """
     ctx = ctx if ctx is not None else ReportContext(trace=trace, source="")
+    try:
+        verdict: str | None = str(ctx.verdict.verdict.value)
+        problem = None
+    except Exception as exc:  # noqa: BLE001 - a failing verdict must not drop the trace's other figures
+        verdict, problem = None, f"verdict could not be computed: {type(exc).__name__}: {exc}"
     steps = ctx.step_breakdown.steps
     memory = ctx.memory
     info = ctx.info
@@ -93,7 +98,7 @@ def trace_row(trace: Trace, ctx: ReportContext | None = None) -> dict[str, Any]:
     return {
         "trace": trace.source_name,
         "rank": trace.rank,
-        "verdict": str(ctx.verdict.verdict.value),
+        "verdict": verdict,
         "steps": steps.height,
         "median_step_ns": wall.median() if wall is not None else None,
         "p95_step_ns": wall.quantile(0.95, "linear") if wall is not None else None,
@@ -104,6 +109,7 @@ def trace_row(trace: Trace, ctx: ReportContext | None = None) -> dict[str, Any]:
         "peak_memory_bytes": memory.peak_allocated_bytes,
         "peak_device": memory.peak_device,
         "warnings": info.warnings.height,
+        "error": problem,
     }
 
 
@@ -290,7 +296,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
             sections.append(_manifest_section(_manifests(path), rows))
             sections.extend(_run_file_sections(path, problems_extra))
             table = _index_table(rows, "Ranks side by side (click a rank for its report)", mark="straggler")
-            ok = [r for r in rows if "error" not in r]
+            ok = [r for r in rows if "href" in r]  # reported (a failed trace has no page)
             marked = next((i for i, r in enumerate(ok) if r.get("mark")), None)
             png = _compare_png(ok, [f"rank {r['rank']}" if r.get("rank") is not None else r["trace"] for r in ok],
                                marked)
@@ -298,7 +304,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
                                     figures=[Figure(title="Ranks side by side", png=png)] if png else []))
             title = f"stepscope run report: {path.name}"
         else:
-            ok = [r for r in rows if "error" not in r]
+            ok = [r for r in rows if "href" in r]  # reported (a failed trace has no page)
             png = _compare_png(ok, [r["trace"] for r in ok], None)
             sections.append(Section(id="traces", title="Traces", tables=[
                 _index_table(rows, "One row per trace (click a header to sort, a name for its report)")],
