@@ -17,8 +17,8 @@ def render_summary(result: SummaryResult) -> str:
          f"(mean step {human_ns(result.wall_ns / result.steps_found)}); share of the step time:"
          if result.steps_found else
          f"no ProfilerStep in the trace: over the GPU span, {human_ns(result.wall_ns)}; share of that span:"),
-        f"  GPU busy                    {human_fraction(result.gpu_busy_fraction)}"
-        if result.gpu_busy_fraction is not None else "  GPU                         no kernel, memcpy or memset recorded",
+        (f"  GPU busy                    {human_fraction(result.gpu_busy_fraction)}"
+         if result.gpu_busy_fraction is not None else f"  GPU{'':25}none recorded (no kernel/memcpy/memset)"),
         f"  exposed data loading        {human_fraction(result.data_loading_fraction)}",
         f"  sync calls (CPU)            {human_fraction(result.sync_fraction)} ({result.sync_calls} calls)",
     ]
