@@ -118,3 +118,18 @@ def test_corpus_dataset_batch(corpus: Path, tmp_path: Path) -> None:
     page = next((tmp_path / "out").glob("worker0.1623143089861*/index.html")).read_text()  # num_workers=0
     if 'id="gaps"' in page:  # gaps.py installed
         assert "data loading 3" in index  # num_workers=0: about a third of its window idle waiting for data
+
+
+def test_every_sample_trace_reports_cleanly(tmp_path: Path) -> None:
+    samples = TESTS.parent / "sample_traces"
+    if not any(samples.glob("*/manifest.json")):
+        pytest.skip("sample_traces/ holds no capture runs")
+    code, out = run("report", str(samples), "--batch", "-o", str(tmp_path / "out"))
+    assert code == 0, out
+    assert ", 0 failed)" in out
+    pages = list((tmp_path / "out").glob("*/index.html"))
+    assert len(pages) == len(list(samples.glob("*/*.pt.trace.json*")))
+    for page in pages:
+        text = page.read_text()
+        assert "could not be built" not in text, page  # every section of every sample renders
+        assert 'id="verdict"' in text and 'id="ops"' in text
