@@ -58,10 +58,10 @@ CATEGORY_RULES: tuple[tuple[KernelCategory, re.Pattern[str]], ...] = (
                                        r"|instance_?norm|welford")),
     (KernelCategory.TRITON, _rx(r"^triton_|triton")),
     (KernelCategory.REDUCTION, _rx(r"reduce|softmax|\bsum|norm_kernel|argmax|argmin|topk|scan|MeanOps"
-                                   r"|max_pool|avg_pool|pool|cross_entropy|nll_loss|histogram")),
+                                   r"|max_pool|avg_pool|pool|cross_entropy|nll_loss|NLLCriterion|histogram")),
     (KernelCategory.ELEMENTWISE, _rx(r"elementwise|vectorized|unrolled|fill|copy|cat|index|gather|scatter"
                                      r"|where|pointwise|transpose|nchwToNhwc|nhwcToNchw|TensorOp|functor"
-                                     r"|multi_tensor_apply|rotary|quant|embedding|dropout|masked")),
+                                     r"|multi_tensor_apply|rotary|quant|embedding|dropout|masked|scalePackedTensor")),
 )
 
 
@@ -87,6 +87,14 @@ def category_expr(name: str = "name", kind: str = "kind") -> pl.Expr:
         .when(pl.col(kind) == Kind.MEMSET.value).then(pl.lit(KernelCategory.MEMSET.value))
         .otherwise(expr)
     )
+
+
+def _dims(col: pl.Expr) -> pl.Expr:
+    """A grid/block as '[x, y, z]' whatever the whitespace of the trace's text (pretty-printed traces).
+
+        "[           30,           4,           1         ]"  ->  "[30, 4, 1]"
+    """
+    return col.str.replace_all(r"\s+", "").str.replace_all(",", ", ")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,8 +133,8 @@ def kernel_summary(trace: Trace, *, top: int | None = None) -> KernelsResult:
         .agg(
             count=pl.len(), total_ns=pl.col("dur_ns").sum(), mean_ns=pl.col("dur_ns").mean(),
             min_ns=pl.col("dur_ns").min(), max_ns=pl.col("dur_ns").max(),
-            grid=pl.col("grid").drop_nulls().mode().sort().first(),
-            block=pl.col("block").drop_nulls().mode().sort().first(),
+            grid=_dims(pl.col("grid")).drop_nulls().mode().sort().first(),
+            block=_dims(pl.col("block")).drop_nulls().mode().sort().first(),
             mean_occupancy_pct=pl.col("est_occupancy_pct").mean(),
         )
         .with_columns(busy_share=pl.col("total_ns") / busy if busy else pl.lit(None, pl.Float64))

@@ -41,6 +41,10 @@ REAL_NAMES = {  # real kernel names from the corpus (GPU in brackets) -> expecte
     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": KernelCategory.ELEMENTWISE,
     "triton_red_fused__unsafe_view_add_mean_mul_pow_rsqrt_1": KernelCategory.TRITON,  # MI300 compile: before reduction
     "triton_poi_fused__unsafe_view_mul_silu_2": KernelCategory.TRITON,
+    "void cunn_ClassNLLCriterion_updateOutput_kernel<float, float>(float*, float*, float*, long*, float*, int)":
+        KernelCategory.REDUCTION,  # V100: the loss
+    "void cudnn::ops::scalePackedTensor_kernel<float, float>(cudnnTensor4dStruct, float*, float)":
+        KernelCategory.ELEMENTWISE,  # V100
 }
 
 
@@ -96,6 +100,13 @@ def test_summary_exact(tmp_path: Path) -> None:
     assert r.by_category["time_share"].sum() == pytest.approx(1.0)
     assert r.other_share == 0.0
     assert kernel_summary(t, top=1).by_name.height == 1
+
+
+def test_grid_and_block_whitespace_normalized(tmp_path: Path) -> None:
+    """Pretty-printed traces (tracelens h100/b200/mi300) keep the list's whitespace in the raw text."""
+    t = load_events(tmp_path, trace(kernel("k", ts=0, dur=1, grid="[   30,\n   4,   1 ]", block=[256, 1, 1])))
+    row = kernel_summary(t).by_name.row(0, named=True)
+    assert (row["grid"], row["block"]) == ("[30, 4, 1]", "[256, 1, 1]")
 
 
 def test_cpu_only_trace_is_empty(tmp_path: Path) -> None:
