@@ -224,8 +224,10 @@ def _places(trace: Trace, verdict: Verdict, syncs: pl.DataFrame, gaps: GapsResul
         out = pl.concat([late.sort("total_ns", descending=True).head(2),
                          launches.sort("count", descending=True).head(3)], how="diagonal_relaxed")
     elif verdict is Verdict.GPU_BOUND:
-        k = kernel_summary(trace, top=3).by_name
-        out = k.select(short_name(pl.col("name")), "total_ns", "count").with_columns(what=pl.lit("kernel"))
+        # by short name: template instances of one kernel (elementwise_kernel<…Add…>, <…Mul…>) are one place
+        k = kernel_summary(trace).by_name
+        out = (k.group_by(name=short_name(pl.col("name"))).agg(pl.col("total_ns", "count").sum())
+               .with_columns(what=pl.lit("kernel")))
     else:
         out = ops.group_by("name").agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(
             what=pl.lit("op (inclusive CPU)")).collect()

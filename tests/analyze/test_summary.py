@@ -107,6 +107,17 @@ def test_evidence_figures(tmp_path: Path) -> None:
     assert r.places.row(0, named=True)["total_ns"] == 20_000
 
 
+def test_gpu_bound_places_group_template_instances(tmp_path: Path) -> None:
+    """Two instances of one templated kernel (10 + 30 µs) outrank a 35 µs kernel as one place."""
+    events = [step(1, ts=0, dur=100), *_launched("void at::native::elementwise_kernel<Add>(int)", 1, 10, 1, 0),
+              *_launched("void at::native::elementwise_kernel<Mul>(int)", 11, 30, 2, 1),
+              *_launched("sgemm", 41, 35, 3, 2), *_launched("relu", 76, 20, 4, 3)]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    assert r.verdict is Verdict.GPU_BOUND
+    assert r.places.select("name", "total_ns", "count").rows() == [
+        ("at::native::elementwise_kernel", 40_000, 2), ("sgemm", 35_000, 1), ("relu", 20_000, 1)]
+
+
 def test_without_steps_uses_gpu_span(tmp_path: Path) -> None:
     r = verdict(load_events(tmp_path, trace(*_launched("sgemm", 0, 90, 1, 0), *_launched("add", 95, 5, 2, 1))))
     assert r.steps_found == 0 and r.wall_ns == 100_000 and r.verdict is Verdict.GPU_BOUND
