@@ -20,8 +20,11 @@ def test_steps_table_and_json(tmp_path: Path) -> None:
     out = CliRunner().invoke(cli, ["steps", str(path)])
     assert out.exit_code == 0, out.output
     assert "data_loading" in out.output and "start_ns" not in out.output
+    assert "idle by cause:" in out.output and "idle_launch_overhead" in out.output
     data = json.loads(CliRunner().invoke(cli, ["steps", str(path), "--json"]).output)
     assert data["steps"][0]["gpu_busy_ns"] == 50_000 and data["steps"][0]["start_ns"] == 0
+    idle = data["idle_by_cause"][0]  # idle 0-20 and 70-100 µs of the 100 µs step, every µs to some cause
+    assert idle["step"] == 1 and sum(v for k, v in idle.items() if k != "step") == 50_000
 
 
 def test_steps_without_profiler_steps(tmp_path: Path) -> None:
