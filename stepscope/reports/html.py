@@ -247,8 +247,9 @@ def steps_section(ctx: ReportContext) -> Section | None:
         notes.append("No ProfilerStep#N spans in this trace (profile with a schedule and call prof.step()): "
                      "the timeline shows the whole trace.")
     if timeline is not None:
-        figs.append(Figure(title="GPU timeline of one step, one row per device and stream, kernels by category",
-                           png=timeline))
+        which = f"step {ctx.step}" if ctx.step is not None else "the median-duration step (--step N for another)"
+        figs.append(Figure(title=f"GPU timeline of {which}: one row per device and stream, kernels by category, "
+                                 "idle shaded by cause, copies marked", png=timeline))
     cols = [c for c in result.steps.columns if c not in ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")]
     tables = [frame_table(result.steps, "Steps", columns=cols)] if result.steps.height else []
     if result.idle_by_cause.height:
