@@ -32,7 +32,7 @@ import polars as pl
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps, short_name
 from stepscope.analyze.kernels import kernel_summary
 from stepscope.analyze.schema import Kind
-from stepscope.analyze.steps import DATALOADER_PATTERN, step_breakdown
+from stepscope.analyze.steps import DATALOADER_PATTERN, StepsResult, step_breakdown
 from stepscope.analyze.trace import Trace
 
 SYNC_PATTERN = r"^(cuda|hip)(Device|Stream|Event)Synchronize$|^(cuda|hip)Memcpy(2D|3D)?$|^(cuda|hip)DeviceSynchronize"
@@ -241,14 +241,16 @@ def _idle(frame: pl.DataFrame) -> dict[str, int]:
     return {c.value: int(frame[f"idle_{c.value}_ns"].sum() or 0) if frame.height else 0 for c in GapCause}
 
 
-def verdict(trace: Trace) -> SummaryResult:
+def verdict(trace: Trace, *, gaps: GapsResult | None = None, steps: StepsResult | None = None) -> SummaryResult:
     """The overall and per-step verdict (rule table `RULES`), its evidence and the top three places.
 
     With ProfilerSteps the fractions are of the step windows (per step, and summed over steps for the overall
     verdict); without, of the analysis window of `stepscope gaps` (first to last GPU event per device).
+    `gaps` (`gpu_gaps(trace)`, every gap) and `steps` (`step_breakdown(trace)`) save recomputing them where
+    the caller (a report) already has them.
     """
-    gaps = gpu_gaps(trace)
-    br = step_breakdown(trace, gaps=gaps)
+    gaps = gpu_gaps(trace) if gaps is None else gaps
+    br = step_breakdown(trace, gaps=gaps) if steps is None else steps
     syncs = _sync_calls(trace)
     gpu_events = int(trace.gpu.select(pl.len()).collect().item())
     if br.steps_found:

@@ -9,6 +9,8 @@ import pytest
 from builders import annotation, cpu_op, kernel, load_events, memcpy, runtime, step, trace
 
 from stepscope.analyze import load
+from stepscope.analyze.gaps import gpu_gaps
+from stepscope.analyze.steps import step_breakdown
 from stepscope.analyze.summary import RULES, SummaryResult, Verdict, verdict
 
 FALLBACKS = {Verdict.LAUNCH_BOUND, Verdict.GPU_BOUND}  # broad rules that also hold under a specific one
@@ -101,7 +103,10 @@ def test_rule_order_data_loading_before_launch(tmp_path: Path) -> None:
 
 
 def test_evidence_figures(tmp_path: Path) -> None:
-    r = verdict(load_events(tmp_path, trace(*CASES[Verdict.TRANSFER_BOUND])))
+    t = load_events(tmp_path, trace(*CASES[Verdict.TRANSFER_BOUND]))
+    r = verdict(t)
+    given = verdict(t, gaps=gpu_gaps(t), steps=step_breakdown(t))  # a report's own gaps and steps: same answer
+    assert given.verdict is r.verdict and given.per_step.equals(r.per_step) and given.places.equals(r.places)
     assert r.memcpy_fraction == pytest.approx(0.2) and r.pageable_memcpy_fraction == pytest.approx(0.2)
     assert r.gpu_busy_fraction == pytest.approx(0.9)
     assert r.places.row(0, named=True)["total_ns"] == 20_000
