@@ -9,6 +9,7 @@ from builders import annotation, cpu_op, kernel, runtime, step, trace, write_tra
 from click.testing import CliRunner
 
 from stepscope.cli import cli
+from stepscope.reports.units import human_ns
 
 
 def test_summary_text_and_json(tmp_path: Path) -> None:
@@ -19,7 +20,7 @@ def test_summary_text_and_json(tmp_path: Path) -> None:
     out = CliRunner().invoke(cli, ["summary", str(path)])
     assert out.exit_code == 0, out.output
     assert out.output.startswith("verdict: data_loading_bound") and "where to look" in out.output
-    assert "1 step, 100.0 µs in all" in out.output and "exposed data loading        30.0%" in out.output
+    assert f"1 step, {human_ns(100_000)} in all" in out.output and "exposed data loading        30.0%" in out.output
     assert "GPU busy                    70.0%" in out.output and "GPU idle, by cause:" in out.output
     data = json.loads(CliRunner().invoke(cli, ["summary", str(path), "--json"]).output)
     assert data["verdict"] == "data_loading_bound" and data["per_step"][0]["step"] == 1
