@@ -10,6 +10,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish(path: Path, *, directory: bool) -> None:
+    """Give a finished temporary file/dir the permissions a plain open()/mkdir() would have had
+    (mkstemp and mkdtemp make them private: 0600 / 0700)."""
+    base = 0o777 if directory else 0o666
+    path.chmod(base & ~_umask())
+    if directory:
+        for child in path.rglob("*"):
+            child.chmod((0o777 if child.is_dir() else 0o666) & ~_umask())
+
+
 @contextmanager
 def atomic_path(target: Path) -> Iterator[Path]:
     """Yield a temporary path next to `target`; on success rename it over `target`, on error remove it."""
@@ -20,6 +36,7 @@ def atomic_path(target: Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        _publish(tmp_path, directory=False)
         os.replace(tmp_path, target)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
@@ -46,6 +63,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp
+        _publish(tmp, directory=True)
         if target.exists():
             old = target.with_name(f".{target.name}.old.{os.getpid()}")
             os.replace(target, old)

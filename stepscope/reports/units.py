@@ -15,6 +15,12 @@ def _three_digits(v: float) -> str:
     return f"{v:.0f}" if v >= 1000 else f"{v:.3g}"
 
 
+def _short(v: float) -> str:
+    """Three significant digits below 100, one decimal from 100 up, no trailing '.0': 12.4, 177.6, 705."""
+    text = f"{v:.3g}" if v < 100 else f"{v:.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
 def human_ns(value: float | int | None) -> str:
     """Nanoseconds as a short human duration: 850 ns, 12.4 µs, 3.21 ms, 1.50 s."""
     if value is None or missing(value):
@@ -25,9 +31,9 @@ def human_ns(value: float | int | None) -> str:
     if v < 1_000:
         return f"{sign}{v:.0f} ns"
     if v < 1_000_000:
-        return f"{sign}{v / 1e3:.3g} µs" if v < 100_000 else f"{sign}{v / 1e3:.1f} µs"
+        return f"{sign}{_short(v / 1e3)} µs"
     if v < 1_000_000_000:
-        return f"{sign}{v / 1e6:.3g} ms" if v < 100_000_000 else f"{sign}{v / 1e6:.1f} ms"
+        return f"{sign}{_short(v / 1e6)} ms"
     return f"{sign}{v / 1e9:.3g} s"
 
 

@@ -23,7 +23,7 @@ def test_diff_text_and_html(tmp_path: Path) -> None:
     page = (tmp_path / "out" / "index.html").read_text()
     assert "What changed" in page and "&lt;script&gt;" in page
     assert "data:image/png;base64," in page  # the before/after figure
-    assert "Median step 100.0 µs → 100.0 µs (+0.0%): about the same." in page  # the answer leads the page
+    assert "Median step 100 µs → 100 µs (+0.0%): about the same." in page  # the answer leads the page
     assert "Before and after" in page and "+20 µs (+66.7%)" in page  # self device 30 -> 50 µs (kernels 2x)
 
 
@@ -46,4 +46,4 @@ def test_corpus_resnet_workers(corpus: Path) -> None:
     assert "data_loading_bound" in result.output  # num_workers=0 is data-loading bound
     if "idle by cause:" in result.output:  # with gaps.py: data-loading idle all but disappears
         line = next(x for x in result.output.splitlines() if x.startswith("data_loading "))
-        assert "357.0 ms" in line and "-357.0 ms" in line
+        assert "357 ms" in line and "-357 ms" in line
