@@ -166,7 +166,7 @@ class ReportContext:
     def verdict(self) -> SummaryResult:
         from stepscope.analyze.summary import verdict
 
-        return verdict(self.trace)
+        return verdict(self.trace, gaps=self.gaps, steps=self.step_breakdown)  # reuse, don't recompute
 
     @cached_property
     def gaps(self) -> GapsResult | None:
