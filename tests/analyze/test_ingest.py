@@ -24,7 +24,8 @@ from builders import (
 )
 
 from stepscope.analyze import load
-from stepscope.analyze.ingest import ingest_trace, parse_time_ns
+from stepscope.analyze._columns import parse_time_ns
+from stepscope.analyze.ingest import ingest_trace
 from stepscope.analyze.schema import EVENT_SCHEMA, Kind
 
 CORPUS_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "traces"

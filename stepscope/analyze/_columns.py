@@ -1,0 +1,421 @@
+"""One span of traceEvents -> the normalized events table, the flows table and the metadata events.
+
+A span (a JSON array of whole events) is decoded with msgspec into small Structs holding only the fields we
+keep, and every column is then built in bulk: no Python dict per event, no per-row Python beyond one
+attribute read per field.
+
+Each column is built by polars straight from the decoded values when they all have the expected Python
+type (names are str, pids int, times int or float: what real traces write); a column holding values of
+another type is coerced value by value with the rules below, so a stray string `ts` or boolean pid costs
+only its own column.
+
+**The time rule** (the only place units change): Chrome traces write ``ts``/``dur`` in microseconds,
+as integers (older Kineto) or decimals with ns resolution (torch >= 2.1), whatever ``displayTimeUnit``
+says (that key only tells viewers how to *display* time). We read the decimal text exactly and shift the
+point three places, rounding beyond the third decimal:
+
+    "ts": 1623142623460111        ->  ts_ns = 1623142623460111000
+    "ts": 1712195495519689.047    ->  ts_ns = 1712195495519689047   (a float64 would lose the 47 ns)
+    "dur": 12.3456                ->  dur_ns = 12346
+
+**Coercion of values** (the declarative table in schema.ARG_COLUMNS says each args column's type; the first
+present raw key wins): an int column takes integers within int64, integral floats and integer strings
+("0x1f" included), a float column numbers and numeric strings, a text column strings (integers become their
+digits, other values their JSON text); anything else is null, never -1. json columns keep the value's JSON
+text as written. Booleans are not numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from operator import attrgetter, itemgetter
+from typing import Any
+
+import msgspec
+import polars as pl
+import pyarrow as pa
+
+from stepscope.analyze.schema import (
+    ARG_COLUMNS,
+    EVENT_SCHEMA,
+    FLOW_SCHEMA,
+    GPU_KINDS,
+    GROUP_OF_KIND,
+    KIND_BY_CATEGORY,
+    MEMORY_EVENT_NAME,
+    ArgColumn,
+    ArgGroup,
+    ArgType,
+    Kind,
+)
+from stepscope.errors import TraceFormatError
+
+_NULL = msgspec.Raw(b"null")
+_EMPTY_OBJECT = b"{}"
+_SEP = b"\x00"  # never appears raw in JSON text, so it safely joins raw values
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# A float below 2**43 µs is within 0.49 ns of its decimal text, so rounding its ns value is exact.
+_EXACT_FLOAT_LIMIT_US = float(2**43)
+
+
+class _Event(msgspec.Struct, kw_only=True, gc=False):
+    """One traceEvents entry, with only the fields we keep, of any value types (coerced per column).
+
+    gc=False: its fields are scalars and raw bytes, so it can be in no reference cycle (and millions of
+    them would otherwise be rescanned by every collection)."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    id: Any = None
+    bp: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: msgspec.Raw = _NULL
+
+
+class _RawTimes(msgspec.Struct, gc=False):
+    """ts/dur as their decimal text, for spans where float64 cannot hold them to the nanosecond."""
+
+    ts: msgspec.Raw = _NULL
+    dur: msgspec.Raw = _NULL
+
+
+_EVENT_DECODER = msgspec.json.Decoder(list[_Event])
+_TIMES_DECODER = msgspec.json.Decoder(list[_RawTimes])
+
+_GROUPS: tuple[ArgGroup, ...] = ("gpu", "cpu", "python", "runtime", "memory")
+#: the args table's columns that apply to each group, in table order
+_GROUP_COLUMNS: dict[ArgGroup, tuple[ArgColumn, ...]] = {
+    g: tuple(c for c in ARG_COLUMNS if g in c.groups) for g in _GROUPS}
+_POLARS_TYPE: dict[ArgType, pl.DataType] = {"int": pl.Int64(), "float": pl.Float64(), "str": pl.String(),
+                                            "json": pl.String()}
+_ArgsKeys = tuple[tuple[str, ArgType], ...]
+_ARGS_DECODERS: dict[_ArgsKeys, msgspec.json.Decoder[Any]] = {}  # made on first use
+_GPU_KIND_VALUES = [k.value for k in (*GPU_KINDS, Kind.GPU_USER_ANNOTATION, Kind.SYNC)]
+_NULL_COLUMNS = {c.column: _POLARS_TYPE[c.type] for c in ARG_COLUMNS} | {"args": pl.String()}
+_NONE = type(None)
+_INTS = {int, _NONE}
+_NUMBERS = {int, float, _NONE}
+_TEXTS = {str, _NONE}
+
+
+@dataclass
+class ChunkTables:
+    """The tables of one span of traceEvents. Event ids are local to the span until the caller shifts them."""
+
+    events: pa.Table
+    flows: pa.Table
+    metadata: list[dict[str, Any]]
+    kind_counts: Counter[str]
+    n_input: int  # traceEvents entries in the span (events + flows + metadata)
+
+
+def decode_span(document: bytes | memoryview, path: str, offset: int) -> ChunkTables | None:
+    """Decode a JSON array of whole events (one span of traceEvents) and build its tables.
+
+    Returns None when the array is not valid JSON (the cut that made the span fell inside a string, so the
+    caller merges it with the next span). `offset` is the span's position in the file, for error messages.
+    Runs in worker processes for large traces, so it takes and returns only picklable values.
+    """
+    try:
+        events = _EVENT_DECODER.decode(document)
+    except msgspec.ValidationError as exc:
+        raise TraceFormatError(f"an entry of traceEvents is not an event object ({exc})", path=path,
+                               offset=offset) from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=offset - 1 + exc.start) from None
+    except msgspec.DecodeError:
+        return None
+    try:
+        return build_chunk(events, 0, document)
+    except UnicodeDecodeError as exc:  # inside args, which the first decode keeps raw
+        raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path, offset=offset) from None
+
+
+def build_chunk(events: Sequence[_Event], first_index: int, body: bytes | memoryview) -> ChunkTables:
+    """Decoded events -> the events table, the flows table and the M (metadata) events."""
+    n = len(events)
+    ts_ns = _times_ns([e.ts for e in events])
+    dur_ns = _times_ns([e.dur for e in events])
+    if ts_ns is None or dur_ns is None:
+        times = _TIMES_DECODER.decode(body)
+        ts_ns = parse_time_ns(_raw_texts([t.ts for t in times]))
+        dur_ns = parse_time_ns(_raw_texts([t.dur for t in times]))
+        del times
+    base = pl.DataFrame({
+        "event_id": pl.int_range(first_index, first_index + n, dtype=pl.Int64, eager=True),
+        "ph": _text_series([e.ph for e in events]),
+        "cat": _text_series([e.cat for e in events]),
+        "name": _text_series([e.name for e in events]),
+        "pid": _text_series([e.pid for e in events]),
+        "tid": _text_series([e.tid for e in events]),
+        "ts_ns": ts_ns.rename("ts_ns"),
+        "dur_ns": dur_ns.rename("dur_ns"),
+    })
+    metadata: list[dict[str, Any]] = []
+    for event_id in base.filter(pl.col("ph") == "M")["event_id"].to_list():
+        e = events[event_id - first_index]
+        margs = msgspec.json.decode(e.args) if e.args is not _NULL else {}
+        metadata.append({"name": e.name, "pid": e.pid, "tid": e.tid, "args": margs})
+
+    flows = base.filter(pl.col("ph").is_in(["s", "t", "f"]))
+    flow_events = _pick(events, (flows["event_id"] - first_index).to_list())
+    flows = flows.with_columns(flow_id=_text_series([e.id for e in flow_events]),
+                               binding_point=_text_series([e.bp for e in flow_events]))
+    flow_table = _to_arrow(flows.select(FLOW_SCHEMA.names), FLOW_SCHEMA)
+
+    evs = base.filter(~pl.col("ph").is_in(["M", "s", "t", "f"])).with_columns(
+        kind=pl.when(pl.col("name") == MEMORY_EVENT_NAME)
+        .then(pl.lit(Kind.MEMORY.value))
+        .otherwise(pl.col("cat").replace_strict({k: v.value for k, v in KIND_BY_CATEGORY.items()},
+                                                default=Kind.OTHER.value, return_dtype=pl.String))
+    )
+    kind_counts: Counter[str] = Counter(dict(evs["kind"].value_counts().iter_rows()))
+    group_map = {k.value: g for k, g in GROUP_OF_KIND.items()}
+    evs = evs.with_columns(group=pl.col("kind").replace_strict(group_map, return_dtype=pl.String))
+
+    # args are decoded per group (each pays only for its keys); rows stay grouped, event_id keeps file order
+    all_args = [e.args for e in events]
+    pieces: list[pl.DataFrame] = []
+    for group in _GROUPS:
+        rows = evs.filter(pl.col("group") == group)
+        if rows.height == 0:
+            continue
+        raw_args = _pick(all_args, (rows["event_id"] - first_index).to_list())
+        columns = _group_args(raw_args, group)
+        pieces.append(rows.drop("group").with_columns(_raw_texts(raw_args).alias("args"), *columns))
+    merged = pl.concat(pieces, how="diagonal_relaxed") if pieces else evs.drop("group")
+    return ChunkTables(events=_finish_events(merged), flows=flow_table, metadata=metadata,
+                       kind_counts=kind_counts, n_input=n)
+
+
+def _finish_events(frame: pl.DataFrame) -> pa.Table:
+    """Fold device/stream sources into the derived columns and conform to EVENT_SCHEMA."""
+    frame = frame.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in _NULL_COLUMNS.items()
+                               if name not in frame.columns)
+    is_gpu = pl.col("kind").is_in(_GPU_KIND_VALUES)
+    frame = frame.with_columns(
+        device=pl.when(is_gpu)
+        .then(pl.coalesce(pl.col("arg_device"), pl.col("pid").cast(pl.Int64, strict=False)))
+        .when((pl.col("kind") == Kind.MEMORY.value) & (pl.col("device_id") >= 0))
+        .then(pl.col("device_id"))
+        .otherwise(None),
+        stream=pl.when(is_gpu)
+        .then(pl.coalesce(pl.col("arg_stream"), pl.col("tid").cast(pl.Int64, strict=False)))
+        .otherwise(pl.col("arg_stream")),
+    )
+    return _to_arrow(frame.select(EVENT_SCHEMA.names), EVENT_SCHEMA)
+
+
+def _to_arrow(frame: pl.DataFrame, schema: pa.Schema) -> pa.Table:
+    # large_string -> string is an offsets-only cast; polars' default (string views) would copy every value
+    return frame.to_arrow(compat_level=pl.CompatLevel.oldest()).cast(schema)
+
+
+def _pick(values: Sequence[Any], index: list[int]) -> list[Any]:
+    """values[i] for each i in index, in one C-level call."""
+    if len(index) <= 1:
+        return [values[i] for i in index]
+    return list(itemgetter(*index)(values))
+
+
+# ----------------------------------------------------------------------------------------------- times
+
+
+def parse_time_ns(texts: pl.Series) -> pl.Series:
+    """Decimal microsecond text -> Int64 ns, exactly (see the module docstring). Non-numbers become null."""
+    cleaned = texts.str.strip_chars().str.strip_chars('"')
+    micro = cleaned.cast(pl.Decimal(38, 3), strict=False)
+    return (micro * 1000).cast(pl.Int64, strict=False)
+
+
+def _times_ns(values: list[Any]) -> pl.Series | None:
+    """Decoded ts/dur numbers -> Int64 ns; None when a value is a float too large to be exact (use text).
+
+    Integers are exact at any size; a float is split into whole and fractional µs so that only the
+    fraction is scaled: 1623142623460111 -> 1623142623460111000, 4458676522690.655 -> 4458676522690655000.
+    """
+    types = set(map(type, values))
+    if types <= _INTS:
+        try:
+            return pl.Series(values, dtype=pl.Int64) * 1000
+        except TypeError:  # beyond int64: parse the text
+            return None
+    if not types <= _NUMBERS:
+        return None  # strings, booleans, …: parse the text (non-numbers become null)
+    series = pl.Series(values, dtype=pl.Float64)
+    if (series.abs() >= _EXACT_FLOAT_LIMIT_US).any():
+        return None  # a float this large may have lost its last digits (…689.047 reads back as …689.0)
+    whole = series.floor()
+    return pl.select(
+        whole.cast(pl.Int64, strict=False) * 1000 + ((series - whole) * 1000).round().cast(pl.Int64)
+    ).to_series()
+
+
+# ----------------------------------------------------------------------------------------------- text
+
+
+def _text_series(values: list[Any]) -> pl.Series:
+    """Text from values that are usually all str (names) or all int (pids: 2914 -> '2914'); other values
+    become their JSON text."""
+    types = set(map(type, values))
+    if types <= _TEXTS:
+        return pl.Series(values, dtype=pl.String)
+    if types <= _INTS:
+        try:
+            return pl.Series(values, dtype=pl.Int64).cast(pl.String)
+        except TypeError:  # beyond int64
+            pass
+    return pl.Series([_as_text(v) for v in values], dtype=pl.String)
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return json.dumps(value)
+
+
+def _raw_texts(raws: Sequence[msgspec.Raw]) -> pl.Series:
+    """Raw JSON values as a String series ('null' and absent become null), without one Python str per value:
+    the bytes are joined once and the Arrow offsets come from their lengths. Bytes that are not UTF-8 become
+    U+FFFD (only inside args, which the first decode keeps raw).
+
+        [b'{"a": 1}', b'null', b'[2]']  ->  data b'{"a": 1}null[2]', offsets 0, 8, 12, 15  ->  '{"a": 1}', null, '[2]'
+    """
+    offsets = array("q", [0, *accumulate(map(len, raws))])
+    text = pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)))
+    try:
+        text.validate(full=True)
+        series = pl.Series(text)
+    except pa.ArrowInvalid:
+        joined = _SEP.join(raws).decode("utf-8", errors="replace")
+        series = pl.Series(joined.split("\x00"), dtype=pl.String)
+    return pl.select(pl.when(series == "null").then(None).otherwise(series)).to_series()
+
+
+# ----------------------------------------------------------------------------------------------- args
+
+
+def _args_decoder(keys: _ArgsKeys) -> msgspec.json.Decoder[Any]:
+    """A decoder of a JSON array of args objects into Structs with one field `k<i>` per (raw key, type):
+    json-typed keys stay raw text, the others decode to Python values (coerced per column)."""
+    fields: list[tuple[str, Any, Any]] = [
+        (f"k{i}", msgspec.Raw, msgspec.field(default=_NULL, name=key)) if kind == "json"
+        else (f"k{i}", Any, msgspec.field(default=None, name=key))
+        for i, (key, kind) in enumerate(keys)
+    ]
+    struct = msgspec.defstruct("Args", fields, kw_only=True, gc=False)
+    return msgspec.json.Decoder(list[struct])  # type: ignore[valid-type]
+
+
+def _spellings(key: str) -> tuple[bytes, ...]:
+    """A key as it can appear quoted in JSON without a \\u escape ('/' may be written '\\/')."""
+    quoted = b'"' + key.encode() + b'"'
+    return (quoted, quoted.replace(b"/", b"\\/")) if b"/" in quoted else (quoted,)
+
+
+def _group_args(args: list[msgspec.Raw], group: ArgGroup) -> list[pl.Series]:
+    """Decode one group's args in one call and pull out each typed column (first present key wins).
+
+    Only the keys that occur in these args are decoded and extracted: a key whose quoted name appears
+    nowhere in the bytes is null for every row (a \\u escape anywhere turns this pruning off, since a key
+    could be spelled with one). Columns the args never mention are left out (null later).
+    """
+    joined = b"[" + b",".join([_EMPTY_OBJECT if a is _NULL else a for a in args]) + b"]"
+    escaped = b"\\u" in joined
+    keys: list[tuple[str, ArgType]] = []
+    present: list[tuple[ArgColumn, list[int]]] = []
+    for col in _GROUP_COLUMNS[group]:
+        slots = []
+        for key in col.keys:
+            if escaped or any(spelling in joined for spelling in _spellings(key)):
+                slots.append(len(keys))
+                keys.append((key, col.type))
+        if slots:
+            present.append((col, slots))
+    if not present:
+        return []
+    key_spec = tuple(keys)
+    decoder = _ARGS_DECODERS.get(key_spec)
+    if decoder is None:
+        decoder = _ARGS_DECODERS[key_spec] = _args_decoder(key_spec)
+    try:
+        decoded = decoder.decode(joined)
+    except msgspec.ValidationError:
+        # an args value that is not an object: treat it as no args for that event
+        parts = [a if a is not _NULL and bytes(a).lstrip()[:1] == b"{" else _EMPTY_OBJECT for a in args]
+        decoded = decoder.decode(b"[" + b",".join(parts) + b"]")
+    out: list[pl.Series] = []
+    for col, slots in present:
+        series = [_arg_series(list(map(attrgetter(f"k{slot}"), decoded)), col.type) for slot in slots]
+        merged = series[0] if len(series) == 1 else pl.select(pl.coalesce(series)).to_series()
+        out.append(merged.alias(col.column))
+    return out
+
+
+def _arg_series(values: list[Any], kind: ArgType) -> pl.Series:
+    """Values of one args key -> a typed column (see the coercion rules in the module docstring)."""
+    if kind == "json":
+        return _json_texts(values)
+    if kind == "str":
+        return _text_series(values)
+    types = set(map(type, values))
+    if kind == "int":
+        if types <= _INTS:
+            try:
+                return pl.Series(values, dtype=pl.Int64)
+            except TypeError:  # an integer beyond int64
+                pass
+        return pl.Series([_coerce_int(v) for v in values], dtype=pl.Int64)
+    if types <= _NUMBERS:
+        return pl.Series(values, dtype=pl.Float64)
+    return pl.Series([_coerce_float(v) for v in values], dtype=pl.Float64)
+
+
+def _json_texts(raws: list[msgspec.Raw]) -> pl.Series:
+    """Raw JSON values kept as text; a JSON string value is unquoted ('"[0, 1]"' -> '[0, 1]')."""
+    series = _raw_texts(raws)
+    if series.str.starts_with('"').any():
+        series = pl.Series([msgspec.json.decode(v) if v is not None and v.startswith('"') else v
+                            for v in series.to_list()], dtype=pl.String)
+    return series
+
+
+def _coerce_int(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value if _INT64_MIN <= value <= _INT64_MAX else None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and _INT64_MIN <= value <= _INT64_MAX else None
+    if isinstance(value, str):
+        try:
+            parsed = int(value.strip(), 0)
+        except ValueError:
+            return None
+        return parsed if _INT64_MIN <= parsed <= _INT64_MAX else None
+    return None
+
+
+def _coerce_float(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+

@@ -1,0 +1,163 @@
+"""Reading a trace file: bytes from disk (gzip sniffed), the whole document validated, traceEvents located
+and cut into spans of whole events.
+
+    file --read_trace--> JSON bytes --split_document--> traceEvents byte span + other top-level keys
+                                     --iter_chunks--> spans of ~chunk_bytes, cut between two events
+
+A cut is made at a ``}, {`` boundary; one that falls inside a string makes a span that fails to decode, and
+the caller merges it with the next (see ingest.iter_chunk_tables).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from stepscope.errors import InputError, TraceFormatError
+
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+def read_trace(path: Path) -> tuple[bytearray, str]:
+    """The uncompressed JSON of a trace file (gzip sniffed by its magic bytes) and the sha256 of the file
+    as stored, from one read. A bytearray, so spans of it can be decoded in place (see iter_chunk_tables)."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            stored = bytearray(size)
+            got = fh.readinto(stored)
+    except IsADirectoryError:
+        raise InputError("is a directory, expected a trace file", path=path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    del stored[got:]
+    sha = hashlib.sha256(stored).hexdigest()
+    if stored[:2] != b"\x1f\x8b":
+        return stored, sha
+    try:
+        return _gunzip(stored), sha
+    except EOFError:
+        raise TraceFormatError("truncated gzip file (the compressed stream ends early)", path=path) from None
+    except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+        raise TraceFormatError(f"corrupt gzip data ({exc})", path=path) from None
+
+
+def _gunzip(stored: bytearray) -> bytearray:
+    """Decompress into one preallocated bytearray (the gzip trailer states the size), in 16 MiB steps."""
+    expected = int.from_bytes(stored[-4:], "little")
+    if not 0 < expected <= 256 * len(stored):  # a truncated file's "trailer" is arbitrary bytes
+        return bytearray(gzip.decompress(bytes(stored)))
+    out = bytearray(expected)
+    pos = 0
+    decompressor = zlib.decompressobj(wbits=31)
+    view = memoryview(stored)
+    piece = decompressor.decompress(view, 1 << 24)
+    while True:
+        if pos + len(piece) > len(out):  # several members, or over 4 GiB: the trailer was not the size
+            return bytearray(gzip.decompress(bytes(stored)))
+        out[pos : pos + len(piece)] = piece
+        pos += len(piece)
+        if decompressor.eof:
+            break
+        if not decompressor.unconsumed_tail and not piece:
+            raise EOFError("compressed stream ends early")
+        piece = decompressor.decompress(decompressor.unconsumed_tail, 1 << 24)
+    if decompressor.unused_data.strip(b"\x00") or pos != expected:
+        return bytearray(gzip.decompress(bytes(stored)))
+    return out
+
+
+def read_trace_bytes(path: Path) -> bytearray:
+    """The uncompressed JSON bytes of a trace file."""
+    return read_trace(path)[0]
+
+
+def _decode_error(exc: Exception, data: bytes | bytearray, path: Path, base: int = 0) -> TraceFormatError:
+    text = str(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        return TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=base + exc.start)
+    if "truncated" in text:
+        return TraceFormatError("truncated JSON (the file ends in the middle of the document)",
+                                path=path, offset=len(data))
+    match = re.search(r"\(byte (\d+)\)", text)
+    offset = base + int(match.group(1)) if match else None
+    message = re.sub(r"\s*\(byte \d+\)", "", text)
+    first = re.search(rb"\S", data)
+    if first is None or data[first.start()] not in b"{[":
+        return TraceFormatError("not a JSON trace file (expected a Chrome trace: JSON with traceEvents)",
+                                path=path, offset=offset)
+    return TraceFormatError(f"malformed JSON: {message}", path=path, offset=offset)
+
+
+def split_document(data: bytes | bytearray, path: Path) -> tuple[int, int, dict[str, Any]]:
+    """Validate the whole document; return the byte span of the traceEvents array and the other top keys."""
+    first = re.search(rb"\S", data)
+    if first is None:
+        raise TraceFormatError("empty file", path=path)
+    try:
+        if data[first.start()] == ord("["):  # a bare array of events is a valid Chrome trace too
+            msgspec.json.decode(data, type=msgspec.Raw)
+            start = data.index(b"[")
+            end = data.rindex(b"]") + 1
+            return start, end, {}
+        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise _decode_error(exc, data, path) from None
+    except msgspec.ValidationError:
+        raise TraceFormatError("not a Chrome trace (the top level is neither an object nor an array)",
+                               path=path) from None
+    if "traceEvents" not in top:
+        keys = ", ".join(sorted(top)[:8]) or "none"
+        raise TraceFormatError(f"not a Chrome trace: no traceEvents key (top-level keys: {keys})", path=path)
+    events_raw = top.pop("traceEvents")
+    meta: dict[str, Any] = {}
+    for key, value in top.items():
+        try:
+            meta[key] = msgspec.json.decode(value)
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(f"not UTF-8 text in top-level key {key!r} ({exc.reason})", path=path) from None
+    span = _locate(data, events_raw)
+    if span is None:
+        raise TraceFormatError("traceEvents is not an array", path=path)
+    return span[0], span[1], meta
+
+
+def _locate(data: bytes | bytearray, raw: msgspec.Raw) -> tuple[int, int] | None:
+    """Byte span of a Raw value inside `data` (Raw keeps no offset: find the key, check both ends)."""
+    view = memoryview(raw)
+    size = len(view)
+    if not size or view[0] != ord("["):
+        return None
+    head, tail = bytes(view[:4096]), bytes(view[-4096:])
+    for match in re.finditer(rb'"traceEvents"\s*:\s*', data):
+        start = match.end()
+        if data.startswith(head, start) and data.startswith(tail, start + size - len(tail)):
+            return start, start + size
+    return None  # pragma: no cover - the key is always there when decode found it
+
+
+def iter_chunks(data: bytes | bytearray, start: int, end: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    """Cut the array data[start:end] ('[' ... ']') into spans of whole events, about chunk_bytes each."""
+    body_start = start + 1
+    body_end = data.rindex(b"]", start, end)
+    pos = body_start
+    while pos < body_end:
+        target = pos + chunk_bytes
+        if target >= body_end:
+            yield pos, body_end
+            return
+        match = _BOUNDARY.search(data, target, body_end)
+        if match is None:
+            yield pos, body_end
+            return
+        cut = match.start() + 1  # just after the closing brace
+        yield pos, cut
+        pos = match.end() - 1  # at the next opening brace
