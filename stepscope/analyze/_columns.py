@@ -92,13 +92,8 @@ _EVENT_DECODER = msgspec.json.Decoder(list[_Event])
 _TIMES_DECODER = msgspec.json.Decoder(list[_RawTimes])
 
 _GROUPS: tuple[ArgGroup, ...] = ("gpu", "cpu", "python", "runtime", "memory")
-#: the args table's columns that apply to each group, in table order
-_GROUP_COLUMNS: dict[ArgGroup, tuple[ArgColumn, ...]] = {
-    g: tuple(c for c in ARG_COLUMNS if g in c.groups) for g in _GROUPS}
 _POLARS_TYPE: dict[ArgType, pl.DataType] = {"int": pl.Int64(), "float": pl.Float64(), "str": pl.String(),
                                             "json": pl.String()}
-_ArgsKeys = tuple[tuple[str, ArgType], ...]
-_ARGS_DECODERS: dict[_ArgsKeys, msgspec.json.Decoder[Any]] = {}  # made on first use
 _GPU_KIND_VALUES = [k.value for k in (*GPU_KINDS, Kind.GPU_USER_ANNOTATION, Kind.SYNC)]
 _NULL_COLUMNS = {c.column: _POLARS_TYPE[c.type] for c in ARG_COLUMNS} | {"args": pl.String()}
 _NONE = type(None)
@@ -306,60 +301,57 @@ def _raw_texts(raws: Sequence[msgspec.Raw]) -> pl.Series:
 # ----------------------------------------------------------------------------------------------- args
 
 
-def _args_decoder(keys: _ArgsKeys) -> msgspec.json.Decoder[Any]:
-    """A decoder of a JSON array of args objects into Structs with one field `k<i>` per (raw key, type):
-    json-typed keys stay raw text, the others decode to Python values (coerced per column)."""
-    fields: list[tuple[str, Any, Any]] = [
-        (f"k{i}", msgspec.Raw, msgspec.field(default=_NULL, name=key)) if kind == "json"
-        else (f"k{i}", Any, msgspec.field(default=None, name=key))
-        for i, (key, kind) in enumerate(keys)
-    ]
-    struct = msgspec.defstruct("Args", fields, kw_only=True, gc=False)
+def _args_decoder(group: ArgGroup) -> msgspec.json.Decoder[Any]:
+    """A decoder of a JSON array of one group's args objects into Structs with a field per raw key the
+    group's columns read (`k<i>`, in _GROUP_FIELDS order): json-typed keys stay raw text, the others decode
+    to Python values (coerced per column)."""
+    fields: list[tuple[str, Any, Any]] = []
+    for col, slots in _GROUP_FIELDS[group]:
+        for (field, missing), key in zip(slots, col.keys, strict=True):
+            fields.append((field, msgspec.Raw if col.type == "json" else Any, msgspec.field(default=missing, name=key)))
+    struct = msgspec.defstruct(f"Args_{group}", fields, kw_only=True, gc=False)
     return msgspec.json.Decoder(list[struct])  # type: ignore[valid-type]
 
 
-def _spellings(key: str) -> tuple[bytes, ...]:
-    """A key as it can appear quoted in JSON without a \\u escape ('/' may be written '\\/')."""
-    quoted = b'"' + key.encode() + b'"'
-    return (quoted, quoted.replace(b"/", b"\\/")) if b"/" in quoted else (quoted,)
+def _group_fields(group: ArgGroup) -> tuple[tuple[ArgColumn, tuple[tuple[str, Any], ...]], ...]:
+    """Each of the group's columns with its (Struct field, value when absent) per raw key."""
+    out = []
+    i = 0
+    for col in ARG_COLUMNS:
+        if group in col.groups:
+            out.append((col, tuple((f"k{i + j}", _NULL if col.type == "json" else None) for j in range(len(col.keys)))))
+            i += len(col.keys)
+    return tuple(out)
+
+
+_GROUP_FIELDS = {g: _group_fields(g) for g in _GROUPS}
+_ARGS_DECODERS = {g: _args_decoder(g) for g in _GROUPS}
 
 
 def _group_args(args: list[msgspec.Raw], group: ArgGroup) -> list[pl.Series]:
     """Decode one group's args in one call and pull out each typed column (first present key wins).
 
-    Only the keys that occur in these args are decoded and extracted: a key whose quoted name appears
-    nowhere in the bytes is null for every row (a \\u escape anywhere turns this pruning off, since a key
-    could be spelled with one). Columns the args never mention are left out (null later).
+    A column whose keys no event of these args has is left out (the caller adds it as nulls).
     """
+    decoder = _ARGS_DECODERS[group]
     joined = b"[" + b",".join([_EMPTY_OBJECT if a is _NULL else a for a in args]) + b"]"
-    escaped = b"\\u" in joined
-    keys: list[tuple[str, ArgType]] = []
-    present: list[tuple[ArgColumn, list[int]]] = []
-    for col in _GROUP_COLUMNS[group]:
-        slots = []
-        for key in col.keys:
-            if escaped or any(spelling in joined for spelling in _spellings(key)):
-                slots.append(len(keys))
-                keys.append((key, col.type))
-        if slots:
-            present.append((col, slots))
-    if not present:
-        return []
-    key_spec = tuple(keys)
-    decoder = _ARGS_DECODERS.get(key_spec)
-    if decoder is None:
-        decoder = _ARGS_DECODERS[key_spec] = _args_decoder(key_spec)
     try:
         decoded = decoder.decode(joined)
     except msgspec.ValidationError:
         # an args value that is not an object: treat it as no args for that event
         parts = [a if a is not _NULL and bytes(a).lstrip()[:1] == b"{" else _EMPTY_OBJECT for a in args]
         decoded = decoder.decode(b"[" + b",".join(parts) + b"]")
+    n = len(decoded)
     out: list[pl.Series] = []
-    for col, slots in present:
-        series = [_arg_series(list(map(attrgetter(f"k{slot}"), decoded)), col.type) for slot in slots]
-        merged = series[0] if len(series) == 1 else pl.select(pl.coalesce(series)).to_series()
-        out.append(merged.alias(col.column))
+    for col, fields in _GROUP_FIELDS[group]:
+        series = []
+        for field, missing in fields:
+            values = list(map(attrgetter(field), decoded))
+            if values.count(missing) < n:  # identity first: absent keys are the very default object
+                series.append(_arg_series(values, col.type))
+        if series:
+            merged = series[0] if len(series) == 1 else pl.select(pl.coalesce(series)).to_series()
+            out.append(merged.alias(col.column))
     return out
 
 
