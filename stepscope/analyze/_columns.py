@@ -95,7 +95,8 @@ _GROUPS: tuple[ArgGroup, ...] = ("gpu", "cpu", "python", "runtime", "memory")
 _POLARS_TYPE: dict[ArgType, pl.DataType] = {"int": pl.Int64(), "float": pl.Float64(), "str": pl.String(),
                                             "json": pl.String()}
 _GPU_KIND_VALUES = [k.value for k in (*GPU_KINDS, Kind.GPU_USER_ANNOTATION, Kind.SYNC)]
-_NULL_COLUMNS = {c.column: _POLARS_TYPE[c.type] for c in ARG_COLUMNS} | {"args": pl.String()}
+_NULL_COLUMNS = {c.column: _POLARS_TYPE[c.type] for c in ARG_COLUMNS}
+_DERIVED_FROM = ("arg_device", "arg_stream", "device_id")  # the args columns `device` and `stream` come from
 _NONE = type(None)
 _INTS = {int, _NONE}
 _NUMBERS = {int, float, _NONE}
@@ -113,7 +114,7 @@ class ChunkTables:
     n_input: int  # traceEvents entries in the span (events + flows + metadata)
 
 
-def decode_span(document: bytes | memoryview, path: str, offset: int) -> ChunkTables | None:
+def decode_span(document: bytes | bytearray | memoryview, path: str, offset: int) -> ChunkTables | None:
     """Decode a JSON array of whole events (one span of traceEvents) and build its tables.
 
     Returns None when the array is not valid JSON (the cut that made the span fell inside a string, so the
@@ -135,7 +136,7 @@ def decode_span(document: bytes | memoryview, path: str, offset: int) -> ChunkTa
         raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path, offset=offset) from None
 
 
-def build_chunk(events: Sequence[_Event], first_index: int, body: bytes | memoryview) -> ChunkTables:
+def build_chunk(events: Sequence[_Event], first_index: int, body: bytes | bytearray | memoryview) -> ChunkTables:
     """Decoded events -> the events table, the flows table and the M (metadata) events."""
     n = len(events)
     ts_ns = _times_ns([e.ts for e in events])
@@ -193,8 +194,12 @@ def build_chunk(events: Sequence[_Event], first_index: int, body: bytes | memory
 
 
 def _finish_events(frame: pl.DataFrame) -> pa.Table:
-    """Fold device/stream sources into the derived columns and conform to EVENT_SCHEMA."""
-    frame = frame.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in _NULL_COLUMNS.items()
+    """Fold device/stream sources into the derived columns; EVENT_SCHEMA's columns that this span has.
+
+    Columns no event of the span has are left out (see `conform`): a span of CPU ops would otherwise carry
+    some thirty columns of nulls to the process that writes it.
+    """
+    frame = frame.with_columns(pl.lit(None, _NULL_COLUMNS[name]).alias(name) for name in _DERIVED_FROM
                                if name not in frame.columns)
     is_gpu = pl.col("kind").is_in(_GPU_KIND_VALUES)
     frame = frame.with_columns(
@@ -207,7 +212,15 @@ def _finish_events(frame: pl.DataFrame) -> pa.Table:
         .then(pl.coalesce(pl.col("arg_stream"), pl.col("tid").cast(pl.Int64, strict=False)))
         .otherwise(pl.col("arg_stream")),
     )
-    return _to_arrow(frame.select(EVENT_SCHEMA.names), EVENT_SCHEMA)
+    present = [name for name in EVENT_SCHEMA.names if name in frame.columns]
+    return _to_arrow(frame.select(present), pa.schema([EVENT_SCHEMA.field(name) for name in present]))
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The table with every column of `schema`, in its order: the columns it lacks are all null."""
+    columns = [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+               for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _to_arrow(frame: pl.DataFrame, schema: pa.Schema) -> pa.Table:

@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
 import re
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +37,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepscope.analyze._columns import ChunkTables, decode_span
+from stepscope.analyze._columns import ChunkTables, conform, decode_span
 from stepscope.analyze._io import atomic_dir
 from stepscope.analyze._read import iter_chunks, read_trace, split_document
+from stepscope.analyze._workers import worker_context
 from stepscope.analyze.schema import EVENT_SCHEMA, FLOW_SCHEMA, INGEST_SCHEMA_VERSION, Kind
 from stepscope.errors import InputError, TraceFormatError
 
@@ -93,14 +98,23 @@ class IngestResult:
     seconds: float
 
 
-def process_span(body: bytes | bytearray, path: str, offset: int) -> ChunkTables | None:
-    """Decode and build one span of whole events (the bytes between two cuts, without brackets).
+def decode_file_span(source: str, a: int, b: int, path: str) -> ChunkTables | None:
+    """Decode the span data[a:b] of traceEvents from the uncompressed JSON file `source` (a worker's job).
 
-    Event ids are local to the span (0-based); the caller shifts them. Returns None when the cut that
-    made this span fell inside a string, so the caller merges it with the next span. Runs in worker
-    processes for large traces, so it takes and returns only picklable values.
+    The worker reads its own bytes (one byte either side, the separators, which become the array's
+    brackets), so only the span's position crosses between processes, and only its tables come back.
     """
-    return decode_span(b"[" + body + b"]", path, offset)
+    with open(source, "rb") as fh:
+        fh.seek(a - 1)
+        document = bytearray(fh.read(b - a + 2))
+    if len(document) != b - a + 2:
+        raise TraceFormatError("the file changed while it was being read", path=path)
+    document[0], document[-1] = 0x5B, 0x5D
+    return decode_span(document, path, a)
+
+
+def _warm_up() -> None:
+    """A no-op task: submitted first, it starts the worker processes while the document is validated."""
 
 
 def _process_in_place(data: bytearray, a: int, b: int, path: Path) -> ChunkTables | None:
@@ -133,45 +147,42 @@ def _shifted(chunk: ChunkTables, first_index: int) -> ChunkTables:
 
 
 def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                      pool: Executor | None = None, source: Path | None = None,
                       jobs: int = 1) -> Iterator[ChunkTables]:
-    """Yield the tables of each span of traceEvents in file order, decoding spans in `jobs` processes.
+    """Yield the tables of each span of traceEvents in file order; in `pool` (workers that read the spans from
+    `source`, the trace's uncompressed JSON) when given, else here.
 
     At most jobs + 1 spans are in flight, so memory stays bounded; a span whose cut fell inside a string
     is merged with the next one and rebuilt here.
     """
     spans = list(iter_chunks(data, start, end, chunk_bytes))
     index = 0
-    if jobs <= 1 or len(spans) <= 2:
+    if pool is None or source is None or len(spans) <= 2:
         i = 0
         while i < len(spans):
             chunk, i = _merge_bad_cuts(data, spans, i, None, path)
             yield _shifted(chunk, index)
             index += chunk.n_input
         return
-    from concurrent.futures import Future, ProcessPoolExecutor
+    in_flight: dict[int, Future[ChunkTables | None]] = {}
+    next_span = 0
 
-    from stepscope.analyze._workers import worker_context
+    def fill() -> None:
+        nonlocal next_span
+        while next_span < len(spans) and len(in_flight) < jobs + 1:
+            a, b = spans[next_span]
+            in_flight[next_span] = pool.submit(decode_file_span, str(source), a, b, str(path))
+            next_span += 1
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=worker_context()) as pool:
-        in_flight: dict[int, Future[ChunkTables | None]] = {}
-        next_span = 0
-
-        def fill() -> None:
-            nonlocal next_span
-            while next_span < len(spans) and len(in_flight) < jobs + 1:
-                a, b = spans[next_span]
-                in_flight[next_span] = pool.submit(process_span, data[a:b], str(path), a)
-                next_span += 1
-
+    fill()
+    i = 0
+    while i < len(spans):
+        first = in_flight.pop(i).result()
+        chunk, i = _merge_bad_cuts(data, spans, i, first, path, in_flight)
+        next_span = max(next_span, i)
         fill()
-        i = 0
-        while i < len(spans):
-            first = in_flight.pop(i).result()
-            chunk, i = _merge_bad_cuts(data, spans, i, first, path, in_flight)
-            next_span = max(next_span, i)
-            fill()
-            yield _shifted(chunk, index)
-            index += chunk.n_input
+        yield _shifted(chunk, index)
+        index += chunk.n_input
 
 
 def _merge_bad_cuts(data: bytearray, spans: list[tuple[int, int]], i: int, first: ChunkTables | None, path: Path,
@@ -188,6 +199,23 @@ def _merge_bad_cuts(data: bytearray, spans: list[tuple[int, int]], i: int, first
         result = _process_in_place(data, a, spans[j][1], path)
         j += 1
     return result, j
+
+
+def _is_plain(path: Path, data: bytearray) -> bool:
+    """Whether the file on disk is the JSON itself (not gzip), so workers can read their spans from it."""
+    return path.stat().st_size == len(data) and data[:2] != b"\x1f\x8b"
+
+
+@contextmanager
+def _spilled(data: bytearray, directory: Path) -> Iterator[Path]:
+    """The uncompressed JSON of a gzip trace written to a temporary file for the workers, removed after."""
+    fd, name = tempfile.mkstemp(prefix=".stepscope-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------- metadata
@@ -268,7 +296,9 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra_meta: dict[str, Any] | None = None) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
 
-    `jobs` > 1 decodes the spans of a large trace (>= PARALLEL_MIN_BYTES of JSON) in that many processes.
+    `jobs` > 1 decodes the spans of a large trace (>= PARALLEL_MIN_BYTES of JSON) in that many worker
+    processes, which read their spans from the file (a gzip trace's JSON is first written to a temporary
+    file beside out_dir) while this process validates, writes Parquet and keeps the order.
 
     Skipped when out_dir already holds this file's ingest (same sha256, same schema version) unless
     `force`. Raises TraceFormatError / InputError with a one-line message naming the file.
@@ -283,23 +313,29 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
         meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
         return IngestResult(source=path, out_dir=out_dir, skipped=True, n_events=int(meta["counts"]["events"]),
                             seconds=time.perf_counter() - started)
-    start, end, top = split_document(data, path)
-    if len(data) < PARALLEL_MIN_BYTES:
-        jobs = 1
-
     kind_counts: Counter[str] = Counter()
     metadata_events: list[dict[str, Any]] = []
     n_total = n_events = n_flows = 0
     ts_min: int | None = None
     end_max: int | None = None
     unknown_categories: Counter[str] = Counter()
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp, ExitStack() as stack:
+        pool = source = None
+        if jobs > 1 and len(data) >= PARALLEL_MIN_BYTES:
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs, mp_context=worker_context()))
+            for _ in range(jobs):
+                pool.submit(_warm_up)
+        start, end, top = split_document(data, path)
+        if pool is not None:
+            source = path if _is_plain(path, data) else stack.enter_context(_spilled(data, tmp.parent))
         writer = _BackgroundWriter(tmp / "events.parquet", EVENT_SCHEMA)
         flow_writer = _BackgroundWriter(tmp / "flows.parquet", FLOW_SCHEMA)
         try:
-            for chunk in iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, jobs=jobs):
+            chunks = iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, pool=pool, source=source,
+                                       jobs=jobs)
+            for chunk in chunks:
                 n_total += chunk.n_input
-                writer.write_table(chunk.events)
+                writer.write_table(conform(chunk.events, EVENT_SCHEMA))
                 flow_writer.write_table(chunk.flows)
                 n_events += chunk.events.num_rows
                 n_flows += chunk.flows.num_rows

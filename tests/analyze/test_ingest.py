@@ -256,7 +256,9 @@ def test_kind_enum_covers_every_kind_ingest_writes() -> None:
     assert set(KIND_BY_CATEGORY.values()) | {Kind.MEMORY, Kind.OTHER} == set(Kind)
 
 
-def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gz: bool) -> None:
+    # workers read their spans from the file itself, or from the gzip trace's JSON spilled to a temporary file
     import stepscope.analyze.ingest as ingest_module
 
     events = []
@@ -264,7 +266,7 @@ def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: p
         events.append(cpu_op("aten::add }, { tricky", ts=i * 10, dur=5, external_id=i))
         events.append(kernel(f"k{i}", ts=i * 10 + 1, dur=3, correlation=i))
         events.append(flow(i, "s", i * 10 + 2, pid=1000, tid=1))
-    path = write_trace(tmp_path, trace(thread_name("main"), *events), "big.json")
+    path = write_trace(tmp_path, trace(thread_name("main"), *events), "big.json", gz=gz)
     monkeypatch.setattr(ingest_module, "PARALLEL_MIN_BYTES", 0)
     seq = ingest_trace(path, tmp_path / "seq", chunk_bytes=700, jobs=1)
     par = ingest_trace(path, tmp_path / "par", chunk_bytes=700, jobs=2)
@@ -274,6 +276,7 @@ def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: p
         assert a.height > 0 and a.equals(b)
     assert pl.read_parquet(par.out_dir / "events.parquet")["event_id"].sort().to_list() == [
         i for i in range(1, 1201) if i % 3 != 0]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the spilled JSON is gone
 
 
 def test_launch_links_fall_back_to_flows_when_a_gpu_event_has_no_correlation(tmp_path: Path) -> None:
