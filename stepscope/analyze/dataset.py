@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -119,16 +120,30 @@ def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None
 
 
 def _run(files: list[Path], dataset: Path, jobs: int, force: bool) -> Iterator[FileOutcome]:
+    """Ingest the files on `jobs` cores: jobs - 1 worker processes plus this process itself.
+
+    Largest files first keeps the cores evenly loaded. This process ingests a file while the workers
+    start (a worker needs a moment to come up), so a short batch never waits for them, and the
+    workers are kept two files ahead so that none idles while this process is busy.
+    """
     if jobs == 1 or len(files) <= 1:
         for f in files:
             yield ingest_one(str(f), str(dataset), force)
         return
-    context = worker_context()
-    with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
-        # largest files first keeps the workers evenly loaded
-        ordered = sorted(files, key=lambda f: f.stat().st_size, reverse=True)
-        pending: set[Future[FileOutcome]] = {pool.submit(ingest_one, str(f), str(dataset), force) for f in ordered}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+    queue = deque(sorted(files, key=lambda f: f.stat().st_size, reverse=True))
+    workers = min(jobs, len(files)) - 1
+    with ProcessPoolExecutor(max_workers=workers, mp_context=worker_context()) as pool:
+        pending: set[Future[FileOutcome]] = set()
+
+        def top_up() -> None:
+            while queue and len(pending) < 2 * workers:
+                pending.add(pool.submit(ingest_one, str(queue.popleft()), str(dataset), force))
+
+        top_up()
+        while queue or pending:
+            if queue:
+                yield ingest_one(str(queue.popleft()), str(dataset), force)
+            done, pending = wait(pending, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
             for fut in done:
                 yield fut.result()
+            top_up()
