@@ -2,9 +2,10 @@
 
 Formats read: the legacy bare list of segments; dicts with `segments` and `device_traces` (one list of
 actions per device), with or without `time_us`, `allocator_settings`, `external_annotations`, frames.
-The pickle is read by a restricted unpickler (`_unpickle.py`) and turned at once into columnar tables;
-the Python objects are released as each part is converted, and frame text is interned (one row per
-distinct frame), so what stays in memory is a few numeric columns.
+The pickle is read by a streaming plain-data interpreter (`_unpickle.py`, refusing anything that would run
+code) that turns device-trace entries into columns as it reads them (`_snapshot_stream.py`): no Python dict
+per entry is ever built, and frame text is interned (one row per distinct frame), so what stays in memory
+is a few numeric columns plus the small rest of the snapshot (segments, blocks).
 
 Definitions:
 - **allocated** over the trace: `alloc` adds the block size, `free_completed` subtracts it. The value at
@@ -36,7 +37,8 @@ from typing import Any
 
 import polars as pl
 
-from stepscope.analyze._unpickle import load_plain_pickle
+from stepscope.analyze._snapshot_stream import EVENT_COLUMNS, DeviceTrace, ResolvedFrames, read_traces
+from stepscope.analyze._unpickle import check_binary_pickle, open_pickle
 from stepscope.errors import SnapshotFormatError, UsageError
 
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
@@ -103,6 +105,8 @@ class _Interner:
         self._stacks: dict[int, tuple[Any, int | None, int | None]] = {}
 
     def stack(self, frames: Any) -> tuple[int | None, int | None]:
+        if isinstance(frames, ResolvedFrames):  # a frames list the stream reader already interned
+            return frames.user, frames.forward
         if not frames:
             return None, None
         hit = self._stacks.get(id(frames))
@@ -155,14 +159,14 @@ def _int(value: Any) -> int | None:
 
 
 def read_snapshot(path: str | Path) -> SnapshotTables:
-    """Load a snapshot pickle safely and convert it to tables, releasing the Python objects as it goes.
+    """Load a snapshot pickle safely and convert it to tables, streaming the device traces into columns.
 
-    The whole pickle is unpickled first (pickle cannot stream); the device traces are then converted
-    `_CHUNK` entries at a time, each chunk deleted from its list once it is a polars frame.
+    Peak memory is about the final tables plus a memo slot (8 bytes) per pickled object, not the Python
+    objects a full unpickle would build (~460 bytes per trace entry).
     """
     path = Path(path)
     gc_was_enabled = gc.isenabled()
-    gc.disable()  # millions of fresh acyclic dicts: the cyclic collector would only rescan them, repeatedly
+    gc.disable()  # many fresh acyclic objects (segments, blocks, frames): the cyclic collector would only rescan them
     try:
         return _read_snapshot(path)
     finally:
@@ -171,7 +175,10 @@ def read_snapshot(path: str | Path) -> SnapshotTables:
 
 
 def _read_snapshot(path: Path) -> SnapshotTables:
-    data = load_plain_pickle(path)
+    interner = _Interner()
+    with open_pickle(path) as fh:
+        check_binary_pickle(fh, path)
+        data = read_traces(fh, path, interner.stack)
     traces: Any
     settings: Any
     if isinstance(data, list):
@@ -184,10 +191,9 @@ def _read_snapshot(path: Path) -> SnapshotTables:
     else:
         raise SnapshotFormatError("not a CUDA memory snapshot (expected segments / device_traces)", path=path)
     if not isinstance(segments, list) or not isinstance(traces, list) or \
-            not all(isinstance(t, list) or t is None for t in traces):
+            not all(isinstance(t, (list, DeviceTrace)) or t is None for t in traces):
         raise SnapshotFormatError("malformed snapshot: segments and device_traces must be lists", path=path)
     del data  # the lists below are now the only references: emptying them frees the entries
-    interner = _Interner()
     try:
         events = _events_table(traces, interner)
         blocks, segs = _segment_tables(segments, interner)
@@ -207,18 +213,37 @@ _EVENT_SCHEMA = {"device": pl.Int64, "seq": pl.Int64, "action": pl.Categorical, 
 
 
 def _events_table(traces: list[Any], interner: _Interner) -> pl.DataFrame:
-    parts = [pl.DataFrame(schema=_EVENT_SCHEMA)]
+    """All devices' trace rows in one table. A streamed trace's columns are used as they are; only several
+    devices (or a trace the reader did not stream) cost a copy, one column at a time."""
+    parts: list[dict[str, pl.Series]] = []
+    rows: list[tuple[int, int]] = []  # (device, entries)
     for device, trace in enumerate(traces):
-        seq = 0
-        while trace:
+        if isinstance(trace, DeviceTrace):
+            parts.append(trace.columns())
+            rows.append((device, trace.rows))
+            continue
+        count = 0
+        while trace:  # a plain list (a trace the reader did not stream, e.g. one shared by reference)
             chunk = trace[:_CHUNK]
-            parts.append(_entries_frame(device, seq, chunk, interner))
-            seq += len(chunk)
+            parts.append(dict(zip(EVENT_COLUMNS, _entries_frame(chunk, interner).get_columns(), strict=True)))
+            count += len(chunk)
             del chunk, trace[:_CHUNK]  # release these entries before converting the next chunk
-    return pl.concat(parts, rechunk=True)
+        rows.append((device, count))
+    columns = [
+        pl.concat([pl.repeat(d, n, dtype=pl.Int64, eager=True) for d, n in rows if n]
+                  or [pl.Series([], dtype=pl.Int64)]).alias("device"),
+        pl.concat([pl.int_range(0, n, dtype=pl.Int64, eager=True) for _, n in rows if n]
+                  or [pl.Series([], dtype=pl.Int64)]).alias("seq"),
+    ]
+    for name in EVENT_COLUMNS:
+        pieces = [part.pop(name) for part in parts]
+        columns.append(pieces[0] if len(pieces) == 1 else pl.concat(pieces, rechunk=True) if pieces
+                       else pl.Series(name, [], dtype=_EVENT_SCHEMA[name]))
+        del pieces
+    return pl.DataFrame(columns).select(list(_EVENT_SCHEMA))
 
 
-def _entries_frame(device: int, seq: int, chunk: list[Any], interner: _Interner) -> pl.DataFrame:
+def _entries_frame(chunk: list[Any], interner: _Interner) -> pl.DataFrame:
     """One chunk of a device trace as columns (one pass per column: cheaper than one loop of appends)."""
     n = len(chunk)
 
@@ -231,14 +256,12 @@ def _entries_frame(device: int, seq: int, chunk: list[Any], interner: _Interner)
     stacks = list(map(interner.stack, values("frames")))
 
     return pl.DataFrame({
-        "device": pl.repeat(device, n, dtype=pl.Int64, eager=True),
-        "seq": pl.int_range(seq, seq + n, dtype=pl.Int64, eager=True),
         "action": pl.Series("action", values("action"), dtype=pl.String, strict=False).cast(pl.Categorical),
         "addr": ints("addr"), "size": ints("size"), "stream": ints("stream"), "time_us": ints("time_us"),
         "frame_id": pl.Series("frame_id", [s[0] for s in stacks], dtype=pl.Int64),
         "forward_frame_id": pl.Series("forward_frame_id", [s[1] for s in stacks], dtype=pl.Int64),
         "device_free": ints("device_free"),
-    }, schema=_EVENT_SCHEMA)
+    })
 
 
 def _segment_tables(segments: list[Any], interner: _Interner) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -321,31 +344,69 @@ def _on_device(tables: SnapshotTables, device: int | None) -> SnapshotTables:
     )
 
 
+def _alloc_delta() -> pl.Expr:
+    return (pl.when(pl.col("action") == "alloc").then(pl.col("size"))
+            .when(pl.col("action") == "free_completed").then(-pl.col("size")).otherwise(0).fill_null(0))
+
+
+def _reserve_delta() -> pl.Expr:
+    return (pl.when(pl.col("action").is_in(["segment_alloc", "segment_map"])).then(pl.col("size"))
+            .when(pl.col("action").is_in(["segment_free", "segment_unmap"])).then(-pl.col("size"))
+            .otherwise(0).fill_null(0))
+
+
+def _by_device(per_device: pl.DataFrame, column: str) -> pl.Expr:
+    """A per-device value (one row per device in `per_device`) broadcast to each row of a trace-long frame.
+
+    Cheaper in memory than a window (`.over("device")`), which builds group indices as long as the trace.
+    """
+    values = dict(zip(per_device["device"].to_list(), per_device[column].to_list(), strict=True))
+    dtype = per_device.schema[column]
+    if len(values) == 1:
+        (device, value), = values.items()
+        return pl.when(pl.col("device") == device).then(pl.lit(value, dtype=dtype))
+    return pl.col("device").replace_strict(values, default=None, return_dtype=dtype)
+
+
 def _series(tables: SnapshotTables) -> pl.DataFrame:
-    """Per trace entry: allocated and reserved bytes after it, per device (start values from the dump).
+    """Per trace entry: device, seq, allocated and reserved bytes after it (start values from the dump),
+    nanoseconds since the device's first entry. Only these columns: it is as long as the trace.
 
         at dump 17 MB allocated; entries alloc 10, alloc 4, free_completed 4  (net +10)
             -> start 7; allocated after each entry 17, 21, 17
+
+    The events are in (device, seq) order (read_snapshot builds them so), so one running sum over the whole
+    column plus a per-device offset gives each device's running total.
     """
-    at_dump = _at_dump(tables)
-    ev = tables.events.select("device", "seq", "action", "size", "time_us", "device_free").with_columns(
-        d_alloc=pl.when(pl.col("action") == "alloc").then(pl.col("size"))
-        .when(pl.col("action") == "free_completed").then(-pl.col("size")).otherwise(0).fill_null(0),
-        d_res=pl.when(pl.col("action").is_in(["segment_alloc", "segment_map"])).then(pl.col("size"))
-        .when(pl.col("action").is_in(["segment_free", "segment_unmap"])).then(-pl.col("size"))
-        .otherwise(0).fill_null(0),
-    ).sort("device", "seq")
-    ev = ev.join(at_dump, on="device", how="left").with_columns(
-        pl.col("allocated_at_dump_bytes", "reserved_at_dump_bytes").fill_null(0))
-    return ev.with_columns(
-        allocated_bytes=pl.col("allocated_at_dump_bytes") - pl.col("d_alloc").sum().over("device")
-        + pl.col("d_alloc").cum_sum().over("device"),
-        reserved_bytes=pl.col("reserved_at_dump_bytes") - pl.col("d_res").sum().over("device")
-        + pl.col("d_res").cum_sum().over("device"),
-        start_allocated_bytes=pl.col("allocated_at_dump_bytes") - pl.col("d_alloc").sum().over("device"),
-        trace_start_time_us=pl.col("time_us").min().over("device"),
-        since_start_ns=(pl.col("time_us") - pl.col("time_us").min().over("device")) * 1000,
-    ).drop("d_alloc", "d_res", "allocated_at_dump_bytes", "reserved_at_dump_bytes")
+    per_device = (
+        tables.events.group_by("device").agg(d_alloc=_alloc_delta().sum(), d_res=_reserve_delta().sum(),
+                                             first_time_us=pl.col("time_us").min())
+        .join(_at_dump(tables), on="device", how="left").sort("device")
+        .with_columns(alloc_offset=pl.col("allocated_at_dump_bytes").fill_null(0) - pl.col("d_alloc").cum_sum(),
+                      res_offset=pl.col("reserved_at_dump_bytes").fill_null(0) - pl.col("d_res").cum_sum())
+    )
+    if per_device.height == 0:
+        return pl.DataFrame(schema={"device": pl.Int64, "seq": pl.Int64, "allocated_bytes": pl.Int64,
+                                    "reserved_bytes": pl.Int64, "since_start_ns": pl.Int64})
+    return tables.events.select(
+        "device", "seq",
+        allocated_bytes=_alloc_delta().cum_sum() + _by_device(per_device, "alloc_offset"),
+        reserved_bytes=_reserve_delta().cum_sum() + _by_device(per_device, "res_offset"),
+        since_start_ns=(pl.col("time_us") - _by_device(per_device, "first_time_us")) * 1000,
+    )
+
+
+def _starts(tables: SnapshotTables) -> pl.DataFrame:
+    """Per device with a trace: allocated bytes before its first entry, the first entry's time_us, the
+    number of entries and of OOMs."""
+    return (
+        tables.events.group_by("device").agg(
+            d_alloc=_alloc_delta().sum(), trace_start_time_us=pl.col("time_us").min(), trace_entries=pl.len(),
+            oom_events=(pl.col("action") == "oom").sum())
+        .join(_at_dump(tables), on="device", how="left")
+        .select("device", "trace_start_time_us", "trace_entries", "oom_events",
+                start_allocated_bytes=pl.col("allocated_at_dump_bytes").fill_null(0) - pl.col("d_alloc"))
+    )
 
 
 def _at_dump(tables: SnapshotTables) -> pl.DataFrame:
@@ -366,8 +427,10 @@ def _peaks(tables: SnapshotTables, series: pl.DataFrame) -> pl.DataFrame:
              "trace_start_time_us": pl.lit(None, pl.Int64)}
     if series.height == 0:
         return at_dump.select("device", peak_allocated_bytes="allocated_at_dump_bytes", **empty)
-    best = (series.filter(pl.col("allocated_bytes") == pl.col("allocated_bytes").max().over("device"))
-            .group_by("device").agg(pl.all().sort_by("seq").first()))
+    highest = series.group_by("device").agg(pl.col("allocated_bytes").max())
+    best = (series.filter(pl.col("allocated_bytes") == _by_device(highest, "allocated_bytes"))
+            .group_by("device").agg(pl.all().sort_by("seq").first())
+            .join(_starts(tables), on="device", how="left"))
     before = pl.col("start_allocated_bytes") > pl.col("allocated_bytes")
     with_history = best.select(
         "device",
@@ -379,6 +442,17 @@ def _peaks(tables: SnapshotTables, series: pl.DataFrame) -> pl.DataFrame:
     without = at_dump.join(with_history.select("device"), on="device", how="anti").select(
         "device", peak_allocated_bytes="allocated_at_dump_bytes", **empty)
     return pl.concat([with_history, without]).sort("device")
+
+
+def _ooms(tables: SnapshotTables, series: pl.DataFrame) -> pl.DataFrame:
+    """One row per OOM entry: when, what it asked for, what the device had free, allocated and reserved."""
+    oom = tables.events.filter(pl.col("action") == "oom").select("device", "seq", "size", "device_free")
+    return (
+        oom.join(series.filter(pl.col("seq").is_in(oom["seq"].implode())), on=["device", "seq"], how="left")
+        .sort("device", "seq")
+        .select("device", "since_start_ns", requested_bytes="size", device_free_bytes="device_free",
+                allocated_bytes="allocated_bytes", reserved_bytes="reserved_bytes")
+    )
 
 
 def lifetimes(tables: SnapshotTables) -> pl.DataFrame:
@@ -418,17 +492,20 @@ def live_blocks_at_peak(tables: SnapshotTables, peaks: pl.DataFrame, *,
     `lifetimes(tables)` when the caller already has it.
     """
     life = lifetimes(tables) if life is None else life
-    ev = life.join(peaks.select("device", "peak_seq"), on="device", how="inner")
-    in_trace = ev.filter(
-        (pl.col("action") == "alloc") & (pl.col("seq") <= pl.col("peak_seq"))
-        & (pl.col("next_free_seq").is_null() | (pl.col("next_free_seq") > pl.col("peak_seq")))
+    peak_seq = _by_device(peaks, "peak_seq")  # null for a device without a peak in its history: no row passes
+    in_trace = life.filter(
+        (pl.col("action") == "alloc") & (pl.col("seq") <= peak_seq)
+        & (pl.col("next_free_seq").is_null() | (pl.col("next_free_seq") > peak_seq))
     ).select("device", "size", "frame_id", "forward_frame_id", origin=pl.lit("allocated in the history"))
-    pre_history = ev.filter(
+    pre_history = life.filter(
         (pl.col("action") == "free_completed") & (pl.col("first_action") == "free_completed")
-        & (pl.col("seq") == pl.col("first_seq")) & (pl.col("seq") > pl.col("peak_seq"))
+        & (pl.col("seq") == pl.col("first_seq")) & (pl.col("seq") > peak_seq)
     ).select("device", "size", frame_id=pl.lit(None, pl.Int64), forward_frame_id=pl.lit(None, pl.Int64),
              origin=pl.lit(PRE_HISTORY))
-    mentioned = ev.select("device", address="addr").unique()
+    alive = (tables.blocks.filter(pl.col("state") == "active_allocated")
+             .join(peaks.filter(pl.col("peak_seq").is_not_null()).select("device"), on="device", how="semi"))
+    mentioned = (life.filter(pl.col("addr").is_in(alive["address"].implode()))  # the history's rows for them only
+                 .select("device", address="addr").unique())
     untouched = (
         tables.blocks.filter(pl.col("state") == "active_allocated")
         .join(peaks.select("device"), on="device", how="semi")
@@ -462,8 +539,13 @@ def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | Non
     steps per device (the maximum of each).
     """
     tables = _on_device(tables, device)
+    # One trace-long intermediate at a time: the per-entry series, then the lifetimes.
     series = _series(tables)
     peaks = _peaks(tables, series)
+    ooms = _ooms(tables, series)
+    reserved_peaks = series.group_by("device").agg(peak_reserved_bytes=pl.col("reserved_bytes").max())
+    timeline = _bucketed(series, buckets)
+    del series
     at_dump = _at_dump(tables)
     frames = tables.frames.select("frame_id", "frame")
     life = lifetimes(tables)
@@ -487,6 +569,7 @@ def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | Non
     )
     starts = peaks.select("device", "trace_start_time_us")
     allocs = life.filter(pl.col("action") == "alloc")
+    del life
     allocs = allocs.top_k(top, by=["size", "seq"], reverse=[False, True]) if top else allocs
     largest = (
         allocs.sort("size", "seq", descending=[True, False]).join(frames, on="frame_id", how="left")
@@ -496,14 +579,11 @@ def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | Non
                 lifetime_ns=(pl.col("next_free_time_us") - pl.col("time_us")) * 1000,
                 freed=pl.col("next_free_seq").is_not_null(), frame=pl.col("frame").fill_null(NO_FRAME))
     )
+    del allocs
     segments = _segment_summary(tables)
-    ooms = series.filter(pl.col("action") == "oom").select(
-        "device", "since_start_ns", requested_bytes="size", device_free_bytes="device_free",
-        allocated_bytes="allocated_bytes", reserved_bytes="reserved_bytes")
     devices = (
         at_dump.join(peaks, on="device", how="full", coalesce=True)
-        .join(series.group_by("device").agg(trace_entries=pl.len(), peak_reserved_bytes=pl.col("reserved_bytes").max(),
-                                            oom_events=(pl.col("action") == "oom").sum()),
+        .join(_starts(tables).select("device", "trace_entries", "oom_events").join(reserved_peaks, on="device"),
               on="device", how="left")
         .with_columns(pl.col("trace_entries", "oom_events").fill_null(0),
                       pl.col("peak_reserved_bytes").fill_null(pl.col("reserved_at_dump_bytes")))
@@ -535,7 +615,7 @@ def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | Non
         largest_allocations=largest,
         segments=segments.head(top) if top else segments,
         ooms=ooms,
-        timeline=_bucketed(series, buckets),
+        timeline=timeline,
     )
 
 
@@ -575,8 +655,9 @@ def _bucketed(series: pl.DataFrame, buckets: int) -> pl.DataFrame:
     if series.height == 0:
         return pl.DataFrame(schema={"device": pl.Int64, "since_start_ns": pl.Int64, "allocated_bytes": pl.Int64,
                                     "reserved_bytes": pl.Int64})
+    last_seq = series.group_by("device").agg(pl.col("seq").max())
     return (
-        series.with_columns(bucket=(pl.col("seq") * buckets // (pl.col("seq").max().over("device") + 1)))
+        series.with_columns(bucket=(pl.col("seq") * buckets // (_by_device(last_seq, "seq") + 1)))
         .group_by("device", "bucket").agg(since_start_ns=pl.col("since_start_ns").last(),
                                           allocated_bytes=pl.col("allocated_bytes").max(),
                                           reserved_bytes=pl.col("reserved_bytes").max())
