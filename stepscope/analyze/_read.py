@@ -50,6 +50,20 @@ def read_trace(path: Path) -> tuple[bytearray, str]:
         raise TraceFormatError(f"corrupt gzip data ({exc})", path=path) from None
 
 
+def json_size(path: Path) -> int:
+    """About how many bytes of JSON the file holds, without reading it: its size, or for gzip the size its
+    trailer states (modulo 4 GiB; at least the compressed size). 0 when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if fh.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            fh.seek(-4, os.SEEK_END)
+            return max(size, int.from_bytes(fh.read(4), "little"))
+    except OSError:
+        return 0
+
+
 def _gunzip(stored: bytearray) -> bytearray:
     """Decompress into one preallocated bytearray (the gzip trailer states the size), in 16 MiB steps."""
     expected = int.from_bytes(stored[-4:], "little")

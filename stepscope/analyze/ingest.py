@@ -39,14 +39,14 @@ import pyarrow.parquet as pq
 
 from stepscope.analyze._columns import ChunkTables, conform, decode_span
 from stepscope.analyze._io import atomic_dir
-from stepscope.analyze._read import iter_chunks, read_trace, split_document
+from stepscope.analyze._read import iter_chunks, json_size, read_trace, split_document
 from stepscope.analyze._workers import worker_context
 from stepscope.analyze.schema import EVENT_SCHEMA, FLOW_SCHEMA, INGEST_SCHEMA_VERSION, Kind
 from stepscope.errors import InputError, TraceFormatError
 
 DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
 # Below this, starting worker processes costs more than it saves.
-PARALLEL_MIN_BYTES = 160 * 1024 * 1024
+PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
@@ -117,6 +117,15 @@ def _warm_up() -> None:
     """A no-op task: submitted first, it starts the worker processes while the document is validated."""
 
 
+def _warm_up_workers(pool: Executor, workers: int, ready: threading.Event) -> None:
+    try:
+        for _ in range(workers):
+            pool.submit(_warm_up)
+    except RuntimeError:  # the pool was shut down first (an unchanged file is skipped): nothing to start
+        return
+    ready.set()
+
+
 def _process_in_place(data: bytearray, a: int, b: int, path: Path) -> ChunkTables | None:
     """decode_span on data[a:b] without copying it: the separator bytes just outside the span are
     set to '[' and ']' while it is decoded, then restored. Raw values never include those bytes.
@@ -147,55 +156,58 @@ def _shifted(chunk: ChunkTables, first_index: int) -> ChunkTables:
 
 
 def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                      pool: Executor | None = None, source: Path | None = None,
-                      jobs: int = 1) -> Iterator[ChunkTables]:
-    """Yield the tables of each span of traceEvents in file order; in `pool` (workers that read the spans from
-    `source`, the trace's uncompressed JSON) when given, else here.
+                      pool: Executor | None = None, pool_ready: threading.Event | None = None,
+                      source: Path | None = None, jobs: int = 1) -> Iterator[ChunkTables]:
+    """Yield the tables of each span of traceEvents in file order.
 
-    At most jobs + 1 spans are in flight, so memory stays bounded; a span whose cut fell inside a string
-    is merged with the next one and rebuilt here.
+    With a `pool` of jobs - 1 workers (which read their spans from `source`, the trace's uncompressed JSON),
+    spans go to the workers in order, two in flight per worker, once `pool_ready` is set (until then this
+    process decodes spans alone rather than wait for the workers to start), and whenever the next span to
+    yield is not ready this process decodes the next unassigned one itself; results wait in order, so
+    memory stays bounded. A span whose cut fell inside a string is merged with the next one and rebuilt here.
+
+        workers: span 0, 1, 4 …   this process: span 2, 3 …   yielded: 0, 1, 2, 3, 4 …
     """
     spans = list(iter_chunks(data, start, end, chunk_bytes))
-    index = 0
-    if pool is None or source is None or len(spans) <= 2:
-        i = 0
-        while i < len(spans):
-            chunk, i = _merge_bad_cuts(data, spans, i, None, path)
-            yield _shifted(chunk, index)
-            index += chunk.n_input
-        return
+    workers = jobs - 1 if pool is not None and source is not None else 0
     in_flight: dict[int, Future[ChunkTables | None]] = {}
-    next_span = 0
-
-    def fill() -> None:
-        nonlocal next_span
-        while next_span < len(spans) and len(in_flight) < jobs + 1:
-            a, b = spans[next_span]
-            in_flight[next_span] = pool.submit(decode_file_span, str(source), a, b, str(path))
-            next_span += 1
-
-    fill()
-    i = 0
+    done: dict[int, ChunkTables | None] = {}
+    assigned = index = i = 0
     while i < len(spans):
-        first = in_flight.pop(i).result()
-        chunk, i = _merge_bad_cuts(data, spans, i, first, path, in_flight)
-        next_span = max(next_span, i)
-        fill()
+        ready = pool_ready is None or pool_ready.is_set()
+        while ready and assigned < len(spans) and len(in_flight) < 2 * workers:
+            a, b = spans[assigned]
+            in_flight[assigned] = pool.submit(decode_file_span, str(source), a, b, str(path))  # type: ignore[union-attr]
+            assigned += 1
+        if (i not in done and i in in_flight and not in_flight[i].done() and assigned < len(spans)
+                and len(done) < 2 * jobs):
+            a, b = spans[assigned]  # rather than wait, decode a later span here
+            done[assigned] = _process_in_place(data, a, b, path)
+            assigned += 1
+            continue
+        if i not in done:
+            done[i] = in_flight.pop(i).result() if i in in_flight else _process_in_place(data, *spans[i], path)
+            assigned = max(assigned, i + 1)
+        chunk, following = _whole_span(data, spans, i, done.pop(i), path)
+        for j in range(i + 1, following):  # merged into span i: their own results are void
+            done.pop(j, None)
+            if j in in_flight:
+                in_flight.pop(j).cancel()
+        i = following
+        assigned = max(assigned, i)
         yield _shifted(chunk, index)
         index += chunk.n_input
 
 
-def _merge_bad_cuts(data: bytearray, spans: list[tuple[int, int]], i: int, first: ChunkTables | None, path: Path,
-                    in_flight: dict[int, Any] | None = None) -> tuple[ChunkTables, int]:
-    """The tables for span i, merging it with the following spans while the cut is bad; the next index."""
+def _whole_span(data: bytearray, spans: list[tuple[int, int]], i: int, result: ChunkTables | None,
+                path: Path) -> tuple[ChunkTables, int]:
+    """Span i's tables; when its cut was bad (result None), those of span i merged with the following spans
+    until the cut is good. Also the index of the next span not merged in."""
     a = spans[i][0]
-    result = first if in_flight is not None else _process_in_place(data, a, spans[i][1], path)
     j = i + 1
     while result is None:
         if j >= len(spans):
             raise TraceFormatError("malformed traceEvents array", path=path, offset=a)
-        if in_flight is not None and j in in_flight:
-            in_flight.pop(j).cancel()
         result = _process_in_place(data, a, spans[j][1], path)
         j += 1
     return result, j
@@ -296,9 +308,9 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra_meta: dict[str, Any] | None = None) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
 
-    `jobs` > 1 decodes the spans of a large trace (>= PARALLEL_MIN_BYTES of JSON) in that many worker
-    processes, which read their spans from the file (a gzip trace's JSON is first written to a temporary
-    file beside out_dir) while this process validates, writes Parquet and keeps the order.
+    `jobs` > 1 decodes the spans of a large trace (>= PARALLEL_MIN_BYTES of JSON) on that many cores: this
+    process and jobs - 1 workers, which read their spans from the file (a gzip trace's JSON is first written
+    to a temporary file beside out_dir); this process also validates, writes Parquet and keeps the order.
 
     Skipped when out_dir already holds this file's ingest (same sha256, same schema version) unless
     `force`. Raises TraceFormatError / InputError with a one-line message naming the file.
@@ -308,31 +320,44 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
     out_dir = Path(out_dir)
     if not path.exists():
         raise InputError("not found", path=path)
-    data, sha = read_trace(path)
-    if not force and is_ingested(out_dir, sha):
-        meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
-        return IngestResult(source=path, out_dir=out_dir, skipped=True, n_events=int(meta["counts"]["events"]),
-                            seconds=time.perf_counter() - started)
+    with ExitStack() as stack:
+        pool = pool_ready = None
+        if jobs > 1 and json_size(path) >= PARALLEL_MIN_BYTES:
+            # the workers start (about half a second) while this process reads and validates the file
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs - 1, mp_context=worker_context()))
+            # from a thread: the first submit blocks until the fork server has imported stepscope
+            pool_ready = threading.Event()
+            threading.Thread(target=_warm_up_workers, args=(pool, jobs - 1, pool_ready), daemon=True).start()
+        data, sha = read_trace(path)
+        if not force and is_ingested(out_dir, sha):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+            meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
+            return IngestResult(source=path, out_dir=out_dir, skipped=True, n_events=int(meta["counts"]["events"]),
+                                seconds=time.perf_counter() - started)
+        return _ingest(path, out_dir, data, sha, stack, pool=pool, pool_ready=pool_ready, jobs=jobs,
+                       chunk_bytes=chunk_bytes, extra_meta=extra_meta or {}, started=started)
+
+
+def _ingest(path: Path, out_dir: Path, data: bytearray, sha: str, stack: ExitStack, *, pool: Executor | None,
+            pool_ready: threading.Event | None, jobs: int, chunk_bytes: int, extra_meta: dict[str, Any],
+            started: float) -> IngestResult:
     kind_counts: Counter[str] = Counter()
     metadata_events: list[dict[str, Any]] = []
     n_total = n_events = n_flows = 0
     ts_min: int | None = None
     end_max: int | None = None
     unknown_categories: Counter[str] = Counter()
-    with atomic_dir(out_dir) as tmp, ExitStack() as stack:
-        pool = source = None
-        if jobs > 1 and len(data) >= PARALLEL_MIN_BYTES:
-            pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs, mp_context=worker_context()))
-            for _ in range(jobs):
-                pool.submit(_warm_up)
+    with atomic_dir(out_dir) as tmp:
         start, end, top = split_document(data, path)
+        source = None
         if pool is not None:
             source = path if _is_plain(path, data) else stack.enter_context(_spilled(data, tmp.parent))
         writer = _BackgroundWriter(tmp / "events.parquet", EVENT_SCHEMA)
         flow_writer = _BackgroundWriter(tmp / "flows.parquet", FLOW_SCHEMA)
         try:
-            chunks = iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, pool=pool, source=source,
-                                       jobs=jobs)
+            chunks = iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, pool=pool,
+                                       pool_ready=pool_ready, source=source, jobs=jobs)
             for chunk in chunks:
                 n_total += chunk.n_input
                 writer.write_table(conform(chunk.events, EVENT_SCHEMA))
@@ -360,7 +385,7 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
             raise TraceFormatError("empty trace: no timed events (only metadata or flow events)", path=path)
         meta = _build_meta(path=path, sha=sha, top=top, metadata_events=metadata_events, kind_counts=kind_counts,
                            n_events=n_events, n_flows=n_flows, ts_min=ts_min, end_max=end_max,
-                           unknown_categories=unknown_categories, extra=extra_meta or {})
+                           unknown_categories=unknown_categories, extra=extra_meta)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
     return IngestResult(source=path, out_dir=out_dir, skipped=False, n_events=n_events,
                         seconds=time.perf_counter() - started)
