@@ -9,9 +9,11 @@ one device trace of alloc / free_requested / free_completed entries with 8-frame
 Python frames list per distinct traceback, so the pickle memoizes them (about 85 bytes per trace entry,
 like the corpus snapshots); `--unshared-frames` writes a fresh list per entry instead.
 
-Each measurement runs in a fresh child process and reports its own ru_maxrss. Two rows per file:
-`unpickle only` (the restricted unpickler, nothing else: the floor any pickle-based reader pays) and
-`full analysis` (read_snapshot + analyze_snapshot: tables, peak, live blocks, largest, segments, timeline).
+Each measurement runs in a fresh child process and reports its own ru_maxrss. Three rows per file:
+`C unpickle only` (pickle's C unpickler restricted to plain data, building every object: what a reader
+that unpickles first pays, before any conversion), `stream read` (read_snapshot: the streaming reader,
+device traces straight into columns) and `full analysis` (read_snapshot + analyze_snapshot: tables, peak,
+live blocks, largest, segments, timeline).
 """
 
 from __future__ import annotations
@@ -70,15 +72,21 @@ with open(sys.argv[1], "wb") as fh:
 """
 
 MEASURE = r"""
-import gc, json, resource, sys, time
-from pathlib import Path
-from stepscope.analyze._unpickle import load_plain_pickle
+import gc, json, pickle, resource, sys, time
 from stepscope.analyze.snapshot import analyze_snapshot, read_snapshot
+
+class PlainOnly(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing {module}.{name}")
+
 t = time.perf_counter()
 if sys.argv[2] == "unpickle":
     gc.disable()
-    data = load_plain_pickle(Path(sys.argv[1]))
+    with open(sys.argv[1], "rb") as fh:
+        data = PlainOnly(fh).load()
     entries = sum(len(x) for x in data.get("device_traces", [])) if isinstance(data, dict) else 0
+elif sys.argv[2] == "read":
+    entries = read_snapshot(sys.argv[1]).events.height
 else:
     entries = analyze_snapshot(read_snapshot(sys.argv[1])).trace_entries
 wall = time.perf_counter() - t
@@ -99,7 +107,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=200.0, help="size of the generated snapshot")
     parser.add_argument("--unshared-frames", action="store_true", help="a new frames list per trace entry")
     args = parser.parse_args()
-    header = f"{'snapshot':<32} {'pickle MB':>9} {'entries':>10} {'step':<14} {'wall s':>7} {'peak RSS MB':>11} " \
+    header = f"{'snapshot':<32} {'pickle MB':>9} {'entries':>10} {'step':<15} {'wall s':>7} {'peak RSS MB':>11} " \
              f"{'RSS/pickle':>10}"
     print(header)
     print("-" * len(header))
@@ -110,9 +118,9 @@ def main() -> None:
         paths = [generated, *(sorted(CORPUS.rglob("*.pickle")) if CORPUS.is_dir() else [])]
         for path in paths:
             size = path.stat().st_size
-            for mode, label in (("unpickle", "unpickle only"), ("full", "full analysis")):
+            for mode, label in (("unpickle", "C unpickle only"), ("read", "stream read"), ("full", "full analysis")):
                 r = measure(path, mode)
-                print(f"{path.name:<32} {size / 1e6:9.1f} {int(r['entries']):>10,} {label:<14} {r['wall_s']:7.2f} "
+                print(f"{path.name:<32} {size / 1e6:9.1f} {int(r['entries']):>10,} {label:<15} {r['wall_s']:7.2f} "
                       f"{r['peak_rss_bytes'] / 1e6:11.0f} {r['peak_rss_bytes'] / size:10.2f}")
 
 

@@ -1,21 +1,22 @@
 """Stream a CUDA memory snapshot pickle into columns: no Python dict per device-trace entry.
 
 `SnapshotUnpickler` is the plain-data interpreter (`_unpickle.py`) with one difference: the lists inside
-the top-level dict's `device_traces` become `DeviceTrace` column builders. Each entry dict in them is
-turned into one row of compact columns as soon as it is read, its memo slot keeps a placeholder, and a
-frames list is reduced to its (user frame, forward frame) ids. What stays in memory per entry is a few
-numeric values and a memo slot (8 bytes), not ~460 bytes of dicts and ints.
+the top-level dict's `device_traces` become `DeviceTrace` column builders. Each entry dict in them becomes
+one row of numeric columns as soon as it is read, its memo slot keeps a placeholder, and a frames list is
+reduced to its (user frame, forward frame) ids (snapshot.py's _Interner). What stays in memory per entry is
+~60 bytes of columns and a memo slot (8 bytes), not ~460 bytes of dicts and ints.
 
-Fast path. After the first few entries, every entry in a protocol-4/5 trace has the same bytes around its
-values: the keys are memo references (BINGET) in the same order. A compiled pattern per key order (a
-*template*) matches a run of such entries at once; their values are decoded column by column (numpy for
-the integers, dict lookups for actions and frames). Anything the template does not cover (the first
-entries, new strings longer than 255 bytes, an entry cut by a protocol frame or a read piece, a fresh
-frame dict, a float where an integer belongs) goes through the general interpreter, one entry at a time,
-with the same result.
+Fast path. After the first few entries, every entry of a protocol-4/5 trace has the same bytes around its
+values: its keys are memo references (BINGET) in the same order. One compiled pattern per key order (a
+*template*) finds a run of such entries in one call; a numpy walk over their bytes then finds each value
+(its opcode fixes its length) and decodes the columns at once: integers, memo references to actions and
+frames lists, new strings and lists (which fill memo slots, counted in order). Anything a template does
+not cover goes through the general interpreter, one entry at a time, with the same result: the first
+entries (their keys are new strings), an entry cut by a protocol frame or a read piece, a new frame dict
+(`--unshared-frames`), a new string over 32 bytes, a float or a string where an integer belongs.
 
-    } MEMOIZE ( h'action' h'alloc' h'addr' LONG1 ... h'frames' j<memo 4711> u
-        -> row (action 'alloc', addr ..., frame_id/forward_frame_id of the frames list in memo slot 4711)
+    } MEMOIZE ( h'action' h'alloc' h'addr' LONG1 … h'frames' j<memo 4711> u
+        -> row (action 'alloc', addr …, frame ids of the frames list in memo slot 4711)
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from itertools import chain, repeat
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -36,9 +35,9 @@ import polars as pl
 from stepscope.analyze._unpickle import _MISSING, PIECE_BYTES, PlainUnpickler
 from stepscope.errors import SnapshotFormatError
 
-CHUNK_ROWS: Final = 65_536  # trace rows buffered before they become a polars chunk
 INT_FIELDS: Final = ("addr", "size", "stream", "time_us", "device_free")
 EVENT_COLUMNS: Final = ("action", "addr", "size", "stream", "time_us", "frame_id", "forward_frame_id", "device_free")
+_ACTION_CHUNK: Final = 65_536  # actions are made categorical this many rows at a time
 _MAX_PAIRS: Final = 16  # an entry with more keys than this takes the general path
 _MAX_TEMPLATES: Final = 8
 _UNFRAMED_REGION: Final = 1 << 20  # bytes one fast batch looks at outside protocol-4 frames
@@ -46,6 +45,7 @@ _UNFRAMED_REGION: Final = 1 << 20  # bytes one fast batch looks at outside proto
 StackOf = Callable[[Any], "tuple[int | None, int | None]"]
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+UInt8Array = npt.NDArray[np.uint8]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,6 @@ class _Placeholder:
 
 
 _ENTRY_SEEN: Final = _Placeholder()
-_NOT_FRESH: Final = object()  # "this value created no memo slot" while interleaving a batch's slots
 
 
 class _Entry(dict[Any, Any]):
@@ -143,11 +142,6 @@ def _str_or_none(value: Any) -> str | None:
     return cell
 
 
-def _int_token(value: int | None) -> bytes:
-    """An Int64 cell written as the integer token the fast path reads (LONG1, 8 bytes; NONE for null)."""
-    return b"N" if value is None else b"\x8a\x08" + value.to_bytes(8, "little", signed=True)
-
-
 class _Growing:
     """A numpy column that grows to the trace's length without a second copy of it at the end.
 
@@ -174,70 +168,72 @@ class _Growing:
 
 
 class DeviceTrace:
-    """One device's trace as columns: rows arrive one at a time (general path) or as batches (fast path).
+    """One device's trace as columns: rows arrive one at a time (general path) or in batches (fast path).
 
-    Integer fields are kept as their pickle tokens for up to CHUNK_ROWS rows, then decoded all at once
-    (numpy works best on long arrays) into growing columns; entries from the general path are written as
-    tokens too. Actions become categorical chunks.
+    Integer fields and stack ids go straight into growing numpy columns; actions become categorical
+    chunks. Rows from the general path wait in small lists until the next batch (or the end) so that the
+    order of rows is kept.
     """
 
     def __init__(self, stacks: StackTable) -> None:
         self._stacks = stacks
         self.rows = 0
-        self._action_chunks: list[pl.Series] = []
         self._values = {f: _Growing(np.int64) for f in INT_FIELDS}
         self._valid = {f: _Growing(np.bool_) for f in INT_FIELDS}
         self._stack_ids = _Growing(np.int64)
+        self._action_chunks: list[pl.Series] = []
         self._actions: list[str | None] = []
-        self._tokens: dict[str, list[bytes]] = {f: [] for f in INT_FIELDS}
-        self._sids: list[int] = []
+        self._slow: dict[str, list[int | None]] = {f: [] for f in INT_FIELDS}
+        self._slow_sids: list[int] = []
 
     def add_entry(self, entry: dict[Any, Any], sid: int) -> None:
         """One entry dict as a row (values converted as the non-strict polars columns of the old reader)."""
         get = entry.get
         action = get("action")
         self._actions.append(action if type(action) is str else _str_or_none(action))
-        tokens = self._tokens
         for field in INT_FIELDS:
             value = get(field)
-            tokens[field].append(_int_token(value if type(value) is int and _INT64_MIN <= value <= _INT64_MAX
-                                            else _int64_or_none(value)))
-        self._sids.append(sid)
-        self._row_added(1)
+            self._slow[field].append(value if type(value) is int and _INT64_MIN <= value <= _INT64_MAX
+                                     else _int64_or_none(value))
+        self._slow_sids.append(sid)
+        self.rows += 1
+        self._chunk_actions()
 
-    def add_batch(self, actions: list[str | None], tokens: dict[str, tuple[bytes, ...]], sids: list[int]) -> None:
-        """Rows the fast path read: integer tokens for the fields the batch's entries have, stack ids."""
+    def add_batch(self, actions: list[str | None], ints: dict[str, tuple[Int64Array, BoolArray]],
+                  sids: Int64Array) -> None:
+        """Rows the fast path read: `ints` holds the fields its entries have (the others are null)."""
+        self._seal_slow()
         n = len(sids)
-        self._actions.extend(actions)
         for field in INT_FIELDS:
-            column = tokens.get(field)
-            self._tokens[field].extend(column if column is not None else repeat(b"N", n))
-        self._sids.extend(sids)
-        self._row_added(n)
-
-    def _row_added(self, n: int) -> None:
-        self.rows += n
-        if len(self._sids) >= CHUNK_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        """Decode the buffered rows into the columns."""
-        if not self._sids:
-            return
-        self._action_chunks.append(
-            pl.Series("action", self._actions, dtype=pl.String, strict=False).cast(pl.Categorical))
-        for field in INT_FIELDS:
-            values, valid = _decode_ints(self._tokens[field])
+            values, valid = ints.get(field) or (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_))
             self._values[field].extend(values)
             self._valid[field].extend(valid)
-            self._tokens[field] = []
-        self._stack_ids.extend(np.array(self._sids, dtype=np.int64))
-        self._actions = []
-        self._sids = []
+        self._stack_ids.extend(sids)
+        self._actions.extend(actions)
+        self.rows += n
+        self._chunk_actions()
+
+    def _seal_slow(self) -> None:
+        if not self._slow_sids:
+            return
+        for field in INT_FIELDS:
+            cells = self._slow[field]
+            self._values[field].extend(np.array([0 if c is None else c for c in cells], dtype=np.int64))
+            self._valid[field].extend(np.array([c is not None for c in cells], dtype=np.bool_))
+            cells.clear()
+        self._stack_ids.extend(np.array(self._slow_sids, dtype=np.int64))
+        self._slow_sids.clear()
+
+    def _chunk_actions(self, *, last: bool = False) -> None:
+        if len(self._actions) >= _ACTION_CHUNK or (last and self._actions):
+            self._action_chunks.append(
+                pl.Series("action", self._actions, dtype=pl.String, strict=False).cast(pl.Categorical))
+            self._actions = []
 
     def columns(self) -> dict[str, pl.Series]:
         """The trace's EVENT_COLUMNS (all but device and seq), once every row is in."""
-        self.flush()
+        self._seal_slow()
+        self._chunk_actions(last=True)
         user, user_valid, forward, forward_valid = self._stacks.arrays()
         sids = self._stack_ids.values()
         columns = {f: _with_nulls(f, self._values[f].values(), self._valid[f].values()) for f in INT_FIELDS}
@@ -255,30 +251,39 @@ def _with_nulls(name: str, values: Int64Array, valid: BoolArray) -> pl.Series:
 
 
 # ------------------------------------------------------------------------------------------ byte patterns
-# One value token of the fast path, as protocol 4 writes it (after its first appearance every key is a
-# memo reference). Lengths are spelled out per length byte: a regex cannot read a length prefix, so new
-# strings are covered up to _MAX_NEW_STRING bytes ('N/A', action names); longer ones take the general path.
+# One value of a fast-path entry, as protocol 4 writes it. A regex cannot read a length prefix, so lengths
+# are spelled out per length byte: new strings up to _MAX_NEW_STRING bytes ('N/A', action names), longer
+# ones take the general path.
 _MAX_NEW_STRING: Final = 32
 _REF = rb"h.|j...."
 _INT = rb"K.|M..|J....|\x8a(?:" + b"|".join(re.escape(bytes([n])) + b".{%d}" % n for n in range(9)) + b")"
 _STR = rb"\x8c(?:" + b"|".join(re.escape(bytes([n])) + b".{%d}" % n for n in range(_MAX_NEW_STRING + 1)) + rb")\x94"
 _LIST = rb"\]\x94(?:\((?:h.|j....)+e|(?:h.|j....)a)?"
 _VALUE = b"(?:" + b"|".join((_REF, _INT, _STR, _LIST, rb"N|\x88|\x89|G.{8}")) + b")"
+_ROLES: Final = frozenset((*INT_FIELDS, "action", "frames"))
+_ROLE_VALUE: Final = {**{f: _INT + rb"|N" for f in INT_FIELDS}, "action": _REF + b"|" + _STR,
+                      "frames": b"|".join((_REF, _LIST, b"N"))}  # what each field takes on the fast path
 _ONE_KEY = re.compile(_REF, re.S)
 _ONE_VALUE = re.compile(_VALUE, re.S)
 _LIST_REFS = re.compile(rb"h(.)|j(....)", re.S)  # the memo references inside a new list
 
-_ROLES: Final = frozenset((*INT_FIELDS, "action", "frames"))
-_REF_OPS: Final = (0x68, 0x6A)  # BINGET, LONG_BINGET
-_FRESH_OPS: Final = (0x8C, 0x5D)  # SHORT_BINUNICODE, EMPTY_LIST: tokens that fill a memo slot
+# opcodes
+_BINGET, _LONG_BINGET, _SHORT_BINUNICODE, _EMPTY_LIST, _NONE, _BININT, _LONG1 = 0x68, 0x6A, 0x8C, 0x5D, 0x4E, 0x4A, 0x8A
+_ENTRY_SLOT: Final = 0x7D  # EMPTY_DICT: the entry's own memo slot in a batch's slot table
+# bytes a value takes, by its opcode (0: read from the value: LONG1, SHORT_BINUNICODE, EMPTY_LIST)
+_WIDTH: Final = np.zeros(256, dtype=np.int64)
+for _op, _width in {0x68: 2, 0x6A: 5, 0x4B: 2, 0x4D: 3, 0x4A: 5, 0x4E: 1, 0x88: 1, 0x89: 1, 0x47: 9}.items():
+    _WIDTH[_op] = _width
+_LOW_BYTES: Final = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
+_SIGN_BIT: Final = np.array([0] + [1 << (8 * n - 1) for n in range(1, 9)], dtype=np.uint64)
 
 
 @dataclass(frozen=True, slots=True)
 class _Template:
     """Entries whose keys are these memo references, in this order; `roles[i]`: the field of value i or ''.
 
-    `pattern` matches one entry (after an optional "e(": the end of one APPENDS batch and the MARK of the
-    next) with a group per value, or else the rest of the region in its last group.
+    `pattern` matches one whole entry (first group), after an "e(" where one APPENDS batch of the trace
+    ends and the next one's MARK begins, or else the rest of the region (second group).
     """
 
     pattern: re.Pattern[bytes]
@@ -286,14 +291,10 @@ class _Template:
     roles: tuple[str, ...]
 
 
-_ROLE_VALUE: Final = {**{f: _INT + rb"|N" for f in INT_FIELDS}, "action": _REF + b"|" + _STR,
-                      "frames": b"|".join((_REF, _LIST, b"N"))}  # what each field takes on the fast path
-
-
 def _template(keys: tuple[bytes, ...], roles: tuple[str, ...]) -> _Template:
-    body = b"".join(re.escape(key) + b"(" + _ROLE_VALUE.get(role, _VALUE) + b")"
+    body = b"".join(re.escape(key) + b"(?:" + _ROLE_VALUE.get(role, _VALUE) + b")"
                     for key, role in zip(keys, roles, strict=True))
-    return _Template(pattern=re.compile(rb"(?:(e\()?\}\x94\(" + body + rb"u)|(.+)", re.S), keys=keys, roles=roles)
+    return _Template(pattern=re.compile(rb"((?:e\()?\}\x94\(" + body + rb"u)|(.+)", re.S), keys=keys, roles=roles)
 
 
 def _entry_keys(buf: bytes, start: int, end: int) -> tuple[bytes, ...] | None:
@@ -318,49 +319,131 @@ def _entry_keys(buf: bytes, start: int, end: int) -> tuple[bytes, ...] | None:
 
 
 def _ref_index(token: bytes) -> int:
-    return token[1] if token[0] == 0x68 else int.from_bytes(token[1:5], "little")
+    return token[1] if token[0] == _BINGET else int.from_bytes(token[1:5], "little")
 
 
-_LOW_BYTES: Final = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
-_SIGN_BIT: Final = np.array([0] + [1 << (8 * n - 1) for n in range(1, 9)], dtype=np.uint64)
+def _list_refs(token: bytes) -> list[int]:
+    """The memo indices a new list token appends: `]\x94` (empty), `]\x94 ref a`, `]\x94 ( ref… e`."""
+    if len(token) <= 2:
+        return []
+    body = token[3:-1] if token[2] == 0x28 else token[2:-1]
+    return [ord(short) if short else int.from_bytes(long, "little") for short, long in _LIST_REFS.findall(body)]
 
 
-def _decode_ints(tokens: list[bytes]) -> tuple[Int64Array, BoolArray]:
-    """Integer tokens (BININT1/2, BININT, LONG1 up to 8 bytes, or NONE) as int64 values and a valid mask.
+# ------------------------------------------------------------------------------------------ batch walk
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """Where each value of each entry of a batch lies: `ops`, `at` (offset in `raw`), `width` are rows x values.
+
+        entries  } MEMOIZE ( h\x05 K\x07 h\x06 M\x00\x01 u | } MEMOIZE ( h\x05 N h\x06 K\x02 u
+            -> ops [[K, M], [N, K]], at [[5, 9], [19, 22]], width [[2, 3], [1, 2]]
+    """
+
+    raw: bytes
+    data: UInt8Array
+    ops: UInt8Array
+    at: Int64Array
+    width: Int64Array
+    size: int  # bytes of all the entries
+
+    def words(self, at: Int64Array) -> npt.NDArray[np.uint64]:
+        """The little-endian 8-byte word starting at each offset (unaligned reads)."""
+        windows = np.lib.stride_tricks.as_strided(self.data, shape=(len(self.data) - 7, 8), strides=(1, 1))
+        return np.ascontiguousarray(windows[at]).view("<u8").reshape(at.shape)
+
+    def token(self, row: int, value: int) -> bytes:
+        start = int(self.at[row, value])
+        return self.raw[start:start + int(self.width[row, value])]
+
+
+def _walk(entries: tuple[bytes, ...], keys: tuple[bytes, ...]) -> _Walk | None:
+    """Find every value of every entry: each value's opcode fixes its width (or says where to read it)."""
+    n = len(entries)
+    raw = b"".join(entries) + bytes(16)
+    data = np.frombuffer(raw, dtype=np.uint8)
+    lengths = np.fromiter(map(len, entries), dtype=np.int64, count=n)
+    ends = np.cumsum(lengths)
+    cursor = ends - lengths + 3  # after EMPTY_DICT MEMOIZE MARK
+    cursor += 2 * (data[ends - lengths] == 0x65)  # after APPENDS MARK, where a batch of the list ends
+    ops = np.empty((n, len(keys)), dtype=np.uint8)
+    at = np.empty((n, len(keys)), dtype=np.int64)
+    width = np.empty((n, len(keys)), dtype=np.int64)
+    for j, key in enumerate(keys):
+        cursor = cursor + len(key)
+        op = data[cursor]
+        size = _WIDTH[op]
+        long1 = op == _LONG1
+        size[long1] = 2 + data[cursor[long1] + 1]
+        text = op == _SHORT_BINUNICODE
+        size[text] = 3 + data[cursor[text] + 1]
+        lists = op == _EMPTY_LIST
+        if lists.any():
+            size[lists] = _list_widths(data, cursor[lists])
+        ops[:, j], at[:, j], width[:, j] = op, cursor, size
+        cursor = cursor + size
+    if not np.array_equal(cursor + 1, ends):  # each entry ends with SETITEMS after its last value
+        return None
+    return _Walk(raw=raw, data=data, ops=ops, at=at, width=width, size=int(ends[-1]))
+
+
+def _list_widths(data: UInt8Array, at: Int64Array) -> Int64Array:
+    """Bytes of each new-list value: `]\x94` alone, `]\x94 ref a`, or `]\x94 ( ref… e`."""
+    after = data[at + 2]
+    ref_width = np.where(after == _BINGET, 2, 5)
+    single = ((after == _BINGET) | (after == _LONG_BINGET)) & (data[at + 2 + ref_width] == 0x61)  # APPEND
+    width = np.where(single, 3 + ref_width, 2)
+    marked = after == 0x28  # MARK: references up to APPENDS
+    pos = at[marked] + 3
+    while True:
+        step = np.where(data[pos] == _BINGET, 2, np.where(data[pos] == _LONG_BINGET, 5, 0))
+        if not step.any():
+            break
+        pos = pos + step
+    width[marked] = pos + 1 - at[marked]
+    return width
+
+
+def _ref_indices(walk: _Walk) -> Int64Array:
+    """The memo index of each BINGET / LONG_BINGET value (0 elsewhere)."""
+    short = walk.data[walk.at + 1].astype(np.int64)
+    long = (walk.words(walk.at + 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    return np.where(walk.ops == _BINGET, short, np.where(walk.ops == _LONG_BINGET, long, 0))
+
+
+def _decode_ints(walk: _Walk, columns: list[int]) -> tuple[Int64Array, BoolArray]:
+    """Integer values (BININT1/2, BININT, LONG1 up to 8 bytes, or NONE) of these value columns, and valid.
 
         K\x05, M\x00\x01, J\xff\xff\xff\xff, \x8a\x02\x00\x80, N  ->  5, 256, -1, -32768, null
 
-    Each token's payload is read as one unaligned little-endian 8-byte word, cut to its width and
-    sign-extended: a few passes over the column, no Python per token beyond its length.
+    Each payload is read as one unaligned 8-byte word, cut to its width and sign-extended.
     """
-    data = np.frombuffer(b"".join(tokens) + bytes(10), dtype=np.uint8)
-    lengths = np.frombuffer(bytes(map(len, tokens)), dtype=np.uint8).astype(np.int64)
-    starts = np.cumsum(lengths) - lengths
-    op = data[starts]
-    is_long = op == 0x8A
-    width = np.where(is_long, data[starts + 1], lengths - 1)  # payload bytes (NONE: 0)
-    words = np.lib.stride_tricks.as_strided(data, shape=(len(data) - 7, 8), strides=(1, 1))
-    raw = np.ascontiguousarray(words[starts + 1 + is_long]).view("<u8").ravel() & _LOW_BYTES[width]
-    sign = _SIGN_BIT[width]
-    negative = ((op == 0x4A) | is_long) & (raw & sign != 0)
-    values = np.where(negative, raw | ~_LOW_BYTES[width], raw).view(np.int64)
-    return values, op != ord("N")
+    op, at = walk.ops[:, columns], walk.at[:, columns]
+    long1 = op == _LONG1
+    width = np.where(long1, walk.data[at + 1], walk.width[:, columns] - 1)  # payload bytes (NONE: 0)
+    raw = walk.words(at + 1 + long1) & _LOW_BYTES[width]
+    negative = ((op == _BININT) | long1) & (raw & _SIGN_BIT[width] != 0)
+    return np.where(negative, raw | ~_LOW_BYTES[width], raw).view(np.int64), op != _NONE
+
+
+def _objects(items: list[Any]) -> npt.NDArray[np.object_]:
+    """A 1-d object array of these items (np.array would turn lists among them into a second dimension)."""
+    return np.fromiter(items, dtype=object, count=len(items))
 
 
 @dataclass(slots=True)
 class _Batch:
-    """A fast batch decoded and checked, ready to commit: memo slots, actions, ints, stack ids."""
+    """A fast batch decoded and checked: the memo slots it creates, actions, integer fields, stack ids.
+
+    `rows` below the entries given: only the first `rows` fit (decode them again on their own).
+    """
 
     rows: int
-    new_slots: list[Any]
-    actions: list[str | None]
-    tokens: dict[str, tuple[bytes, ...]]
-    sids: list[int]
-
-    @staticmethod
-    def cut(rows: int) -> _Batch:
-        """Only the first `rows` rows fit: decode them again on their own."""
-        return _Batch(rows, [], [], {}, [])
+    size: int = 0
+    new_slots: list[Any] | None = None
+    actions: list[str | None] | None = None
+    ints: dict[str, tuple[Int64Array, BoolArray]] | None = None
+    sids: Int64Array | None = None
 
 
 class SnapshotUnpickler(PlainUnpickler):
@@ -380,11 +463,9 @@ class SnapshotUnpickler(PlainUnpickler):
         self._skip_fast = 0  # entries to read by the general path before trying the fast path again
         self._templates: dict[tuple[bytes, ...], _Template] = {}  # by key tokens, oldest first
         self._no_template: set[tuple[bytes, ...]] = set()
-        self._fresh: dict[bytes, Any] = {}  # new-string token -> the string
-        self._action_of: dict[bytes, str] = {}  # action token (reference or new string) -> the string
-        self._sids: dict[bytes, int] = {}  # frames token naming existing slots -> stack id
-        self._resolved_lists: dict[bytes, ResolvedFrames] = {}  # new frames list token -> its memo object
-        self._valid_refs: set[bytes] = set()  # memo-reference tokens known to name an existing slot
+        self._strings_of: dict[bytes, str] = {}  # new-string token -> the string
+        self._frames_of: dict[int, int] = {}  # memo index of a frames value -> stack id
+        self._lists_of: dict[bytes, ResolvedFrames] = {}  # new frames-list token -> what its memo slot holds
         self._frames_seen: dict[tuple[Any, ...], dict[Any, Any]] = {}
 
     # ------------------------------------------------------------------------------------------ recognition
@@ -447,8 +528,7 @@ class SnapshotUnpickler(PlainUnpickler):
             self._finish_entry(target, entry)
 
     def _memo_overwritten(self) -> None:
-        for cache in (self._templates, self._no_template, self._fresh, self._action_of, self._sids,
-                      self._resolved_lists, self._valid_refs):
+        for cache in (self._templates, self._no_template, self._strings_of, self._frames_of, self._lists_of):
             cache.clear()
 
     # ------------------------------------------------------------------------------------------ general path
@@ -488,31 +568,59 @@ class SnapshotUnpickler(PlainUnpickler):
 
     def _fast(self, trace: DeviceTrace, start: int) -> int:
         """Entries from `start` (an EMPTY_DICT inside a trace's MARK) that a template matches; returns the end."""
-        frame_end = None if self.frame_end is None else self.frame_end - self.base
-        end = min(self.data_end, frame_end if frame_end is not None and frame_end > start
-                  else start + _UNFRAMED_REGION)
-        template = self._template_at(start, end)
+        region, pieces = self._region(start)
+        template = self._template_at(region)
         if template is None:
             return start
-        rows = template.pattern.findall(self.buf, start, end)
-        consumed_end = end - len(rows.pop()[-1]) if rows[-1][-1] else end  # the last "row" is the unmatched rest
-        whole = len(rows)
-        batch = self._decode(template, rows)
-        while batch.rows < len(rows):  # cut before the first row the fast path cannot take, and decode again
-            rows = rows[:batch.rows]
-            if not rows:
+        entries: tuple[bytes, ...] = next(zip(*template.pattern.findall(region), strict=True))
+        if not entries[-1]:  # the rest of the region, after the last entry that matched
+            entries = entries[:-1]
+        batch = self._decode(template, entries)
+        while batch.rows < len(entries):  # cut before the first row the fast path cannot take
+            entries = entries[:batch.rows]
+            if not entries:
                 return start
-            batch = self._decode(template, rows)
-        if len(rows) < whole:
-            keys = sum(map(len, template.keys))
-            consumed_end = start + sum(4 + keys + sum(map(len, row[:-1])) for row in rows)
+            batch = self._decode(template, entries)
+        assert batch.new_slots is not None and batch.actions is not None and batch.ints is not None \
+            and batch.sids is not None
         self.memo.extend(batch.new_slots)
-        trace.add_batch(batch.actions, batch.tokens, batch.sids)
-        return consumed_end
+        trace.add_batch(batch.actions, batch.ints, batch.sids)
+        return self._resume(pieces, batch.size)
 
-    def _template_at(self, start: int, end: int) -> _Template | None:
-        """The template for the entry at `start` (made from it when its keys are new), if it has the shape."""
-        keys = _entry_keys(self.buf, start, end)
+    def _region(self, start: int) -> tuple[bytes, list[tuple[int, int, int | None]]]:
+        """The bytes a fast batch may match from `start`: the rest of the current protocol-4 frame and the
+        frames right after it, their FRAME headers left out (an entry split by a header is whole again), up
+        to _UNFRAMED_REGION bytes; outside frames, that many bytes. Also (offset in the region, offset in
+        `buf`, file offset where that frame ends) for each piece."""
+        buf, data_end, base = self.buf, self.data_end, self.base
+        if self.frame_end is None or self.frame_end - base <= start:
+            return buf[start:min(data_end, start + _UNFRAMED_REGION)], [(0, start, None)]
+        end = min(self.frame_end - base, data_end)
+        pieces: list[tuple[int, int, int | None]] = [(0, start, self.frame_end)]
+        parts = [buf[start:end]]
+        size = end - start
+        while size < _UNFRAMED_REGION and end + 9 <= data_end and buf[end] == 0x95:  # the next FRAME header
+            frame_end = end + 9 + int.from_bytes(buf[end + 1:end + 9], "little")
+            pieces.append((size, end + 9, base + frame_end))
+            parts.append(buf[end + 9:min(frame_end, data_end)])
+            size += len(parts[-1])
+            end = frame_end
+            if end > data_end:
+                break
+        return b"".join(parts), pieces
+
+    def _resume(self, pieces: list[tuple[int, int, int | None]], consumed: int) -> int:
+        """Where in `buf` interpretation goes on after `consumed` bytes of a region (and the frame it is in)."""
+        for offset, start, frame_end in reversed(pieces):
+            if consumed > offset or offset == 0:
+                if offset:  # past FRAME headers the fast path skipped: now inside that frame
+                    self.frame_end = frame_end
+                return start + consumed - offset
+        raise AssertionError("unreachable: the first piece starts at offset 0")
+
+    def _template_at(self, region: bytes) -> _Template | None:
+        """The template for the entry the region starts with (made from it when its keys are new), if any."""
+        keys = _entry_keys(region, 0, len(region))
         if keys is None or keys in self._no_template:
             return None
         template = self._templates.get(keys)
@@ -530,181 +638,182 @@ class SnapshotUnpickler(PlainUnpickler):
         template = self._templates[keys] = _template(keys, roles)
         return template
 
-    def _decode(self, template: _Template, rows: list[tuple[bytes, ...]]) -> _Batch:
-        """A batch's columns checked and decoded; `rows` of the result: how many leading rows it may take."""
-        n = len(rows)
-        cols = list(zip(*rows, strict=True))[1:-1]  # without the optional "e(" and the rest-of-region group
-        roles = template.roles
+    def _decode(self, template: _Template, entries: tuple[bytes, ...]) -> _Batch:
+        """Decode a batch of entries, or say how many leading ones the fast path can take (`rows`)."""
+        walk = _walk(entries, template.keys)
+        if walk is None:
+            return _Batch(rows=0)
+        n = len(entries)
         memo_len = len(self.memo)
-        kept = n
-        # Frames first and in row order: the interner numbers frames as it first sees them, like the old reader.
-        frames_at = roles.index("frames") if "frames" in roles else None
-        frames_fresh: list[Any] | None = None
-        if frames_at is not None:
-            frames_fresh, kept = self._resolve_frames(cols[frames_at], kept, memo_len)
-        # The memo slots this batch creates, in order: each entry dict's, then its new strings and lists.
-        fresh = [False] * len(cols)
-        fresh_columns: list[list[Any]] = []
-        for j, (role, col) in enumerate(zip(roles, cols, strict=True)):
-            objects = frames_fresh if j == frames_at else None if role in INT_FIELDS else None
-            if j != frames_at and role not in INT_FIELDS:
-                objects, kept = self._fresh_objects(col, kept, memo_len)
-            if objects is not None:
-                fresh[j] = True
-                fresh_columns.append(objects)
-        for role, col in zip(roles, cols, strict=True):
-            if role not in INT_FIELDS:
-                kept = min(kept, self._refs_exist(col, kept, memo_len, cols, fresh))
-        if kept < n:
-            return _Batch.cut(kept)
-        new_slots = (list(filter(partial(operator.is_not, _NOT_FRESH),
-                                 chain.from_iterable(zip(repeat(_ENTRY_SEEN, n), *fresh_columns, strict=True))))
-                     if fresh_columns else [_ENTRY_SEEN] * n)
+        ops = walk.ops
+        fresh = (ops == _SHORT_BINUNICODE) | (ops == _EMPTY_LIST)  # values that fill a memo slot
+        is_ref = (ops == _BINGET) | (ops == _LONG_BINGET)
+        refs = _ref_indices(walk)
+        # The batch's memo slots, in order: each entry dict's own, then its new strings and lists left to right.
+        slots_per_row = 1 + fresh.sum(axis=1)
+        first_slot = memo_len + np.cumsum(slots_per_row) - slots_per_row
+        into_batch = bool(is_ref.any() and refs[is_ref].max() >= memo_len)
+        bad = np.zeros(n, dtype=np.bool_)
+        if into_batch:  # a reference must name a slot made before it: below the batch, or earlier in it
+            made_before = first_slot[:, None] + 1 + np.cumsum(fresh, axis=1) - fresh
+            bad |= (is_ref & (refs >= made_before)).any(axis=1)
+        slot_ops = np.concatenate([np.full((n, 1), _ENTRY_SLOT, dtype=np.uint8), ops], axis=1)[
+            np.concatenate([np.ones((n, 1), dtype=np.bool_), fresh], axis=1)]  # opcode per new slot
 
-        def lookup(index: int) -> Any:
-            return self.memo[index] if index < memo_len else new_slots[index - memo_len]
-
+        roles = template.roles
+        new_objects: dict[int, list[Any]] = {}  # value column -> the memo object of each row's new value
+        for j, role in enumerate(roles):
+            if role != "frames" and fresh[:, j].any():
+                objects, fits = self._new_objects(walk, j, memo_len)
+                new_objects[j] = objects
+                bad |= ~fits
         actions: list[str | None] = [None] * n
-        tokens: dict[str, tuple[bytes, ...]] = {}
-        sids: list[int] = [0] * n
-        for role, col in zip(roles, cols, strict=True):
-            if role == "action":
-                values, fit = self._actions(col, lookup, memo_len)
-                if fit < n:
-                    return _Batch.cut(fit)
-                actions = values
-            elif role == "frames":
-                found, fit = self._frame_sids(col, lookup)
-                if fit < n:
-                    return _Batch.cut(fit)
-                sids = found
-            elif role:
-                tokens[role] = col  # decoded when the trace cuts a chunk
-        return _Batch(n, new_slots, actions, tokens, sids)
+        if "action" in roles:
+            j = roles.index("action")
+            actions, fits = self._actions(walk, j, refs[:, j], memo_len, slot_ops, new_objects.get(j))
+            bad |= ~fits
+        if bad.any():
+            return _Batch(rows=int(np.argmax(bad)))
+        sids = np.zeros(n, dtype=np.int64)
+        if "frames" in roles:  # after every other check: resolving frames interns them, in row order
+            j = roles.index("frames")
+            sids, lists, fit = self._frames(walk, j, refs[:, j], memo_len, slot_ops)
+            if fit < n:
+                return _Batch(rows=fit)
+            if lists is not None:
+                new_objects[j] = lists
+        ints = {}
+        columns = [j for j, role in enumerate(roles) if role in INT_FIELDS]
+        if columns:
+            values, valid = _decode_ints(walk, columns)
+            ints = {roles[j]: (values[:, i], valid[:, i]) for i, j in enumerate(columns)}
+        return _Batch(rows=n, size=walk.size, new_slots=self._slots(fresh, new_objects), actions=actions,
+                      ints=ints, sids=sids)
 
-    def _resolve_frames(self, col: tuple[bytes, ...], kept: int, memo_len: int) -> tuple[list[Any] | None, int]:
-        """Intern each new frames value among the kept rows, in the order rows first show it.
+    def _new_objects(self, walk: _Walk, j: int, memo_len: int) -> tuple[list[Any], BoolArray]:
+        """What each row's new string or (non-frames) list in column j puts in the memo; rows that fit."""
+        n = len(walk.ops)
+        objects: list[Any] = [None] * n
+        fits = np.ones(n, dtype=np.bool_)
+        strings = self._strings_of
+        for r in np.flatnonzero(walk.ops[:, j] == _SHORT_BINUNICODE).tolist():
+            token = walk.token(r, j)
+            found = strings.get(token)
+            if found is None:
+                text = token[2:-1].decode("utf-8", "surrogatepass")
+                found = strings[token] = self._strings.setdefault(text, text)
+            objects[r] = found
+        for r in np.flatnonzero(walk.ops[:, j] == _EMPTY_LIST).tolist():
+            indices = _list_refs(walk.token(r, j))
+            if indices and max(indices) >= memo_len:  # names a slot of this batch: the general path does it
+                fits[r] = False
+            else:
+                objects[r] = [self.memo[i] for i in indices]  # one list per slot, as unpickling makes
+        return objects, fits
 
-        Returns, per row, the ResolvedFrames a new frames list puts in the memo (None when no row has a new
-        list), and the rows kept (fewer when a new list names a slot of this batch).
-        """
-        known = self._sids
-        lists = self._resolved_lists
-        memo = self.memo
-        rows = col[:kept] if kept < len(col) else col
-        any_list = False
-        for token in [t for t in dict.fromkeys(rows) if t not in known or t[0] == 0x5D]:
-            first = token[0]
-            if first == 0x4E:  # None
-                known[token] = 0
-            elif first == 0x5D:  # a new list of references: the same references are the same frames
-                any_list = True
-                if token in known:
+    def _actions(self, walk: _Walk, j: int, refs: Int64Array, memo_len: int, slot_ops: UInt8Array,
+                 new: list[Any] | None) -> tuple[list[str | None], BoolArray]:
+        """Each row's action (a memo reference or a new string); rows that fit (a reference to something other
+        than a string is left to the general path, which converts it as the old reader did)."""
+        n = len(refs)
+        is_ref = (walk.ops[:, j] == _BINGET) | (walk.ops[:, j] == _LONG_BINGET)
+        indices, inverse = np.unique(refs[is_ref], return_inverse=True)
+        targets: list[Any] = []
+        for index in indices.tolist():
+            if index < memo_len:
+                targets.append(self.memo[index])
+            elif slot_ops[index - memo_len] == _SHORT_BINUNICODE:  # a string this batch makes
+                targets.append(self._batch_string(walk, slot_ops, index - memo_len))
+            else:
+                targets.append(None)
+        fit_index = np.array([type(t) is str for t in targets], dtype=np.bool_)
+        fits = np.ones(n, dtype=np.bool_)
+        fits[is_ref] = fit_index[inverse]
+        actions = np.empty(n, dtype=object)
+        actions[is_ref] = _objects(targets)[inverse]
+        if new is not None:
+            new_rows = walk.ops[:, j] == _SHORT_BINUNICODE
+            actions[new_rows] = _objects(new)[new_rows]
+        return actions.tolist(), fits
+
+    def _batch_string(self, walk: _Walk, slot_ops: UInt8Array, slot: int) -> str:
+        """The string a batch's new-string slot holds (slot counted from the batch's first)."""
+        per_row = 1 + ((walk.ops == _SHORT_BINUNICODE) | (walk.ops == _EMPTY_LIST)).sum(axis=1)
+        row = int(np.searchsorted(np.cumsum(per_row), slot, side="right"))
+        within = slot - int(np.cumsum(per_row)[row] - per_row[row]) - 1
+        column = np.flatnonzero((walk.ops[row] == _SHORT_BINUNICODE) | (walk.ops[row] == _EMPTY_LIST))[within]
+        token = walk.token(row, int(column))
+        return token[2:-1].decode("utf-8", "surrogatepass")
+
+    def _frames(self, walk: _Walk, j: int, refs: Int64Array, memo_len: int,
+                slot_ops: UInt8Array) -> tuple[Int64Array, list[Any] | None, int]:
+        """Stack ids of each row's frames, the ResolvedFrames of each new frames list (memo objects), and the
+        rows that fit. Frames are interned in the order rows first show them, as the old reader did."""
+        n = len(refs)
+        op = walk.ops[:, j]
+        known = self._frames_of
+        sids = np.zeros(n, dtype=np.int64)
+        is_ref = (op == _BINGET) | (op == _LONG_BINGET)
+        if not (op == _EMPTY_LIST).any():
+            indices, first, inverse = np.unique(refs[is_ref], return_index=True, return_inverse=True)
+            for index in indices[np.argsort(first)].tolist():
+                if index not in known:
+                    if index >= memo_len:  # a reference into this batch: only new frames lists (none here)
+                        return sids, None, int(np.flatnonzero(is_ref & (refs == index))[0])
+                    known[index] = self.stacks.sid(*self._stack_of_checked(self.memo[index]))
+            found = [known[index] for index in indices.tolist()]
+            sids[is_ref] = np.array(found, dtype=np.int64)[inverse] if found else []
+            return sids, None, n
+        # New lists among them: walk the rows in order (a reference may name a list an earlier row made).
+        lists: list[Any] = [None] * n
+        made: dict[int, ResolvedFrames] = {}  # memo index of a list this batch makes -> its ResolvedFrames
+        fresh = (walk.ops == _SHORT_BINUNICODE) | (walk.ops == _EMPTY_LIST)
+        per_row = 1 + fresh.sum(axis=1)
+        frames_slots = (memo_len + np.cumsum(per_row) - per_row + 1 + fresh[:, :j].sum(axis=1)).tolist()
+        for r in range(n):
+            if op[r] == _EMPTY_LIST:
+                token = walk.token(r, j)
+                resolved = self._lists_of.get(token)
+                if resolved is None:
+                    listed = _list_refs(token)
+                    if listed and max(listed) >= memo_len:
+                        return sids, None, r
+                    items = [self.memo[i] for i in listed]
+                    user, forward = self._stack_of_checked(items)
+                    resolved = self._lists_of[token] = self.stacks.resolved(user, forward, not items)
+                lists[r] = made[frames_slots[r]] = resolved
+                sids[r] = self.stacks.sid(resolved.user, resolved.forward)
+            elif is_ref[r]:
+                index = int(refs[r])
+                if index >= memo_len:
+                    target = made.get(index)
+                    if target is None:
+                        return sids, None, r
+                    sids[r] = self.stacks.sid(target.user, target.forward)
                     continue
-                indices = _list_refs(token)
-                if indices and max(indices) >= memo_len:
-                    kept = rows.index(token)
-                    break
-                items = [memo[i] for i in indices]
-                user, forward = self._stack_of_checked(items)
-                known[token] = self.stacks.sid(user, forward)
-                lists[token] = self.stacks.resolved(user, forward, not items)
-            elif _ref_index(token) < memo_len:  # a reference into this batch is resolved after the batch's slots
-                known[token] = self.stacks.sid(*self._stack_of_checked(memo[_ref_index(token)]))
-        if not any_list:
-            return None, kept
-        return list(map(lists.get, col[:kept], repeat(_NOT_FRESH))), kept
+                if index not in known:
+                    known[index] = self.stacks.sid(*self._stack_of_checked(self.memo[index]))
+                sids[r] = known[index]
+        return sids, lists, n
 
-    def _frame_sids(self, col: tuple[bytes, ...], lookup: Callable[[int], Any]) -> tuple[list[int], int]:
-        """The stack id of each row's frames; the rows that fit (a reference into this batch must name a new
-        frames list: anything else is left to the general path)."""
-        known = self._sids
-        batch_only: dict[bytes, int] = {}
-        for token in set(col).difference(known):
-            target = lookup(_ref_index(token))
-            if type(target) is not ResolvedFrames:
-                return [], col.index(token)
-            batch_only[token] = self.stacks.sid(target.user, target.forward)
-        get = {**known, **batch_only}.__getitem__ if batch_only else known.__getitem__
-        return list(map(get, col)), len(col)
-
-    def _fresh_objects(self, col: tuple[bytes, ...], kept: int, memo_len: int) -> tuple[list[Any] | None, int]:
-        """Per row, what a new string or list token puts in the memo (else _NOT_FRESH), or None when no kept
-        row has one; and the rows kept."""
-        known = self._fresh
-        rows = col[:kept] if kept < len(col) else col
-        new = [t for t in set(rows) if t[0] == 0x8C or t[0] == 0x5D]
-        if not new:
-            return None, kept
-        lists = False
-        for token in new:
-            if token[0] == 0x5D:
-                lists = True
-                if any(i >= memo_len for i in _list_refs(token)):
-                    kept = min(kept, rows.index(token))  # names a slot of this batch: the general path does it
-            elif token not in known:
-                text = token[2:-1].decode("utf-8", "surrogatepass")
-                known[token] = self._strings.setdefault(text, text)
-        objects = list(map(known.get, col[:kept], repeat(_NOT_FRESH)))
-        if lists:  # one list object per slot, as unpickling makes
-            for i in range(kept):
-                if col[i][0] == 0x5D:
-                    objects[i] = [self.memo[j] for j in _list_refs(col[i])]
-        return objects, kept
-
-    def _refs_exist(self, col: tuple[bytes, ...], kept: int, memo_len: int, cols: list[tuple[bytes, ...]],
-                    fresh: list[bool]) -> int:
-        """Rows kept so that each memo reference in `col` names a slot created before it."""
-        valid = self._valid_refs
-        rows = col[:kept] if kept < len(col) else col
-        new = [t for t in set(rows).difference(valid) if t[0] == 0x68 or t[0] == 0x6A]
-        if all(_ref_index(t) < memo_len for t in new):
-            valid.update(new)
-            return kept
-        # Rare: a reference to a slot this batch creates. Count the slots row by row to see which are fine.
-        slot = memo_len
-        for r in range(kept):
-            slot += 1  # the entry dict
-            for other, has in zip(cols, fresh, strict=True):
-                token = other[r]
-                if other is col and (token[0] == 0x68 or token[0] == 0x6A) and _ref_index(token) >= slot:
-                    return r
-                if has and (token[0] == 0x8C or token[0] == 0x5D):
-                    slot += 1
-        return kept
-
-    def _actions(self, col: tuple[bytes, ...], lookup: Callable[[int], Any],
-                 memo_len: int) -> tuple[list[str | None], int]:
-        """Each row's action (a memo reference or a new string); the rows that fit (a reference to something
-        other than a string is left to the general path, which converts it as the old reader did)."""
-        known = self._action_of
-        batch_only: dict[bytes, str] = {}
-        for token in set(col).difference(known):
-            if token[0] == 0x8C:
-                text = token[2:-1].decode("utf-8", "surrogatepass")
-                known[token] = self._strings.setdefault(text, text)
-                continue
-            index = _ref_index(token)
-            value = lookup(index)
-            if type(value) is not str:
-                return [], col.index(token)
-            (known if index < memo_len else batch_only)[token] = value
-        get = {**known, **batch_only}.__getitem__ if batch_only else known.__getitem__
-        return list(map(get, col)), len(col)
+    def _slots(self, fresh: BoolArray, new_objects: dict[int, list[Any]]) -> list[Any]:
+        """The batch's new memo slots in order: per row the entry's placeholder, then its new values."""
+        n = len(fresh)
+        if not new_objects:
+            return [_ENTRY_SEEN] * n
+        columns = sorted(new_objects)
+        table = np.empty((n, 1 + len(columns)), dtype=object)
+        table[:, 0] = _ENTRY_SEEN
+        for i, column in enumerate(columns):
+            table[:, 1 + i] = _objects(new_objects[column])
+        made = np.concatenate([np.ones((n, 1), dtype=np.bool_), fresh[:, columns]], axis=1)
+        return list(table[made])  # row by row, left to right: the order the memo fills in
 
     def _stack_of_checked(self, frames: Any) -> tuple[int | None, int | None]:
         try:
             return self._stack_of(frames)
         except (AttributeError, TypeError) as exc:
             raise SnapshotFormatError(f"malformed snapshot entry ({exc})", path=self.path) from None
-
-
-def _list_refs(token: bytes) -> list[int]:
-    """The memo indices a new list token appends: `]\x94` (empty), `]\x94 ref a`, `]\x94 ( ref… e`."""
-    if len(token) <= 2:
-        return []
-    body = token[3:-1] if token[2] == 0x28 else token[2:-1]
-    return [ord(short) if short else int.from_bytes(long, "little") for short, long in _LIST_REFS.findall(body)]
 
 
 def read_traces(fh: IO[bytes], path: Path, stack_of: StackOf, *, piece_bytes: int = PIECE_BYTES,
