@@ -72,8 +72,9 @@ def existing_partition(dataset: Path, trace_id: str) -> Path | None:
     return None
 
 
-def ingest_one(source: str, dataset: str, force: bool = False) -> FileOutcome:
-    """Ingest one file into its partition of the dataset. Never raises for a bad trace: reports it."""
+def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1) -> FileOutcome:
+    """Ingest one file into its partition of the dataset (on `jobs` cores when it is large). Never raises
+    for a bad trace: reports it."""
     src, root = Path(source), Path(dataset)
     try:
         sha = file_sha256(src)
@@ -84,7 +85,7 @@ def ingest_one(source: str, dataset: str, force: bool = False) -> FileOutcome:
             return FileOutcome(source=source, trace_id=trace_id, out_dir=str(done), status="skipped",
                                n_events=meta["counts"]["events"], seconds=0.0, error=None)
         staging = root / f".staging-{trace_id}-{os.getpid()}"
-        result = ingest_trace(src, staging, force=True)
+        result = ingest_trace(src, staging, force=True, jobs=jobs)
         meta = json.loads((staging / "meta.json").read_text(encoding="utf-8"))
         target = _partition_dir(root, trace_id, meta.get("rank"))
         if target.exists():
@@ -126,9 +127,9 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool) -> Iterator[F
     start (a worker needs a moment to come up), so a short batch never waits for them, and the
     workers are kept two files ahead so that none idles while this process is busy.
     """
-    if jobs == 1 or len(files) <= 1:
+    if jobs == 1 or len(files) <= 1:  # one file: its spans are decoded on the cores instead
         for f in files:
-            yield ingest_one(str(f), str(dataset), force)
+            yield ingest_one(str(f), str(dataset), force, jobs)
         return
     queue = deque(sorted(files, key=lambda f: f.stat().st_size, reverse=True))
     workers = min(jobs, len(files)) - 1

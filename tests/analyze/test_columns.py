@@ -12,8 +12,15 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope.analyze._columns import decode_span
-from stepscope.analyze.schema import ARG_COLUMNS, GROUP_OF_KIND, KIND_BY_CATEGORY, MEMORY_EVENT_NAME, Kind
+from stepscope.analyze._columns import conform, decode_span
+from stepscope.analyze.schema import (
+    ARG_COLUMNS,
+    EVENT_SCHEMA,
+    GROUP_OF_KIND,
+    KIND_BY_CATEGORY,
+    MEMORY_EVENT_NAME,
+    Kind,
+)
 
 _INT64 = range(-(2**63), 2**63)
 
@@ -109,7 +116,7 @@ def test_every_column_follows_the_coercion_rules_whatever_the_mix_of_types(event
     # GIVEN a span of events whose values are of any JSON type, WHEN it is decoded as ingest does
     chunk = decode_span(json.dumps(events).encode(), "t.json", 0)
     assert chunk is not None
-    table = pl.DataFrame(chunk.events).sort("event_id")
+    table = pl.DataFrame(conform(chunk.events, EVENT_SCHEMA)).sort("event_id")
     # THEN each row equals the rules applied value by value
     columns = list(_expected(events[0]))
     for got, event in zip(table.select(columns).iter_rows(named=True), events, strict=True):
