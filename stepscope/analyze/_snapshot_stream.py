@@ -575,6 +575,8 @@ class SnapshotUnpickler(PlainUnpickler):
         entries: tuple[bytes, ...] = next(zip(*template.pattern.findall(region), strict=True))
         if not entries[-1]:  # the rest of the region, after the last entry that matched
             entries = entries[:-1]
+        if not entries:  # the keys fit, a value does not (a string where an integer belongs …)
+            return start
         batch = self._decode(template, entries)
         while batch.rows < len(entries):  # cut before the first row the fast path cannot take
             entries = entries[:batch.rows]

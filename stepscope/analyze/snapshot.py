@@ -217,8 +217,12 @@ def _events_table(traces: list[Any], interner: _Interner) -> pl.DataFrame:
     devices (or a trace the reader did not stream) cost a copy, one column at a time."""
     parts: list[dict[str, pl.Series]] = []
     rows: list[tuple[int, int]] = []  # (device, entries)
+    streamed: set[int] = set()
     for device, trace in enumerate(traces):
         if isinstance(trace, DeviceTrace):
+            if id(trace) in streamed:  # the same list twice: the second holds nothing, as when lists were emptied
+                continue
+            streamed.add(id(trace))
             parts.append(trace.columns())
             rows.append((device, trace.rows))
             continue
