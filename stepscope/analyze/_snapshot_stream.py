@@ -406,9 +406,12 @@ def _list_widths(data: UInt8Array, at: Int64Array) -> Int64Array:
 
 def _ref_indices(walk: _Walk) -> Int64Array:
     """The memo index of each BINGET / LONG_BINGET value (0 elsewhere)."""
-    short = walk.data[walk.at + 1].astype(np.int64)
-    long = (walk.words(walk.at + 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
-    return np.where(walk.ops == _BINGET, short, np.where(walk.ops == _LONG_BINGET, long, 0))
+    refs = np.zeros(walk.ops.shape, dtype=np.int64)
+    short = walk.ops == _BINGET
+    refs[short] = walk.data[walk.at[short] + 1]
+    long = walk.ops == _LONG_BINGET
+    refs[long] = (walk.words(walk.at[long] + 1) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    return refs
 
 
 def _decode_ints(walk: _Walk, columns: list[int]) -> tuple[Int64Array, BoolArray]:

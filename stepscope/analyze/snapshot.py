@@ -118,6 +118,15 @@ class _Interner:
         self._stacks[id(frames)] = (frames, user, forward)  # holding `frames` keeps its id from being reused
         return user, forward
 
+    def resolve(self, frames: Any) -> tuple[int | None, int | None]:
+        """`stack` without remembering the list: for the stream reader, which keeps each result itself (and
+        would otherwise keep every traceback written out in full alive here)."""
+        if isinstance(frames, ResolvedFrames):
+            return frames.user, frames.forward
+        if not frames:
+            return None, None
+        return self._scan(frames)
+
     def _scan(self, frames: Any) -> tuple[int | None, int | None]:
         """The user frame (own code first, else the innermost library frame) and the innermost user forward."""
         own: int | None = None
@@ -178,7 +187,7 @@ def _read_snapshot(path: Path) -> SnapshotTables:
     interner = _Interner()
     with open_pickle(path) as fh:
         check_binary_pickle(fh, path)
-        data = read_traces(fh, path, interner.stack)
+        data = read_traces(fh, path, interner.resolve)
     traces: Any
     settings: Any
     if isinstance(data, list):
