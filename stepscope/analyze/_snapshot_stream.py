@@ -434,19 +434,15 @@ def _objects(items: list[Any]) -> npt.NDArray[np.object_]:
     return np.fromiter(items, dtype=object, count=len(items))
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Batch:
-    """A fast batch decoded and checked: the memo slots it creates, actions, integer fields, stack ids.
+    """A fast batch decoded and checked: its bytes, the memo slots it makes, actions, integer fields, stack ids."""
 
-    `rows` below the entries given: only the first `rows` fit (decode them again on their own).
-    """
-
-    rows: int
-    size: int = 0
-    new_slots: list[Any] | None = None
-    actions: list[str | None] | None = None
-    ints: dict[str, tuple[Int64Array, BoolArray]] | None = None
-    sids: Int64Array | None = None
+    size: int
+    new_slots: list[Any]
+    actions: list[str | None]
+    ints: dict[str, tuple[Int64Array, BoolArray]]
+    sids: Int64Array
 
 
 class SnapshotUnpickler(PlainUnpickler):
@@ -581,13 +577,11 @@ class SnapshotUnpickler(PlainUnpickler):
         if not entries:  # the keys fit, a value does not (a string where an integer belongs …)
             return start
         batch = self._decode(template, entries)
-        while batch.rows < len(entries):  # cut before the first row the fast path cannot take
-            entries = entries[:batch.rows]
-            if not entries:
+        while isinstance(batch, int):  # only the first `batch` entries fit: decode them on their own
+            if not batch:
                 return start
+            entries = entries[:batch]
             batch = self._decode(template, entries)
-        assert batch.new_slots is not None and batch.actions is not None and batch.ints is not None \
-            and batch.sids is not None
         self.memo.extend(batch.new_slots)
         trace.add_batch(batch.actions, batch.ints, batch.sids)
         return self._resume(pieces, batch.size)
@@ -643,11 +637,11 @@ class SnapshotUnpickler(PlainUnpickler):
         template = self._templates[keys] = _template(keys, roles)
         return template
 
-    def _decode(self, template: _Template, entries: tuple[bytes, ...]) -> _Batch:
-        """Decode a batch of entries, or say how many leading ones the fast path can take (`rows`)."""
+    def _decode(self, template: _Template, entries: tuple[bytes, ...]) -> _Batch | int:
+        """Decode a batch of entries, or say how many leading ones the fast path can take."""
         walk = _walk(entries, template.keys)
         if walk is None:
-            return _Batch(rows=0)
+            return 0
         n = len(entries)
         memo_len = len(self.memo)
         ops = walk.ops
@@ -678,13 +672,13 @@ class SnapshotUnpickler(PlainUnpickler):
             actions, fits = self._actions(walk, j, refs[:, j], memo_len, slot_ops, new_objects.get(j))
             bad |= ~fits
         if bad.any():
-            return _Batch(rows=int(np.argmax(bad)))
+            return int(np.argmax(bad))
         sids = np.zeros(n, dtype=np.int64)
         if "frames" in roles:  # after every other check: resolving frames interns them, in row order
             j = roles.index("frames")
             sids, lists, fit = self._frames(walk, j, refs[:, j], memo_len, slot_ops)
             if fit < n:
-                return _Batch(rows=fit)
+                return fit
             if lists is not None:
                 new_objects[j] = lists
         ints = {}
@@ -692,8 +686,8 @@ class SnapshotUnpickler(PlainUnpickler):
         if columns:
             values, valid = _decode_ints(walk, columns)
             ints = {roles[j]: (values[:, i], valid[:, i]) for i, j in enumerate(columns)}
-        return _Batch(rows=n, size=walk.size, new_slots=self._slots(fresh, new_objects), actions=actions,
-                      ints=ints, sids=sids)
+        return _Batch(size=walk.size, new_slots=self._slots(fresh, new_objects), actions=actions, ints=ints,
+                      sids=sids)
 
     def _new_objects(self, walk: _Walk, j: int, memo_len: int) -> tuple[list[Any], BoolArray]:
         """What each row's new string or (non-frames) list in column j puts in the memo; rows that fit."""
