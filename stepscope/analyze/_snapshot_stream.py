@@ -145,13 +145,13 @@ def _str_or_none(value: Any) -> str | None:
 class _Growing:
     """A numpy column that grows to the trace's length without a second copy of it at the end.
 
-    Capacity is reserved ahead (at least 32 MiB, which malloc maps on its own): pages become resident only
-    when rows are written, and the finished column is handed to polars as it is (no concatenation).
+    Room for 4M rows is reserved up front (32 MiB of int64, which malloc maps on its own): pages become
+    resident only as rows are written, and the finished column goes to polars as it is (no concatenation).
     """
 
     def __init__(self, dtype: type[np.generic]) -> None:
         self._dtype = dtype
-        self.data: npt.NDArray[Any] = np.empty((32 << 20) // np.dtype(dtype).itemsize, dtype=dtype)
+        self.data: npt.NDArray[Any] = np.empty(1 << 22, dtype=dtype)
         self.rows = 0
 
     def extend(self, values: npt.NDArray[Any]) -> None:

@@ -81,7 +81,8 @@ def _frame_rank(filename: str) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class SnapshotTables:
-    """A snapshot as tables. `frames` maps frame_id -> 'file:line function'."""
+    """A snapshot as tables. `frames` maps frame_id -> 'file:line function'; `events` has one row per trace
+    entry in (device, seq) order (the analysis relies on it)."""
 
     source: str
     format: str
