@@ -46,6 +46,7 @@ StackOf = Callable[[Any], "tuple[int | None, int | None]"]
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 UInt8Array = npt.NDArray[np.uint8]
+ObjectArray = npt.NDArray[np.object_]
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +357,25 @@ class _Walk:
         start = int(self.at[row, value])
         return self.raw[start:start + int(self.width[row, value])]
 
+    def distinct_tokens(self, rows: Int64Array, value: int) -> tuple[list[bytes], Int64Array]:
+        """The distinct tokens of value column `value` at `rows`, and which one each row holds.
+
+        Cheap when many rows repeat one token (torch writes a new 'N/A' string in every entry).
+        """
+        at, width = self.at[rows, value], self.width[rows, value]
+        which = np.empty(len(rows), dtype=np.int64)
+        tokens: list[bytes] = []
+        for size in np.unique(width).tolist():
+            same = np.flatnonzero(width == size)
+            block = self.data[at[same][:, None] + np.arange(size)]
+            if (block == block[0]).all():
+                distinct, inverse = block[:1], np.zeros(len(same), dtype=np.int64)
+            else:
+                distinct, inverse = np.unique(block, axis=0, return_inverse=True)
+            which[same] = len(tokens) + inverse.ravel()
+            tokens.extend(row.tobytes() for row in distinct)
+        return tokens, which
+
 
 def _walk(entries: tuple[bytes, ...], keys: tuple[bytes, ...]) -> _Walk | None:
     """Find every value of every entry: each value's opcode fixes its width (or says where to read it)."""
@@ -660,7 +680,7 @@ class SnapshotUnpickler(PlainUnpickler):
             np.concatenate([np.ones((n, 1), dtype=np.bool_), fresh], axis=1)]  # opcode per new slot
 
         roles = template.roles
-        new_objects: dict[int, list[Any]] = {}  # value column -> the memo object of each row's new value
+        new_objects: dict[int, ObjectArray] = {}  # value column -> the memo object of each row's new value
         for j, role in enumerate(roles):
             if role != "frames" and fresh[:, j].any():
                 objects, fits = self._new_objects(walk, j, memo_len)
@@ -680,7 +700,7 @@ class SnapshotUnpickler(PlainUnpickler):
             if fit < n:
                 return fit
             if lists is not None:
-                new_objects[j] = lists
+                new_objects[j] = _objects(lists)
         ints = {}
         columns = [j for j, role in enumerate(roles) if role in INT_FIELDS]
         if columns:
@@ -689,19 +709,15 @@ class SnapshotUnpickler(PlainUnpickler):
         return _Batch(size=walk.size, new_slots=self._slots(fresh, new_objects), actions=actions, ints=ints,
                       sids=sids)
 
-    def _new_objects(self, walk: _Walk, j: int, memo_len: int) -> tuple[list[Any], BoolArray]:
+    def _new_objects(self, walk: _Walk, j: int, memo_len: int) -> tuple[ObjectArray, BoolArray]:
         """What each row's new string or (non-frames) list in column j puts in the memo; rows that fit."""
         n = len(walk.ops)
-        objects: list[Any] = [None] * n
+        objects = np.full(n, None, dtype=object)
         fits = np.ones(n, dtype=np.bool_)
-        strings = self._strings_of
-        for r in np.flatnonzero(walk.ops[:, j] == _SHORT_BINUNICODE).tolist():
-            token = walk.token(r, j)
-            found = strings.get(token)
-            if found is None:
-                text = token[2:-1].decode("utf-8", "surrogatepass")
-                found = strings[token] = self._strings.setdefault(text, text)
-            objects[r] = found
+        rows = np.flatnonzero(walk.ops[:, j] == _SHORT_BINUNICODE)
+        if len(rows):
+            tokens, which = walk.distinct_tokens(rows, j)
+            objects[rows] = _objects([self._string(token) for token in tokens])[which]
         for r in np.flatnonzero(walk.ops[:, j] == _EMPTY_LIST).tolist():
             indices = _list_refs(walk.token(r, j))
             if indices and max(indices) >= memo_len:  # names a slot of this batch: the general path does it
@@ -710,8 +726,16 @@ class SnapshotUnpickler(PlainUnpickler):
                 objects[r] = [self.memo[i] for i in indices]  # one list per slot, as unpickling makes
         return objects, fits
 
+    def _string(self, token: bytes) -> str:
+        """The string a SHORT_BINUNICODE token holds (one object per distinct text)."""
+        found = self._strings_of.get(token)
+        if found is None:
+            text = token[2:-1].decode("utf-8", "surrogatepass")
+            found = self._strings_of[token] = self._strings.setdefault(text, text)
+        return found
+
     def _actions(self, walk: _Walk, j: int, refs: Int64Array, memo_len: int, slot_ops: UInt8Array,
-                 new: list[Any] | None) -> tuple[list[str | None], BoolArray]:
+                 new: ObjectArray | None) -> tuple[list[str | None], BoolArray]:
         """Each row's action (a memo reference or a new string); rows that fit (a reference to something other
         than a string is left to the general path, which converts it as the old reader did)."""
         n = len(refs)
@@ -732,7 +756,7 @@ class SnapshotUnpickler(PlainUnpickler):
         actions[is_ref] = _objects(targets)[inverse]
         if new is not None:
             new_rows = walk.ops[:, j] == _SHORT_BINUNICODE
-            actions[new_rows] = _objects(new)[new_rows]
+            actions[new_rows] = new[new_rows]
         return actions.tolist(), fits
 
     def _batch_string(self, walk: _Walk, slot_ops: UInt8Array, slot: int) -> str:
@@ -741,8 +765,7 @@ class SnapshotUnpickler(PlainUnpickler):
         row = int(np.searchsorted(np.cumsum(per_row), slot, side="right"))
         within = slot - int(np.cumsum(per_row)[row] - per_row[row]) - 1
         column = np.flatnonzero((walk.ops[row] == _SHORT_BINUNICODE) | (walk.ops[row] == _EMPTY_LIST))[within]
-        token = walk.token(row, int(column))
-        return token[2:-1].decode("utf-8", "surrogatepass")
+        return self._string(walk.token(row, int(column)))
 
     def _frames(self, walk: _Walk, j: int, refs: Int64Array, memo_len: int,
                 slot_ops: UInt8Array) -> tuple[Int64Array, list[Any] | None, int]:
@@ -795,7 +818,7 @@ class SnapshotUnpickler(PlainUnpickler):
                 sids[r] = known[index]
         return sids, lists, n
 
-    def _slots(self, fresh: BoolArray, new_objects: dict[int, list[Any]]) -> list[Any]:
+    def _slots(self, fresh: BoolArray, new_objects: dict[int, ObjectArray]) -> list[Any]:
         """The batch's new memo slots in order: per row the entry's placeholder, then its new values."""
         n = len(fresh)
         if not new_objects:
@@ -804,7 +827,7 @@ class SnapshotUnpickler(PlainUnpickler):
         table = np.empty((n, 1 + len(columns)), dtype=object)
         table[:, 0] = _ENTRY_SEEN
         for i, column in enumerate(columns):
-            table[:, 1 + i] = _objects(new_objects[column])
+            table[:, 1 + i] = new_objects[column]
         made = np.concatenate([np.ones((n, 1), dtype=np.bool_), fresh[:, columns]], axis=1)
         return list(table[made])  # row by row, left to right: the order the memo fills in
 
