@@ -6,8 +6,9 @@ memo, frames) over the file read in bounded pieces. Any opcode that would import
 global such as os.system, REDUCE, BUILD, persistent ids, extension codes) is refused before anything is
 built; truncation and corruption are one-line `SnapshotFormatError`s naming the file.
 
-Subclasses decide what an empty list or dict becomes (`_new_list`, `_on_empty_dict`): the snapshot reader
-uses that to stream device-trace entries into columns instead of building a dict per entry.
+Subclasses decide what an empty list or dict becomes and what appending to it does (`_new_list`,
+`_on_empty_dict`, `_extend`): the snapshot reader uses that to stream device-trace entries into columns
+instead of building a dict per entry.
 
     \\x80\\x04 ] ( K\\x01 K\\x02 e .   (PROTO 4, EMPTY_LIST, MARK, BININT1 1, BININT1 2, APPENDS, STOP)  ->  [1, 2]
 """
@@ -146,9 +147,6 @@ class PlainUnpickler:
             f"refusing to load {what}: a memory snapshot holds only plain data, and this pickle asks to run code",
             path=self.path)
 
-    def _str(self, text: str) -> str:
-        return self._strings.setdefault(text, text)
-
     # ------------------------------------------------------------------------------------------ the loop
 
     def load(self) -> Any:
@@ -157,8 +155,6 @@ class PlainUnpickler:
             return self._run()
         except _Truncated:
             raise SnapshotFormatError("truncated pickle (the file ends early)", path=self.path) from None
-        except RecursionError:
-            raise SnapshotFormatError("corrupt pickle (nested too deeply)", path=self.path) from None
         except (IndexError, KeyError, ValueError, TypeError, AttributeError, OverflowError, struct.error,
                 MemoryError) as exc:
             op, op_pos = self._last_op
@@ -169,7 +165,7 @@ class PlainUnpickler:
 
     _last_op: tuple[int, int] = (0, 0)
 
-    def _run(self) -> Any:  # noqa: C901 - one flat dispatch is the fast way to interpret opcodes in Python
+    def _run(self) -> Any:  # one flat dispatch: the fast way to interpret opcodes in Python
         stack = self.stack
         marks = self.marks
         memo = self.memo
