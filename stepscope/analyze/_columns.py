@@ -131,13 +131,14 @@ def decode_span(document: bytes | bytearray | memoryview, path: str, offset: int
     except msgspec.DecodeError:
         return None
     try:
-        return build_chunk(events, 0, document)
+        return build_chunk(events, document)
     except UnicodeDecodeError as exc:  # inside args, which the first decode keeps raw
         raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path, offset=offset) from None
 
 
-def build_chunk(events: Sequence[_Event], first_index: int, body: bytes | bytearray | memoryview) -> ChunkTables:
-    """Decoded events -> the events table, the flows table and the M (metadata) events."""
+def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) -> ChunkTables:
+    """Decoded events (`body`, their JSON array, is re-read only for timestamps a float cannot hold) -> the
+    events table, the flows table and the M (metadata) events; event ids count from 0 within the span."""
     n = len(events)
     ts_ns = _times_ns([e.ts for e in events])
     dur_ns = _times_ns([e.dur for e in events])
@@ -147,7 +148,7 @@ def build_chunk(events: Sequence[_Event], first_index: int, body: bytes | bytear
         dur_ns = parse_time_ns(_raw_texts([t.dur for t in times]))
         del times
     base = pl.DataFrame({
-        "event_id": pl.int_range(first_index, first_index + n, dtype=pl.Int64, eager=True),
+        "event_id": pl.int_range(0, n, dtype=pl.Int64, eager=True),
         "ph": _text_series([e.ph for e in events]),
         "cat": _text_series([e.cat for e in events]),
         "name": _text_series([e.name for e in events]),
@@ -158,12 +159,12 @@ def build_chunk(events: Sequence[_Event], first_index: int, body: bytes | bytear
     })
     metadata: list[dict[str, Any]] = []
     for event_id in base.filter(pl.col("ph") == "M")["event_id"].to_list():
-        e = events[event_id - first_index]
+        e = events[event_id]
         margs = msgspec.json.decode(e.args) if e.args is not _NULL else {}
         metadata.append({"name": e.name, "pid": e.pid, "tid": e.tid, "args": margs})
 
     flows = base.filter(pl.col("ph").is_in(["s", "t", "f"]))
-    flow_events = _pick(events, (flows["event_id"] - first_index).to_list())
+    flow_events = _pick(events, flows["event_id"].to_list())
     flows = flows.with_columns(flow_id=_text_series([e.id for e in flow_events]),
                                binding_point=_text_series([e.bp for e in flow_events]))
     flow_table = _to_arrow(flows.select(FLOW_SCHEMA.names), FLOW_SCHEMA)
@@ -185,7 +186,7 @@ def build_chunk(events: Sequence[_Event], first_index: int, body: bytes | bytear
         rows = evs.filter(pl.col("group") == group)
         if rows.height == 0:
             continue
-        raw_args = _pick(all_args, (rows["event_id"] - first_index).to_list())
+        raw_args = _pick(all_args, rows["event_id"].to_list())
         columns = _group_args(raw_args, group)
         pieces.append(rows.drop("group").with_columns(_raw_texts(raw_args).alias("args"), *columns))
     merged = pl.concat(pieces, how="diagonal_relaxed") if pieces else evs.drop("group")

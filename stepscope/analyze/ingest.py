@@ -379,7 +379,6 @@ def _ingest(path: Path, out_dir: Path, data: bytearray, sha: str, stack: ExitSta
         finally:
             writer.close()
             flow_writer.close()
-        del data
         if n_total == 0:
             raise TraceFormatError("empty trace: traceEvents holds no events", path=path)
         if n_events == 0:
