@@ -101,6 +101,7 @@ _NONE = type(None)
 _INTS = {int, _NONE}
 _NUMBERS = {int, float, _NONE}
 _TEXTS = {str, _NONE}
+_INTS_AND_TEXTS = {int, str, _NONE}
 
 
 @dataclass
@@ -283,6 +284,8 @@ def _text_series(values: list[Any]) -> pl.Series:
             return pl.Series(values, dtype=pl.Int64).cast(pl.String)
         except TypeError:  # beyond int64
             pass
+    if types <= _INTS_AND_TEXTS:  # pids and tids of GPU traces: 7 and "stream 7" (polars writes ints' digits)
+        return pl.Series(values, dtype=pl.String, strict=False)
     return pl.Series([_as_text(v) for v in values], dtype=pl.String)
 
 
