@@ -1,11 +1,12 @@
-"""Reading a trace file: bytes from disk (gzip sniffed), the whole document validated, traceEvents located
-and cut into spans of whole events.
+"""Reading a trace file: bytes from disk (gzip sniffed), traceEvents located and cut into spans of whole events.
 
-    file --read_trace--> JSON bytes --split_document--> traceEvents byte span + other top-level keys
+    file --read_trace--> JSON bytes --locate_events--> traceEvents byte span + other top-level keys
                                      --iter_chunks--> spans of ~chunk_bytes, cut between two events
 
-A cut is made at a ``}, {`` boundary; one that falls inside a string makes a span that fails to decode, and
-the caller merges it with the next (see ingest.iter_chunk_tables).
+`locate_events` validates only what lies outside traceEvents (the spans are validated as they are decoded);
+`split_document` validates the whole document, for its exact error messages and when the quick way cannot
+be sure. A cut is made at a ``}, {`` boundary; one that falls inside a string makes a span that fails to
+decode, and the caller merges it with the next (see ingest.iter_chunk_tables).
 """
 
 from __future__ import annotations
@@ -131,17 +132,58 @@ def split_document(data: bytes | bytearray, path: Path) -> tuple[int, int, dict[
     if "traceEvents" not in top:
         keys = ", ".join(sorted(top)[:8]) or "none"
         raise TraceFormatError(f"not a Chrome trace: no traceEvents key (top-level keys: {keys})", path=path)
-    events_raw = top.pop("traceEvents")
+    span = _locate(data, top.pop("traceEvents"))
+    if span is None:
+        raise TraceFormatError("traceEvents is not an array", path=path)
+    return span[0], span[1], _decoded(top, path)
+
+
+def _decoded(top: dict[str, msgspec.Raw], path: Path) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for key, value in top.items():
         try:
             meta[key] = msgspec.json.decode(value)
         except UnicodeDecodeError as exc:
             raise TraceFormatError(f"not UTF-8 text in top-level key {key!r} ({exc.reason})", path=path) from None
-    span = _locate(data, events_raw)
-    if span is None:
-        raise TraceFormatError("traceEvents is not an array", path=path)
-    return span[0], span[1], meta
+    return meta
+
+
+_EVENTS_ARRAY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_NO_TOP = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+
+
+def locate_events(data: bytes | bytearray, path: Path) -> tuple[int, int, dict[str, Any], bool]:
+    """split_document without reading through traceEvents (a ninth of a large trace's ingest): the span of
+    the array and the other top-level keys, and whether the span is certain.
+
+    The text before the first ``"traceEvents": [`` must read as the head of an object, and the text after
+    the last ``]`` as its tail:
+
+        {"schemaVersion": 1, "traceEvents": [ ...events... ], "traceName": "x.json"}
+        head: {"schemaVersion": 1, "traceEvents":0}        tail: {"traceEvents":0, "traceName": "x.json"}
+
+    A valid head proves where the array starts. The last ``]`` could lie in a later key's value, so the span
+    is uncertain: a span that fails to decode is checked against split_document (ingest.iter_chunk_tables).
+    Anything unusual (a bare array, a truncated file, an error) goes to split_document, which also gives
+    the exact error message.
+    """
+    first = re.search(rb"\S", data)
+    match = _EVENTS_ARRAY.search(data) if first is not None and data[first.start()] == ord("{") else None
+    if match is None:
+        return (*split_document(data, path), True)
+    start, end = match.end() - 1, data.rfind(b"]") + 1
+    if end <= start:  # truncated
+        return (*split_document(data, path), True)
+    try:
+        head = msgspec.json.decode(bytes(data[first.start() : match.start()]) + b'"traceEvents":0}',  # type: ignore[union-attr]
+                                   type=dict[str, msgspec.Raw])
+        tail = msgspec.json.decode(b'{"traceEvents":0' + bytes(data[end:]), type=dict[str, msgspec.Raw])
+    except _NO_TOP:
+        return (*split_document(data, path), True)
+    if bytes(tail.pop("traceEvents")) != b"0":  # a second traceEvents key: the last one counts
+        return (*split_document(data, path), True)
+    del head["traceEvents"]
+    return start, end, _decoded({**head, **tail}, path), False
 
 
 def _locate(data: bytes | bytearray, raw: msgspec.Raw) -> tuple[int, int] | None:

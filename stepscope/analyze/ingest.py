@@ -2,10 +2,11 @@
 
 How a trace is read, fast and in bounded memory:
 
-1. ``_read``: the file is read whole (gzip is sniffed by its magic bytes, not its name) and its top level
-   is decoded with msgspec as ``dict[str, Raw]``: this validates the whole document (a truncated or
-   malformed file is reported here, with its byte offset) and keeps ``traceEvents`` as raw bytes, which is
-   cut into spans of about ``chunk_bytes`` at event boundaries.
+1. ``_read``: the file is read whole (gzip is sniffed by its magic bytes, not its name); the top-level keys
+   around ``traceEvents`` are decoded and validated, and the array is cut into spans of about
+   ``chunk_bytes`` at event boundaries. The array itself is validated as its spans are decoded: the first
+   span that fails has the whole document validated (a truncated or malformed file is reported with its
+   byte offset, as msgspec finds it) before it is taken for a cut inside a string.
 2. ``_columns``: each span is decoded into small Structs (only the fields we keep) and its columns are built
    in bulk (the time rule and the coercion of args values are documented there).
 3. Here: spans are decoded in file order (in worker processes for a large trace with ``jobs`` > 1), each
@@ -29,7 +30,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ import pyarrow.parquet as pq
 
 from stepscope.analyze._columns import ChunkTables, conform, decode_span
 from stepscope.analyze._io import atomic_dir
-from stepscope.analyze._read import iter_chunks, json_size, read_trace, split_document
+from stepscope.analyze._read import iter_chunks, json_size, locate_events, read_trace, split_document
 from stepscope.analyze._workers import worker_context
 from stepscope.analyze.schema import EVENT_SCHEMA, FLOW_SCHEMA, INGEST_SCHEMA_VERSION, Kind
 from stepscope.errors import InputError, TraceFormatError
@@ -156,9 +157,26 @@ def _shifted(chunk: ChunkTables, first_index: int) -> ChunkTables:
                        kind_counts=chunk.kind_counts, n_input=chunk.n_input)
 
 
+class _Relocated(Exception):
+    """The quick locate_events found the wrong end of traceEvents (a valid document whose last ']' lies in a
+    later key's value): the exact span and top-level keys, to start over with."""
+
+    def __init__(self, start: int, end: int, top: dict[str, Any]) -> None:
+        super().__init__(start, end)
+        self.start, self.end, self.top = start, end, top
+
+
+def _verify(data: bytearray, start: int, end: int, path: Path) -> None:
+    """After a span failed to decode: raise the document's own error if it is malformed, _Relocated if the
+    array's span was not (start, end); return when the failure was only a cut inside a string."""
+    exact_start, exact_end, top = split_document(data, path)
+    if (exact_start, exact_end) != (start, end):
+        raise _Relocated(exact_start, exact_end, top)
+
+
 def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                       pool: Executor | None = None, pool_ready: threading.Event | None = None,
-                      source: Path | None = None, jobs: int = 1) -> Iterator[ChunkTables]:
+                      source: Path | None = None, jobs: int = 1, certain: bool = True) -> Iterator[ChunkTables]:
     """Yield the tables of each span of traceEvents in file order.
 
     With a `pool` of jobs - 1 workers (which read their spans from `source`, the trace's uncompressed JSON),
@@ -166,6 +184,8 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
     process decodes spans alone rather than wait for the workers to start), and whenever the next span to
     yield is not ready this process decodes the next unassigned one itself; results wait in order, so
     memory stays bounded. A span whose cut fell inside a string is merged with the next one and rebuilt here.
+    When the document was not validated whole (`certain` False: see _read.locate_events), the first span
+    that fails to decode has it validated first (_verify).
 
         workers: span 0, 1, 4 …   this process: span 2, 3 …   yielded: 0, 1, 2, 3, 4 …
     """
@@ -189,7 +209,11 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
         if i not in done:
             done[i] = in_flight.pop(i).result() if i in in_flight else _process_in_place(data, *spans[i], path)
             assigned = max(assigned, i + 1)
-        chunk, following = _whole_span(data, spans, i, done.pop(i), path)
+        result = done.pop(i)
+        if result is None and not certain:
+            _verify(data, start, end, path)
+            certain = True
+        chunk, following = _whole_span(data, spans, i, result, path)
         for j in range(i + 1, following):  # merged into span i: their own results are void
             done.pop(j, None)
             if j in in_flight:
@@ -343,63 +367,83 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
 def _ingest(path: Path, out_dir: Path, data: bytearray, sha: str, stack: ExitStack, *, pool: Executor | None,
             pool_ready: threading.Event | None, jobs: int, chunk_bytes: int, extra_meta: dict[str, Any],
             started: float) -> IngestResult:
-    kind_counts: Counter[str] = Counter()
-    metadata_events: list[dict[str, Any]] = []
-    n_total = n_events = n_flows = 0
-    ts_min: int | None = None
-    end_max: int | None = None
-    unknown_categories: Counter[str] = Counter()
     with atomic_dir(out_dir) as tmp:
-        start, end, top = split_document(data, path)
+        start, end, top, certain = locate_events(data, path)
         source = None
         if pool is not None:
             source = path if _is_plain(path, data) else stack.enter_context(_spilled(data, tmp.parent))
-        writer = _BackgroundWriter(tmp / "events.parquet", EVENT_SCHEMA)
-        flow_writer = _BackgroundWriter(tmp / "flows.parquet", FLOW_SCHEMA)
-        try:
+        while True:
             chunks = iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, pool=pool,
-                                       pool_ready=pool_ready, source=source, jobs=jobs)
-            for chunk in chunks:
-                n_total += chunk.n_input
-                writer.write_table(conform(chunk.events, EVENT_SCHEMA))
-                flow_writer.write_table(chunk.flows)
-                n_events += chunk.events.num_rows
-                n_flows += chunk.flows.num_rows
-                kind_counts.update(chunk.kind_counts)
-                metadata_events.extend(chunk.metadata)
-                frame = pl.from_arrow(chunk.events.select(["ts_ns", "dur_ns", "kind", "cat"]))
-                assert isinstance(frame, pl.DataFrame)
-                span = frame.select(lo=pl.col("ts_ns").min(),
-                                    hi=(pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max()).row(0)
-                if span[0] is not None:
-                    ts_min = span[0] if ts_min is None else min(ts_min, span[0])
-                    end_max = span[1] if end_max is None else max(end_max, span[1])
-                others = frame.filter((pl.col("kind") == Kind.OTHER.value) & pl.col("cat").is_not_null())
-                unknown_categories.update(dict(others["cat"].value_counts().iter_rows()))
-        finally:
-            writer.close()
-            flow_writer.close()
-        if n_total == 0:
+                                       pool_ready=pool_ready, source=source, jobs=jobs, certain=certain)
+            try:
+                totals = _write_tables(tmp, chunks)
+                break
+            except _Relocated as exc:  # a valid document that fooled locate_events: start over, exactly
+                start, end, top = exc.start, exc.end, exc.top
+                certain = True
+        if totals.n_input == 0:
             raise TraceFormatError("empty trace: traceEvents holds no events", path=path)
-        if n_events == 0:
+        if totals.n_events == 0:
             raise TraceFormatError("empty trace: no timed events (only metadata or flow events)", path=path)
-        meta = _build_meta(path=path, sha=sha, top=top, metadata_events=metadata_events, kind_counts=kind_counts,
-                           n_events=n_events, n_flows=n_flows, ts_min=ts_min, end_max=end_max,
-                           unknown_categories=unknown_categories, extra=extra_meta)
+        meta = _build_meta(path=path, sha=sha, top=top, totals=totals, extra=extra_meta)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
-    return IngestResult(source=path, out_dir=out_dir, skipped=False, n_events=n_events,
+    return IngestResult(source=path, out_dir=out_dir, skipped=False, n_events=totals.n_events,
                         seconds=time.perf_counter() - started)
+
+
+@dataclass
+class _Totals:
+    """What meta.json says about all the spans together."""
+
+    n_input: int = 0
+    n_events: int = 0
+    n_flows: int = 0
+    kind_counts: Counter[str] = field(default_factory=Counter)
+    metadata_events: list[dict[str, Any]] = field(default_factory=list)
+    ts_min: int | None = None
+    end_max: int | None = None
+    unknown_categories: Counter[str] = field(default_factory=Counter)
+
+    def add(self, chunk: ChunkTables) -> None:
+        self.n_input += chunk.n_input
+        self.n_events += chunk.events.num_rows
+        self.n_flows += chunk.flows.num_rows
+        self.kind_counts.update(chunk.kind_counts)
+        self.metadata_events.extend(chunk.metadata)
+        frame = pl.from_arrow(chunk.events.select(["ts_ns", "dur_ns", "kind", "cat"]))
+        assert isinstance(frame, pl.DataFrame)
+        lo, hi = frame.select(lo=pl.col("ts_ns").min(),
+                              hi=(pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max()).row(0)
+        if lo is not None:
+            self.ts_min = lo if self.ts_min is None else min(self.ts_min, lo)
+            self.end_max = hi if self.end_max is None else max(self.end_max, hi)
+        others = frame.filter((pl.col("kind") == Kind.OTHER.value) & pl.col("cat").is_not_null())
+        self.unknown_categories.update(dict(others["cat"].value_counts().iter_rows()))
+
+
+def _write_tables(tmp: Path, chunks: Iterator[ChunkTables]) -> _Totals:
+    """Append every span's tables to tmp/events.parquet and tmp/flows.parquet (new files each call)."""
+    totals = _Totals()
+    writer = _BackgroundWriter(tmp / "events.parquet", EVENT_SCHEMA)
+    flow_writer = _BackgroundWriter(tmp / "flows.parquet", FLOW_SCHEMA)
+    try:
+        for chunk in chunks:
+            writer.write_table(conform(chunk.events, EVENT_SCHEMA))
+            flow_writer.write_table(chunk.flows)
+            totals.add(chunk)
+    finally:
+        writer.close()
+        flow_writer.close()
+    return totals
 
 
 _KNOWN_CATEGORIES = {"Trace", "overhead", "cpu_instant_event", "cuda_profiler_range"}
 
 
-def _build_meta(*, path: Path, sha: str, top: dict[str, Any], metadata_events: list[dict[str, Any]],
-                kind_counts: Counter[str], n_events: int, n_flows: int, ts_min: int | None, end_max: int | None,
-                unknown_categories: Counter[str], extra: dict[str, Any]) -> dict[str, Any]:
+def _build_meta(*, path: Path, sha: str, top: dict[str, Any], totals: _Totals, extra: dict[str, Any]) -> dict[str, Any]:
     processes: dict[str, dict[str, Any]] = {}
     threads: dict[str, dict[str, Any]] = {}
-    for m in metadata_events:
+    for m in totals.metadata_events:
         pid = str(m.get("pid"))
         raw_args = m.get("args")
         args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
@@ -433,11 +477,13 @@ def _build_meta(*, path: Path, sha: str, top: dict[str, Any], metadata_events: l
         "devices": _jsonable(_device_properties(top)),
         "versions": {k: top[k] for k in _VERSION_KEYS if k in top},
         "profiler_options": {k: top[k] for k in _OPTION_KEYS if k in top},
-        "counts": {"events": n_events, "flows": n_flows, "metadata_events": len(metadata_events),
-                   "by_kind": dict(sorted(kind_counts.items()))},
-        "time": {"first_ns": ts_min, "last_ns": end_max,
-                 "span_ns": (end_max - ts_min) if ts_min is not None and end_max is not None else None},
-        "unknown_categories": {k: v for k, v in sorted(unknown_categories.items()) if k not in _KNOWN_CATEGORIES},
+        "counts": {"events": totals.n_events, "flows": totals.n_flows, "metadata_events": len(totals.metadata_events),
+                   "by_kind": dict(sorted(totals.kind_counts.items()))},
+        "time": {"first_ns": totals.ts_min, "last_ns": totals.end_max,
+                 "span_ns": (totals.end_max - totals.ts_min)
+                 if totals.ts_min is not None and totals.end_max is not None else None},
+        "unknown_categories": {k: v for k, v in sorted(totals.unknown_categories.items())
+                               if k not in _KNOWN_CATEGORIES},
         "processes": processes,
         "threads": threads,
         "top_level": _jsonable({k: v for k, v in top.items() if k not in ("deviceProperties",)}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -22,9 +23,12 @@ from builders import (
     trace,
     write_trace,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stepscope.analyze import load
 from stepscope.analyze._columns import parse_time_ns
+from stepscope.analyze._read import locate_events, split_document
 from stepscope.analyze.ingest import ingest_trace
 from stepscope.analyze.schema import EVENT_SCHEMA, Kind
 
@@ -159,6 +163,42 @@ def test_chunked_decode_equals_single_chunk_even_when_a_cut_lands_in_a_string(tm
     b = pl.read_parquet(many.out_dir / "events.parquet").sort("event_id")
     assert a.height == 600
     assert a.equals(b)
+
+
+_TOP_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text("ab]}[{\\\", ", max_size=6),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("xy]", max_size=2),
+                                                                                        inner, max_size=3),
+                           max_leaves=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=st.dictionaries(st.sampled_from(["a", "b]", "c"]), _TOP_VALUES, max_size=3),
+       after=st.dictionaries(st.sampled_from(["x", "y]", "z"]), _TOP_VALUES, max_size=3))
+def test_trace_events_anywhere_among_the_top_level_keys(before: dict[str, Any], after: dict[str, Any],
+                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    # GIVEN traceEvents between other top-level keys whose values hold ']', '}' and '"' (which fool a quick
+    # look for the array's end: the last ']' may lie in a later value)
+    tmp = tmp_path_factory.mktemp("top")
+    events = [cpu_op(f"op{i}", ts=i, dur=1, external_id=i) for i in range(20)]
+    path = tmp / "t.json"
+    path.write_text(json.dumps({**before, "traceEvents": events, **after}))
+    # WHEN it is ingested THEN every event and every other key is there, as the whole-document decode sees them
+    result = ingest_trace(path, tmp / "out", chunk_bytes=300)
+    assert result.n_events == 20
+    assert json.loads((tmp / "out" / "meta.json").read_text())["top_level"] == {**before, **after}
+    assert split_document(path.read_bytes(), path)[2] == {**before, **after}
+
+
+def test_a_later_value_ending_in_a_bracket_is_not_taken_for_the_end_of_trace_events(tmp_path: Path) -> None:
+    # GIVEN a valid trace whose last ']' closes a later key's list, not traceEvents
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [kernel("k", ts=1, dur=2)], "later": [1, 2]}))
+    start, end, _, certain = locate_events(path.read_bytes(), path)
+    assert not certain and path.read_bytes()[start:end] != json.dumps([kernel("k", ts=1, dur=2)]).encode()
+    # WHEN it is ingested THEN the span that fails to decode sends it the exact way, with the same tables
+    result = ingest_trace(path, tmp_path / "out")
+    assert result.n_events == 1
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["top_level"] == {"later": [1, 2]}
 
 
 def test_reingest_of_unchanged_file_is_skipped_and_output_is_atomic(tmp_path: Path) -> None:
