@@ -100,7 +100,6 @@ _DERIVED_FROM = ("arg_device", "arg_stream", "device_id")  # the args columns `d
 _NONE = type(None)
 _INTS = {int, _NONE}
 _NUMBERS = {int, float, _NONE}
-_TEXTS = {str, _NONE}
 _INTS_AND_TEXTS = {int, str, _NONE}
 
 
@@ -276,9 +275,11 @@ def _times_ns(values: list[Any]) -> pl.Series | None:
 def _text_series(values: list[Any]) -> pl.Series:
     """Text from values that are usually all str (names) or all int (pids: 2914 -> '2914'); other values
     become their JSON text."""
+    try:
+        return pl.Series(values, dtype=pl.String)  # strict: any value but str and None raises
+    except TypeError:
+        pass
     types = set(map(type, values))
-    if types <= _TEXTS:
-        return pl.Series(values, dtype=pl.String)
     if types <= _INTS:
         try:
             return pl.Series(values, dtype=pl.Int64).cast(pl.String)
