@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from stepscope.analyze._columns import ChunkTables, conform, decode_span
 from stepscope.analyze._io import atomic_dir
 from stepscope.analyze._read import iter_chunks, json_size, locate_events, read_trace, split_document
-from stepscope.analyze._workers import worker_context
+from stepscope.analyze._workers import widen_result_pipe, worker_context
 from stepscope.analyze.schema import EVENT_SCHEMA, FLOW_SCHEMA, INGEST_SCHEMA_VERSION, Kind
 from stepscope.errors import InputError, TraceFormatError
 
@@ -350,6 +350,7 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
         if jobs > 1 and json_size(path) >= PARALLEL_MIN_BYTES:
             # the workers start (about half a second) while this process reads and validates the file
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs - 1, mp_context=worker_context()))
+            widen_result_pipe(pool)
             # from a thread: the first submit blocks until the fork server has imported stepscope
             pool_ready = threading.Event()
             threading.Thread(target=_warm_up_workers, args=(pool, jobs - 1, pool_ready), daemon=True).start()
