@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from hypothesis import strategies as st
 from stepscope.analyze import load
 from stepscope.analyze._columns import parse_time_ns
 from stepscope.analyze._read import locate_events, split_document
+from stepscope.analyze._workers import widen_result_pipe, worker_context
 from stepscope.analyze.ingest import ingest_trace
 from stepscope.analyze.schema import EVENT_SCHEMA, Kind
 
@@ -317,6 +320,18 @@ def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: p
     assert pl.read_parquet(par.out_dir / "events.parquet")["event_id"].sort().to_list() == [
         i for i in range(1, 1201) if i % 3 != 0]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the spilled JSON is gone
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="pipe capacity is a Linux fcntl")
+def test_span_workers_hand_results_back_through_a_wide_pipe() -> None:
+    import fcntl
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=worker_context()) as pool:
+        reader = pool._result_queue._reader  # type: ignore[attr-defined]
+        widen_result_pipe(pool)
+        assert fcntl.fcntl(reader.fileno(), 1032) >= 1 << 20  # F_GETPIPE_SZ
+        assert pool.submit(sum, [1, 2]).result() == 3
+    widen_result_pipe(object())  # type: ignore[arg-type]  # no result queue: left alone, no error
 
 
 def test_launch_links_fall_back_to_flows_when_a_gpu_event_has_no_correlation(tmp_path: Path) -> None:
