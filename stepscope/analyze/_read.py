@@ -153,7 +153,7 @@ _NO_TOP = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
 def locate_events(data: bytes | bytearray, path: Path) -> tuple[int, int, dict[str, Any], bool]:
-    """split_document without reading through traceEvents (a ninth of a large trace's ingest): the span of
+    """split_document without reading through traceEvents (1 s of the 608 MB trace's ingest): the span of
     the array and the other top-level keys, and whether the span is certain.
 
     The text before the first ``"traceEvents": [`` must read as the head of an object, and the text after

@@ -184,15 +184,16 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
     process decodes spans alone rather than wait for the workers to start), and whenever the next span to
     yield is not ready this process decodes the next unassigned one itself; results wait in order, so
     memory stays bounded. A span whose cut fell inside a string is merged with the next one and rebuilt here.
-    When the document was not validated whole (`certain` False: see _read.locate_events), the first span
-    that fails to decode has it validated first (_verify).
+    A span decoded ahead of its turn keeps its error until its turn (it may be merged into the one before,
+    its error void). When the document was not validated whole (`certain` False: see _read.locate_events),
+    the first span that fails has it validated first (_verify).
 
         workers: span 0, 1, 4 …   this process: span 2, 3 …   yielded: 0, 1, 2, 3, 4 …
     """
     spans = list(iter_chunks(data, start, end, chunk_bytes))
     workers = jobs - 1 if pool is not None and source is not None else 0
     in_flight: dict[int, Future[ChunkTables | None]] = {}
-    done: dict[int, ChunkTables | None] = {}
+    done: dict[int, _Outcome] = {}
     assigned = index = i = 0
     while i < len(spans):
         ready = pool_ready is None or pool_ready.is_set()
@@ -203,16 +204,18 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
         if (i not in done and i in in_flight and not in_flight[i].done() and assigned < len(spans)
                 and len(done) < 2 * jobs):
             a, b = spans[assigned]  # rather than wait, decode a later span here
-            done[assigned] = _process_in_place(data, a, b, path)
+            done[assigned] = _decoded_here(data, a, b, path)
             assigned += 1
             continue
         if i not in done:
-            done[i] = in_flight.pop(i).result() if i in in_flight else _process_in_place(data, *spans[i], path)
+            done[i] = _outcome(in_flight.pop(i)) if i in in_flight else _decoded_here(data, *spans[i], path)
             assigned = max(assigned, i + 1)
         result = done.pop(i)
-        if result is None and not certain:
+        if not isinstance(result, ChunkTables) and not certain:
             _verify(data, start, end, path)
             certain = True
+        if isinstance(result, TraceFormatError):
+            raise result
         chunk, following = _whole_span(data, spans, i, result, path)
         for j in range(i + 1, following):  # merged into span i: their own results are void
             done.pop(j, None)
@@ -222,6 +225,23 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
         assigned = max(assigned, i)
         yield _shifted(chunk, index)
         index += chunk.n_input
+
+
+_Outcome = ChunkTables | None | TraceFormatError  # a span's tables, None for a bad cut, or its error
+
+
+def _decoded_here(data: bytearray, a: int, b: int, path: Path) -> _Outcome:
+    try:
+        return _process_in_place(data, a, b, path)
+    except TraceFormatError as exc:
+        return exc
+
+
+def _outcome(future: Future[ChunkTables | None]) -> _Outcome:
+    try:
+        return future.result()
+    except TraceFormatError as exc:
+        return exc
 
 
 def _whole_span(data: bytearray, spans: list[tuple[int, int]], i: int, result: ChunkTables | None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope.analyze import load
-from stepscope.analyze._columns import parse_time_ns
-from stepscope.analyze._read import locate_events, split_document
+from stepscope.analyze._columns import decode_span, parse_time_ns
+from stepscope.analyze._read import iter_chunks, locate_events, split_document
 from stepscope.analyze._workers import widen_result_pipe, worker_context
-from stepscope.analyze.ingest import ingest_trace
+from stepscope.analyze.ingest import ingest_trace, iter_chunk_tables
 from stepscope.analyze.schema import EVENT_SCHEMA, Kind
+from stepscope.errors import TraceFormatError
 
 CORPUS_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "traces"
 
@@ -320,6 +321,49 @@ def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: p
     assert pl.read_parquet(par.out_dir / "events.parquet")["event_id"].sort().to_list() == [
         i for i in range(1, 1201) if i % 3 != 0]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the spilled JSON is gone
+
+
+class _LazyFuture(Future):  # type: ignore[type-arg]
+    """Never done until its result is asked for: the caller decodes spans ahead of their turn meanwhile."""
+
+    def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
+        super().__init__()
+        self._call = fn, args
+
+    def done(self) -> bool:
+        return False
+
+    def result(self, timeout: float | None = None) -> Any:
+        fn, args = self._call
+        return fn(*args)
+
+
+class _LazyPool(Executor):
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future:  # type: ignore[type-arg]
+        return _LazyFuture(fn, args)
+
+
+def test_a_span_decoded_ahead_keeps_its_error_until_its_turn(tmp_path: Path) -> None:
+    # GIVEN a valid trace whose names (written last) hold "}, {}, 5, {": a cut there makes a span '{}, 5, {…'
+    # that is JSON up to an entry that is not an object, so decoding it alone raises, not just fails
+    events = [{"ph": "X", "cat": "cpu_op", "ts": i * 10, "dur": 5, "pid": 1, "tid": 1, "name": "a}, {}, 5, {b"}
+              for i in range(200)]
+    path = write_trace(tmp_path, {"traceEvents": events}, "t.json")
+    data = bytearray(path.read_bytes())
+    start, end, _ = split_document(data, path)
+    alone = []
+    for a, b in iter_chunks(data, start, end, 150):
+        try:
+            alone.append(decode_span(b"[" + data[a:b] + b"]", str(path), a) is not None)
+        except TraceFormatError:
+            alone.append("raised")
+    assert "raised" in alone and False in alone  # some cuts are bad, and some of those raise
+    # WHEN spans are decoded ahead of their turn (by workers that are never done) THEN the errors of spans
+    # that are merged into the one before are void, and the tables equal a plain in-order read
+    ahead = list(iter_chunk_tables(data, start, end, path, chunk_bytes=150, pool=_LazyPool(), source=path, jobs=2))
+    plain = list(iter_chunk_tables(data, start, end, path, chunk_bytes=150))
+    assert sum(c.events.num_rows for c in ahead) == 200
+    assert [c.events.to_pydict() for c in ahead] == [c.events.to_pydict() for c in plain]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="pipe capacity is a Linux fcntl")
