@@ -106,6 +106,7 @@ def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None
                 on_done: Callable[[FileOutcome], None] | None = None) -> BatchResult:
     """Ingest files/directories/globs into `dataset`, `jobs` processes at a time (default: CPU count)."""
     files = find_trace_files(paths)
+    created = not dataset.exists()
     dataset.mkdir(parents=True, exist_ok=True)
     jobs = max(1, jobs or os.cpu_count() or 1)
     outcomes: list[FileOutcome] = []
@@ -115,6 +116,8 @@ def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None
             on_done(outcome)
     for stale in dataset.glob(".staging-*"):
         shutil.rmtree(stale, ignore_errors=True)
+    if created and not any(dataset.iterdir()):  # every file failed: leave no empty dataset behind
+        dataset.rmdir()
     order = {str(f): i for i, f in enumerate(files)}
     outcomes.sort(key=lambda o: order.get(o.source, 0))
     return BatchResult(dataset=str(dataset), outcomes=tuple(outcomes))

@@ -66,3 +66,12 @@ def test_ingest_cli_reports_failures_and_exit_code(tmp_path: Path) -> None:
     res = runner.invoke(cli, ["ingest", str(src / "*.json*"), "-o", str(tmp_path / "ds2"), "-q"])
     assert res.exit_code == 0, res.output
     assert "3 ingested, 0 unchanged (skipped), 0 failed" in res.stdout
+
+
+def test_a_batch_where_every_file_fails_leaves_no_dataset_behind(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.json"
+    bad.write_bytes(b'{"traceEvents": [{"ph": "X"')
+    result = ingest_many([bad], tmp_path / "ds")
+    assert result.failed == 1 and not (tmp_path / "ds").exists()
+    (tmp_path / "kept").mkdir()  # a directory the user made beforehand stays
+    assert ingest_many([bad], tmp_path / "kept").failed == 1 and (tmp_path / "kept").is_dir()
