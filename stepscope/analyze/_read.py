@@ -27,9 +27,10 @@ from stepscope.errors import InputError, TraceFormatError
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 
-def read_trace(path: Path) -> tuple[bytearray, str]:
+def read_trace(path: Path, sha256: str | None = None) -> tuple[bytearray, str]:
     """The uncompressed JSON of a trace file (gzip sniffed by its magic bytes) and the sha256 of the file
-    as stored, from one read. A bytearray, so spans of it can be decoded in place (see iter_chunk_tables)."""
+    as stored, from one read (or `sha256` as given, when the caller has just hashed the file). A bytearray,
+    so spans of it can be decoded in place (see iter_chunk_tables)."""
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -40,7 +41,7 @@ def read_trace(path: Path) -> tuple[bytearray, str]:
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
     del stored[got:]
-    sha = hashlib.sha256(stored).hexdigest()
+    sha = sha256 or hashlib.sha256(stored).hexdigest()
     if stored[:2] != b"\x1f\x8b":
         return stored, sha
     try:
@@ -168,14 +169,13 @@ def locate_events(data: bytes | bytearray, path: Path) -> tuple[int, int, dict[s
     the exact error message.
     """
     first = re.search(rb"\S", data)
-    match = _EVENTS_ARRAY.search(data) if first is not None and data[first.start()] == ord("{") else None
-    if match is None:
+    if first is None or data[first.start()] != ord("{") or (match := _EVENTS_ARRAY.search(data)) is None:
         return (*split_document(data, path), True)
     start, end = match.end() - 1, data.rfind(b"]") + 1
     if end <= start:  # truncated
         return (*split_document(data, path), True)
     try:
-        head = msgspec.json.decode(bytes(data[first.start() : match.start()]) + b'"traceEvents":0}',  # type: ignore[union-attr]
+        head = msgspec.json.decode(bytes(data[first.start() : match.start()]) + b'"traceEvents":0}',
                                    type=dict[str, msgspec.Raw])
         tail = msgspec.json.decode(b'{"traceEvents":0' + bytes(data[end:]), type=dict[str, msgspec.Raw])
     except _NO_TOP:

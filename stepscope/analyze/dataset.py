@@ -85,7 +85,7 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1) ->
             return FileOutcome(source=source, trace_id=trace_id, out_dir=str(done), status="skipped",
                                n_events=meta["counts"]["events"], seconds=0.0, error=None)
         staging = root / f".staging-{trace_id}-{os.getpid()}"
-        result = ingest_trace(src, staging, force=True, jobs=jobs)
+        result = ingest_trace(src, staging, force=True, jobs=jobs, sha256=sha)
         meta = json.loads((staging / "meta.json").read_text(encoding="utf-8"))
         target = _partition_dir(root, trace_id, meta.get("rank"))
         if target.exists():

@@ -350,7 +350,8 @@ def is_ingested(out_dir: Path, sha256: str | None = None) -> bool:
 
 
 def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 1,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra_meta: dict[str, Any] | None = None) -> IngestResult:
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra_meta: dict[str, Any] | None = None,
+                 sha256: str | None = None) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
 
     `jobs` > 1 decodes the spans of a large trace (>= PARALLEL_MIN_BYTES of JSON) on that many cores: this
@@ -358,7 +359,9 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
     to a temporary file beside out_dir); this process also validates, writes Parquet and keeps the order.
 
     Skipped when out_dir already holds this file's ingest (same sha256, same schema version) unless
-    `force`. Raises TraceFormatError / InputError with a one-line message naming the file.
+    `force`. `sha256`: the file's, when the caller has just computed it (load() and batch ingest key their
+    outputs by it), so it is not computed twice. Raises TraceFormatError / InputError with a one-line
+    message naming the file.
     """
     started = time.perf_counter()
     path = Path(path)
@@ -368,13 +371,13 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
     with ExitStack() as stack:
         pool = pool_ready = None
         if jobs > 1 and json_size(path) >= PARALLEL_MIN_BYTES:
-            # the workers start (about half a second) while this process reads and validates the file
+            # the workers start (about half a second) while this process reads the file
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs - 1, mp_context=worker_context()))
             widen_result_pipe(pool)
             # from a thread: the first submit blocks until the fork server has imported stepscope
             pool_ready = threading.Event()
             threading.Thread(target=_warm_up_workers, args=(pool, jobs - 1, pool_ready), daemon=True).start()
-        data, sha = read_trace(path)
+        data, sha = read_trace(path, sha256)
         if not force and is_ingested(out_dir, sha):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)

@@ -262,5 +262,5 @@ def load(path: str | Path, *, cache_dir: Path | None = None) -> Trace:
     sha = file_sha256(path)
     target = (cache_dir or default_cache_dir()) / sha[:2] / sha
     if not is_ingested(target, sha):  # the cache is keyed by content: a hit needs no read of the trace
-        ingest_trace(path, target, jobs=os.cpu_count() or 1)
+        ingest_trace(path, target, jobs=os.cpu_count() or 1, sha256=sha)
     return Trace(directory=target, meta=_read_meta(target))

@@ -388,3 +388,23 @@ def test_launch_links_fall_back_to_flows_when_a_gpu_event_has_no_correlation(tmp
     )
     link = load_events(tmp_path, doc).launches().collect().row(0, named=True)
     assert (link["correlation"], link["runtime_name"], link["op_name"]) == (7, "cudaLaunchKernel", "aten::add")
+
+
+def test_load_and_batch_ingest_hash_each_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN callers that key their output by the file's sha256 (load's cache, the dataset's trace ids)
+    import stepscope.analyze._read as read_module
+    from stepscope.analyze.dataset import ingest_many
+    from stepscope.analyze.ingest import file_sha256
+
+    path = write_trace(tmp_path, trace(kernel("k", ts=1, dur=2)), "t.json", gz=True)
+    sha = file_sha256(path)
+
+    def no_second_hash(*_: Any) -> None:
+        raise AssertionError("the file was hashed a second time")
+
+    monkeypatch.setattr(read_module.hashlib, "sha256", no_second_hash)
+    # WHEN they ingest THEN the hash they computed is the one recorded, and the file is not hashed again
+    assert load(path, cache_dir=tmp_path / "cache").meta["source"]["sha256"] == sha
+    outcome = ingest_many([path], tmp_path / "ds").outcomes[0]
+    assert outcome.status == "ingested"
+    assert json.loads((Path(outcome.out_dir) / "meta.json").read_text())["source"]["sha256"] == sha  # type: ignore[arg-type]
