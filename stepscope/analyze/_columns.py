@@ -55,6 +55,11 @@ from stepscope.analyze.schema import (
 )
 from stepscope.errors import TraceFormatError
 
+try:  # the compiled fast path (setup.py); where it could not be built, every span takes the Python path
+    from stepscope.analyze import _scan
+except ImportError:  # pragma: no cover - exercised only on machines without a C compiler
+    _scan = None  # type: ignore[assignment]
+
 _NULL = msgspec.Raw(b"null")
 _EMPTY_OBJECT = b"{}"
 _SEP = b"\x00"  # never appears raw in JSON text, so it safely joins raw values
@@ -109,7 +114,7 @@ class ChunkTables:
 
     events: pa.Table
     flows: pa.Table
-    metadata: list[dict[str, Any]]
+    metadata: list[dict[str, Any]]  # M events: name, pid and tid as text, args decoded
     kind_counts: Counter[str]
     n_input: int  # traceEvents entries in the span (events + flows + metadata)
 
@@ -120,7 +125,12 @@ def decode_span(document: bytes | bytearray | memoryview, path: str, offset: int
     Returns None when the array is not valid JSON (the cut that made the span fell inside a string, so the
     caller merges it with the next span). `offset` is the span's position in the file, for error messages.
     Runs in worker processes for large traces, so it takes and returns only picklable values.
+
+    The compiled scanner (_scan.c) reads the span when it can read it exactly as the Python path below would;
+    anything it is not sure of (and every error) is left to the Python path, which tests hold it to.
     """
+    if _scan is not None and (scanned := _scan.scan_events(document, _SLOT_KEYS, _SLOT_TYPES)) is not None:
+        return _from_scan(scanned)
     try:
         events = _EVENT_DECODER.decode(document)
     except msgspec.ValidationError as exc:
@@ -158,28 +168,18 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
         "dur_ns": dur_ns.rename("dur_ns"),
     })
     metadata: list[dict[str, Any]] = []
-    for event_id in base.filter(pl.col("ph") == "M")["event_id"].to_list():
+    for event_id in base.filter(_IS_METADATA)["event_id"].to_list():
         e = events[event_id]
         margs = msgspec.json.decode(e.args) if e.args is not _NULL else {}
-        metadata.append({"name": e.name, "pid": e.pid, "tid": e.tid, "args": margs})
+        metadata.append({"name": e.name, "pid": _as_text(e.pid), "tid": _as_text(e.tid), "args": margs})
 
-    flows = base.filter(pl.col("ph").is_in(["s", "t", "f"]))
+    flows = base.filter(_IS_FLOW)
     flow_events = _pick(events, flows["event_id"].to_list())
-    flows = flows.with_columns(flow_id=_text_series([e.id for e in flow_events]),
-                               binding_point=_text_series([e.bp for e in flow_events]))
-    flow_table = _to_arrow(flows.select(FLOW_SCHEMA.names), FLOW_SCHEMA)
+    flow_table = _flow_table(flows.with_columns(flow_id=_text_series([e.id for e in flow_events]),
+                                                binding_point=_text_series([e.bp for e in flow_events])))
+    evs, kind_counts = _with_kinds(base)
 
-    evs = base.filter(~pl.col("ph").is_in(["M", "s", "t", "f"])).with_columns(
-        kind=pl.when(pl.col("name") == MEMORY_EVENT_NAME)
-        .then(pl.lit(Kind.MEMORY.value))
-        .otherwise(pl.col("cat").replace_strict({k: v.value for k, v in KIND_BY_CATEGORY.items()},
-                                                default=Kind.OTHER.value, return_dtype=pl.String))
-    )
-    kind_counts: Counter[str] = Counter(dict(evs["kind"].value_counts().iter_rows()))
-    group_map = {k.value: g for k, g in GROUP_OF_KIND.items()}
-    evs = evs.with_columns(group=pl.col("kind").replace_strict(group_map, return_dtype=pl.String))
-
-    # args are decoded per group (each pays only for its keys); rows stay grouped, event_id keeps file order
+    # args are decoded per group (each pays only for its keys), then rows go back to file order
     all_args = [e.args for e in events]
     pieces: list[pl.DataFrame] = []
     for group in _GROUPS:
@@ -189,9 +189,103 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
         raw_args = _pick(all_args, rows["event_id"].to_list())
         columns = _group_args(raw_args, group)
         pieces.append(rows.drop("group").with_columns(_raw_texts(raw_args).alias("args"), *columns))
-    merged = pl.concat(pieces, how="diagonal_relaxed") if pieces else evs.drop("group")
+    merged = pl.concat(pieces, how="diagonal_relaxed").sort("event_id") if pieces else evs.drop("group")
     return ChunkTables(events=_finish_events(merged), flows=flow_table, metadata=metadata,
                        kind_counts=kind_counts, n_input=n)
+
+
+_IS_METADATA = pl.col("ph") == "M"
+_IS_FLOW = pl.col("ph").is_in(["s", "t", "f"])
+_IS_TIMED = ~pl.col("ph").is_in(["M", "s", "t", "f"])
+
+
+def _flow_table(flows: pl.DataFrame) -> pa.Table:
+    return _to_arrow(flows.select(FLOW_SCHEMA.names), FLOW_SCHEMA)
+
+
+def _with_kinds(base: pl.DataFrame) -> tuple[pl.DataFrame, Counter[str]]:
+    """The timed events (not M, s, t, f) with their `kind` and args `group`, and the count of each kind."""
+    evs = base.filter(_IS_TIMED).with_columns(
+        kind=pl.when(pl.col("name") == MEMORY_EVENT_NAME)
+        .then(pl.lit(Kind.MEMORY.value))
+        .otherwise(pl.col("cat").replace_strict({k: v.value for k, v in KIND_BY_CATEGORY.items()},
+                                                default=Kind.OTHER.value, return_dtype=pl.String))
+    )
+    kind_counts: Counter[str] = Counter(dict(evs["kind"].value_counts().iter_rows()))
+    group_map = {k.value: g for k, g in GROUP_OF_KIND.items()}
+    return evs.with_columns(group=pl.col("kind").replace_strict(group_map, return_dtype=pl.String)), kind_counts
+
+
+# ----------------------------------------------------------------------------------------------- fast path
+
+_TYPE_CODES: dict[ArgType, int] = {"int": 0, "float": 1, "str": 2, "json": 3}  # as _scan.c numbers them
+#: every raw args key of the declarative table, in order (a column's keys consecutive), and its type
+_SLOT_KEYS = tuple(key.encode() for col in ARG_COLUMNS for key in col.keys)
+_SLOT_TYPES = bytes(_TYPE_CODES[col.type] for col in ARG_COLUMNS for _ in col.keys)
+_SLOT_ARROW = {"int": pa.int64(), "float": pa.float64()}
+
+
+def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
+    """The tables of a span from _scan.scan_events' column buffers: the same as build_chunk gives.
+
+    The scanner pulls every args key for every event; here each typed column keeps the first present key
+    (coalesce) of the events whose group reads it, as _group_args does group by group.
+    """
+    n, ph, cat, name, pid, tid, flow_id, bp, args, ts, dur, slots = scanned
+    slot_names = [f"_slot{i}" for i in range(len(slots))]
+    base = pl.DataFrame({
+        "event_id": pl.int_range(0, n, dtype=pl.Int64, eager=True),
+        "ph": _scanned_text(n, ph),
+        "cat": _scanned_text(n, cat),
+        "name": _scanned_text(n, name),
+        "pid": _scanned_text(n, pid),
+        "tid": _scanned_text(n, tid),
+        "ts_ns": _scanned_numbers(n, ts, pa.int64()),
+        "dur_ns": _scanned_numbers(n, dur, pa.int64()),
+        "flow_id": _scanned_text(n, flow_id),
+        "binding_point": _scanned_text(n, bp),
+        "args": _scanned_text(n, args),
+        **{slot_names[i]: _scanned_slot(n, buffers, col.type) for i, col in enumerate(_SLOT_COLUMNS)
+           if (buffers := slots[i]) is not None},
+    })
+    metadata = [{"name": name, "pid": pid, "tid": tid, "args": msgspec.json.decode(margs) if margs else {}}
+                for name, pid, tid, margs in base.filter(_IS_METADATA).select("name", "pid", "tid", "args").iter_rows()]
+    flow_table = _flow_table(base.filter(_IS_FLOW))
+    evs, kind_counts = _with_kinds(base)
+    typed = []
+    first = 0
+    for col in ARG_COLUMNS:
+        present = [pl.col(slot_names[i]) for i in range(first, first + len(col.keys)) if slots[i] is not None]
+        first += len(col.keys)
+        if present:
+            value = present[0] if len(present) == 1 else pl.coalesce(present)
+            typed.append(pl.when(pl.col("group").is_in(col.groups)).then(value).alias(col.column))
+    evs = evs.with_columns(typed).drop("group", "flow_id", "binding_point", *(c for c in slot_names if c in evs.columns))
+    return ChunkTables(events=_finish_events(evs), flows=flow_table, metadata=metadata, kind_counts=kind_counts,
+                       n_input=n)
+
+
+_SLOT_COLUMNS = tuple(col for col in ARG_COLUMNS for _ in col.keys)
+
+
+def _scanned_text(n: int, buffers: tuple[bytes, bytes, bytes] | None) -> pl.Series:
+    """A text column from (int64 offsets, UTF-8 data, validity bitmap); None: every row null."""
+    if buffers is None:
+        return pl.Series(values=[None] * n, dtype=pl.String)
+    offsets, data, valid = buffers
+    return pl.Series(pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data),
+                                                      pa.py_buffer(valid)))
+
+
+def _scanned_numbers(n: int, buffers: tuple[bytes, bytes], dtype: pa.DataType) -> pl.Series:
+    values, valid = buffers
+    return pl.Series(pa.Array.from_buffers(dtype, n, [pa.py_buffer(valid), pa.py_buffer(values)]))
+
+
+def _scanned_slot(n: int, buffers: Any, kind: ArgType) -> pl.Series:
+    if kind in _SLOT_ARROW:
+        return _scanned_numbers(n, buffers, _SLOT_ARROW[kind])
+    return _scanned_text(n, buffers)
 
 
 def _finish_events(frame: pl.DataFrame) -> pa.Table:

@@ -1,0 +1,904 @@
+/* The compiled fast path of ingest: one span of traceEvents (a JSON array of event objects) -> column buffers.
+ *
+ * _columns.decode_span calls scan_events(document, keys, types) first. It validates the whole span as strict
+ * JSON and, in one pass with the GIL released, pulls out what _columns' Python path would: ph, cat, name,
+ * pid, tid, id, bp as text, ts/dur as exact integer ns, the raw args text, and the value of every raw args
+ * key of the declarative table (schema.ARG_COLUMNS, passed in as `keys` with their `types`).
+ *
+ * It handles only what it can read exactly as the Python path does, and returns None for anything else
+ * (the span then takes the Python path, which also reports errors):
+ *   - malformed JSON, invalid UTF-8, a \u escape that is a lone surrogate, nesting deeper than 64;
+ *   - an entry that is not an object, a key written with escapes, a known key twice in one object;
+ *   - ts/dur other than a number with at most 3 decimals and no exponent (or null), or beyond int64 ns;
+ *   - text fields (ph ... bp, str args) holding a float, an object, an array, an integer beyond int64 or -0
+ *     (booleans too, outside str args); numeric args holding a string; float args an integer beyond int64.
+ *
+ * Output, all little-endian Arrow buffers as bytes (validity: one bit per row, 1 = present):
+ *   (n, ph, cat, name, pid, tid, id, bp, args, ts_ns, dur_ns, slots)
+ *   text column: None (no row has a value) or (offsets int64[n + 1], data, validity)
+ *   ts_ns/dur_ns: (values int64[n], validity)
+ *   slots: one entry per key: None, or for int/float keys (values int64/float64[n], validity),
+ *          for str/json keys a text column as above.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <locale.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEPTH 64
+#define MAX_KEYS 128
+
+enum { T_INT = 0, T_FLOAT = 1, T_STR = 2, T_JSON = 3 };
+/* base fields of an event object */
+enum { F_PH, F_CAT, F_NAME, F_PID, F_TID, F_ID, F_BP, F_ARGS, N_TEXT, F_TS = N_TEXT, F_DUR, N_FIELDS };
+
+/* ------------------------------------------------------------------------------------------------ buffers */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Buf;
+
+static int buf_grow(Buf *b, size_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int buf_put(Buf *b, const void *src, size_t n) {
+    if (buf_grow(b, n)) return -1;
+    memcpy(b->p + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+/* A value seen at a row, kept until the row count is known (then densified). Text values point into the
+ * input: `esc` says whether JSON escapes must be decoded; numbers are already converted. */
+typedef struct {
+    int64_t row;
+    union {
+        int64_t i;
+        double f;
+        struct {
+            uint32_t off, len;
+        } s;
+    } v;
+    uint8_t esc;
+} Entry;
+
+typedef struct {
+    Buf entries; /* Entry[] */
+    int type;    /* T_* (base text fields are T_STR) */
+} Column;
+
+static inline int col_add(Column *c, Entry *e) { return buf_put(&c->entries, e, sizeof(Entry)); }
+
+/* ------------------------------------------------------------------------------------------------ scanner */
+
+typedef struct {
+    const unsigned char *base, *p, *end;
+    int depth;
+} Scan;
+
+enum { OK = 0, BAIL = 1, NOMEM = 2 };
+
+static inline void ws(Scan *s) {
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) s->p++;
+}
+
+static inline int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int read_hex4(const unsigned char *p, const unsigned char *end, unsigned *out) {
+    if (end - p < 4) return -1;
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(p[i]);
+        if (h < 0) return -1;
+        v = v * 16 + (unsigned)h;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A string at s->p ('"'): validated (escapes, surrogate pairs, UTF-8, no control characters); on return
+ * start and len cover the bytes between the quotes and s->p is past the closing quote. */
+static int scan_string(Scan *s, const unsigned char **start, size_t *len, int *esc) {
+    const unsigned char *p = s->p + 1, *end = s->end;
+    *start = p;
+    *esc = 0;
+    while (p < end) {
+        unsigned char c = *p;
+        if (c == '"') {
+            *len = (size_t)(p - *start);
+            s->p = p + 1;
+            return OK;
+        }
+        if (c < 0x20) return BAIL;
+        if (c == '\\') {
+            *esc = 1;
+            if (p + 1 >= end) return BAIL;
+            unsigned char e = p[1];
+            if (e == 'u') {
+                unsigned u;
+                if (read_hex4(p + 2, end, &u)) return BAIL;
+                p += 6;
+                if (u >= 0xD800 && u <= 0xDBFF) {
+                    unsigned lo;
+                    if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || read_hex4(p + 2, end, &lo)) return BAIL;
+                    if (lo < 0xDC00 || lo > 0xDFFF) return BAIL;
+                    p += 6;
+                } else if (u >= 0xDC00 && u <= 0xDFFF) {
+                    return BAIL;
+                }
+                continue;
+            }
+            if (!(e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' || e == 't'))
+                return BAIL;
+            p += 2;
+            continue;
+        }
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        /* UTF-8: reject overlong forms, surrogates and code points above U+10FFFF */
+        if (c >= 0xC2 && c <= 0xDF) {
+            if (end - p < 2 || (p[1] & 0xC0) != 0x80) return BAIL;
+            p += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (end - p < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return BAIL;
+            if (c == 0xE0 && p[1] < 0xA0) return BAIL;
+            if (c == 0xED && p[1] > 0x9F) return BAIL;
+            p += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (end - p < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
+                return BAIL;
+            if (c == 0xF0 && p[1] < 0x90) return BAIL;
+            if (c == 0xF4 && p[1] > 0x8F) return BAIL;
+            p += 4;
+        } else {
+            return BAIL;
+        }
+    }
+    return BAIL; /* unterminated */
+}
+
+/* A JSON number at s->p, by the grammar -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+typedef struct {
+    const unsigned char *start;
+    size_t len;
+    int neg, is_int, has_exp;
+    const unsigned char *int_start, *frac_start;
+    size_t int_len, frac_len;
+} Number;
+
+static int scan_number(Scan *s, Number *n) {
+    const unsigned char *p = s->p, *end = s->end;
+    memset(n, 0, sizeof *n);
+    n->start = p;
+    if (p < end && *p == '-') {
+        n->neg = 1;
+        p++;
+    }
+    n->int_start = p;
+    if (p >= end) return BAIL;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    } else {
+        return BAIL;
+    }
+    n->int_len = (size_t)(p - n->int_start);
+    n->is_int = 1;
+    if (p < end && *p == '.') {
+        p++;
+        n->frac_start = p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        n->frac_len = (size_t)(p - n->frac_start);
+        if (!n->frac_len) return BAIL;
+        n->is_int = 0;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        const unsigned char *digits = p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        if (p == digits) return BAIL;
+        n->is_int = 0;
+        n->has_exp = 1;
+    }
+    n->len = (size_t)(p - n->start);
+    s->p = p;
+    return OK;
+}
+
+/* An integer Number's value; -1 when it does not fit int64. */
+static int number_int64(const Number *n, int64_t *out) {
+    if (n->int_len > 19) return -1;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n->int_len; i++) {
+        uint64_t d = (uint64_t)(n->int_start[i] - '0');
+        if (v > (UINT64_MAX - d) / 10) return -1;
+        v = v * 10 + d;
+    }
+    if (n->neg) {
+        if (v > (uint64_t)INT64_MAX + 1) return -1;
+        *out = (int64_t)(0 - v);
+    } else {
+        if (v > (uint64_t)INT64_MAX) return -1;
+        *out = (int64_t)v;
+    }
+    return 0;
+}
+
+static int number_double(const Number *n, double *out) {
+    char tmp[64];
+    char *heap = NULL, *text = tmp;
+    if (n->len >= sizeof tmp) {
+        heap = malloc(n->len + 1);
+        if (!heap) return NOMEM;
+        text = heap;
+    }
+    memcpy(text, n->start, n->len);
+    text[n->len] = 0;
+    *out = strtod(text, NULL);
+    free(heap);
+    return OK;
+}
+
+static int skip_value(Scan *s);
+
+static int skip_literal(Scan *s, const char *word, size_t len) {
+    if ((size_t)(s->end - s->p) < len || memcmp(s->p, word, len) != 0) return BAIL;
+    s->p += len;
+    return OK;
+}
+
+static int skip_container(Scan *s, unsigned char close) {
+    if (++s->depth > MAX_DEPTH) return BAIL;
+    s->p++;
+    ws(s);
+    if (s->p < s->end && *s->p == close) {
+        s->p++;
+        s->depth--;
+        return OK;
+    }
+    for (;;) {
+        if (close == '}') {
+            const unsigned char *ks;
+            size_t kl;
+            int esc;
+            if (s->p >= s->end || *s->p != '"' || scan_string(s, &ks, &kl, &esc)) return BAIL;
+            ws(s);
+            if (s->p >= s->end || *s->p != ':') return BAIL;
+            s->p++;
+            ws(s);
+        }
+        int r = skip_value(s);
+        if (r) return r;
+        ws(s);
+        if (s->p >= s->end) return BAIL;
+        if (*s->p == ',') {
+            s->p++;
+            ws(s);
+            continue;
+        }
+        if (*s->p == close) {
+            s->p++;
+            s->depth--;
+            return OK;
+        }
+        return BAIL;
+    }
+}
+
+static int skip_value(Scan *s) {
+    if (s->p >= s->end) return BAIL;
+    switch (*s->p) {
+    case '"': {
+        const unsigned char *st;
+        size_t l;
+        int esc;
+        return scan_string(s, &st, &l, &esc);
+    }
+    case '{': return skip_container(s, '}');
+    case '[': return skip_container(s, ']');
+    case 't': return skip_literal(s, "true", 4);
+    case 'f': return skip_literal(s, "false", 5);
+    case 'n': return skip_literal(s, "null", 4);
+    default: {
+        Number n;
+        return scan_number(s, &n);
+    }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ values */
+
+typedef struct {
+    Column text[N_TEXT];
+    Buf ts, dur, ts_valid, dur_valid; /* dense: one int64 / one byte per row */
+    Column *slots;
+    int nslots;
+    /* the args keys, bucketed by length for lookup */
+    const char **key_text;
+    size_t *key_len;
+    int key_next[MAX_KEYS];
+    int bucket[64];
+    int64_t row;
+} State;
+
+static int text_entry(Column *c, Scan *s, int64_t row, const unsigned char *start, size_t len, int esc) {
+    if (len > UINT32_MAX || (size_t)(start - s->base) > UINT32_MAX) return BAIL;
+    Entry e = {.row = row, .esc = (uint8_t)esc};
+    e.v.s.off = (uint32_t)(start - s->base);
+    e.v.s.len = (uint32_t)len;
+    return col_add(c, &e) ? NOMEM : OK;
+}
+
+/* A text value (ph ... bp, str args): a string, or an integer's digits as written; null is no entry.
+ * `bools`: true/false become their text (str args, as json.dumps writes them). */
+static int read_text(Scan *s, Column *c, int64_t row, int bools) {
+    const unsigned char *p = s->p;
+    if (p >= s->end) return BAIL;
+    if (*p == '"') {
+        const unsigned char *st;
+        size_t l;
+        int esc;
+        int r = scan_string(s, &st, &l, &esc);
+        return r ? r : text_entry(c, s, row, st, l, esc);
+    }
+    if (*p == 'n') return skip_literal(s, "null", 4);
+    if (bools && (*p == 't' || *p == 'f')) {
+        int r = *p == 't' ? skip_literal(s, "true", 4) : skip_literal(s, "false", 5);
+        return r ? r : text_entry(c, s, row, p, (size_t)(s->p - p), 0);
+    }
+    if (*p == '-' || (*p >= '0' && *p <= '9')) {
+        Number n;
+        int64_t v;
+        if (scan_number(s, &n) || !n.is_int || number_int64(&n, &v)) return BAIL;
+        if (n.neg && v == 0) return BAIL; /* -0: Python writes 0 */
+        return text_entry(c, s, row, n.start, n.len, 0);
+    }
+    return BAIL;
+}
+
+/* ts/dur: microseconds with at most 3 decimals -> exact ns. */
+static int read_time(Scan *s, Buf *values, Buf *valid, int64_t row) {
+    int64_t *vals = (int64_t *)values->p;
+    if (s->p < s->end && *s->p == 'n') return skip_literal(s, "null", 4);
+    Number n;
+    if (scan_number(s, &n) || n.has_exp || n.frac_len > 3 || n.int_len > 16) return BAIL;
+    int64_t whole = 0, frac = 0;
+    for (size_t i = 0; i < n.int_len; i++) whole = whole * 10 + (n.int_start[i] - '0');
+    if (whole > (INT64_MAX - 999) / 1000) return BAIL;
+    for (size_t i = 0; i < 3; i++) frac = frac * 10 + (i < n.frac_len ? n.frac_start[i] - '0' : 0);
+    int64_t ns = whole * 1000 + frac;
+    vals[row] = n.neg ? -ns : ns;
+    valid->p[row] = 1;
+    return OK;
+}
+
+static int read_numeric_text(Scan *s, Column *c, int64_t row);
+
+static int read_slot(Scan *s, State *st, int k, int64_t row) {
+    Column *c = &st->slots[k];
+    const unsigned char *p = s->p;
+    if (p >= s->end) return BAIL;
+    if (c->type == T_STR) return read_text(s, c, row, 1);
+    if (c->type == T_JSON) {
+        if (*p == '"') {
+            const unsigned char *ss;
+            size_t l;
+            int esc;
+            int r = scan_string(s, &ss, &l, &esc);
+            return r ? r : text_entry(c, s, row, ss, l, esc);
+        }
+        if (*p == 'n') return skip_literal(s, "null", 4);
+        int r = skip_value(s);
+        return r ? r : text_entry(c, s, row, p, (size_t)(s->p - p), 0);
+    }
+    /* int / float */
+    if (*p == '"') return read_numeric_text(s, c, row);
+    if (*p != '-' && !(*p >= '0' && *p <= '9')) return skip_value(s); /* null, bool, object, array: null */
+    Number n;
+    if (scan_number(s, &n)) return BAIL;
+    Entry e = {.row = row};
+    if (c->type == T_INT) {
+        if (n.is_int) {
+            if (number_int64(&n, &e.v.i)) return OK; /* beyond int64: null */
+        } else {
+            double d;
+            if (number_double(&n, &d)) return NOMEM;
+            if (!isfinite(d) || floor(d) != d || d < -9223372036854775808.0 || d >= 9223372036854775808.0)
+                return OK;
+            e.v.i = (int64_t)d;
+        }
+    } else {
+        if (n.is_int) {
+            int64_t v;
+            if (number_int64(&n, &v)) return BAIL;
+            e.v.f = (double)v;
+        } else if (number_double(&n, &e.v.f)) {
+            return NOMEM;
+        }
+    }
+    return col_add(c, &e) ? NOMEM : OK;
+}
+
+/* A number written as a string ("stream": "0x0", "bytes": "1": ROCm traces). Read here only in the plain
+ * forms whose value Python's int(text.strip(), 0) / float(text) agree on: -?(0|[1-9][0-9]*|0[xX][0-9a-fA-F]+)
+ * for int keys, -?[0-9]+(.[0-9]+)? for float keys, within int64; anything else (spaces, underscores, octal,
+ * exponents, escapes, "inf") is left to the Python path. */
+static int read_numeric_text(Scan *s, Column *c, int64_t row) {
+    const unsigned char *st;
+    size_t l;
+    int esc;
+    int r = scan_string(s, &st, &l, &esc);
+    if (r) return r;
+    if (esc || l == 0 || l > 40) return BAIL;
+    const unsigned char *p = st, *end = st + l;
+    int neg = *p == '-';
+    p += neg;
+    if (p >= end) return BAIL;
+    Entry e = {.row = row};
+    if (c->type == T_INT && end - p > 2 && p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
+        uint64_t v = 0;
+        for (p += 2; p < end; p++) {
+            int h = hexval(*p);
+            if (h < 0 || v >> 59) return BAIL;
+            v = v * 16 + (uint64_t)h;
+        }
+        if (v > (uint64_t)INT64_MAX + neg) return BAIL;
+        e.v.i = neg ? (int64_t)(0 - v) : (int64_t)v;
+        return col_add(c, &e) ? NOMEM : OK;
+    }
+    Scan inner = {.base = st, .p = st, .end = end};
+    Number n;
+    if (scan_number(&inner, &n) || inner.p != end || n.has_exp) return BAIL;
+    if (c->type == T_INT) {
+        if (!n.is_int || number_int64(&n, &e.v.i)) return BAIL;
+    } else {
+        if (number_double(&n, &e.v.f)) return NOMEM;
+    }
+    return col_add(c, &e) ? NOMEM : OK;
+}
+
+static int find_key(State *st, const unsigned char *k, size_t len) {
+    for (int i = st->bucket[len & 63]; i >= 0; i = st->key_next[i])
+        if (st->key_len[i] == len && memcmp(st->key_text[i], k, len) == 0) return i;
+    return -1;
+}
+
+static int scan_args(Scan *s, State *st, int64_t row, unsigned char *seen) {
+    if (++s->depth > MAX_DEPTH) return BAIL;
+    s->p++;
+    ws(s);
+    if (s->p < s->end && *s->p == '}') {
+        s->p++;
+        s->depth--;
+        return OK;
+    }
+    for (;;) {
+        const unsigned char *ks;
+        size_t kl;
+        int esc, r;
+        if (s->p >= s->end || *s->p != '"' || scan_string(s, &ks, &kl, &esc)) return BAIL;
+        if (esc) return BAIL;
+        ws(s);
+        if (s->p >= s->end || *s->p != ':') return BAIL;
+        s->p++;
+        ws(s);
+        int k = find_key(st, ks, kl);
+        if (k >= 0) {
+            if (seen[k]) return BAIL;
+            seen[k] = 1;
+            r = read_slot(s, st, k, row);
+        } else {
+            r = skip_value(s);
+        }
+        if (r) return r;
+        ws(s);
+        if (s->p >= s->end) return BAIL;
+        if (*s->p == ',') {
+            s->p++;
+            ws(s);
+            continue;
+        }
+        if (*s->p == '}') {
+            s->p++;
+            s->depth--;
+            return OK;
+        }
+        return BAIL;
+    }
+}
+
+static int field_of(const unsigned char *k, size_t len) {
+    switch (len) {
+    case 2:
+        if (!memcmp(k, "ph", 2)) return F_PH;
+        if (!memcmp(k, "id", 2)) return F_ID;
+        if (!memcmp(k, "bp", 2)) return F_BP;
+        if (!memcmp(k, "ts", 2)) return F_TS;
+        return -1;
+    case 3:
+        if (!memcmp(k, "cat", 3)) return F_CAT;
+        if (!memcmp(k, "pid", 3)) return F_PID;
+        if (!memcmp(k, "tid", 3)) return F_TID;
+        if (!memcmp(k, "dur", 3)) return F_DUR;
+        return -1;
+    case 4:
+        if (!memcmp(k, "name", 4)) return F_NAME;
+        if (!memcmp(k, "args", 4)) return F_ARGS;
+        return -1;
+    default: return -1;
+    }
+}
+
+static int scan_event(Scan *s, State *st, unsigned char *seen) {
+    int64_t row = st->row;
+    int seen_field[N_FIELDS] = {0};
+    memset(seen, 0, (size_t)st->nslots);
+    if (buf_grow(&st->ts, 8) || buf_grow(&st->dur, 8) || buf_grow(&st->ts_valid, 1) || buf_grow(&st->dur_valid, 1))
+        return NOMEM;
+    memset(st->ts.p + st->ts.len, 0, 8);
+    memset(st->dur.p + st->dur.len, 0, 8);
+    st->ts.len += 8;
+    st->dur.len += 8;
+    st->ts_valid.p[st->ts_valid.len++] = 0;
+    st->dur_valid.p[st->dur_valid.len++] = 0;
+    if (s->p >= s->end || *s->p != '{') return BAIL; /* an entry that is not an object */
+    s->depth++;
+    s->p++;
+    ws(s);
+    if (s->p < s->end && *s->p == '}') {
+        s->p++;
+        s->depth--;
+        return OK;
+    }
+    for (;;) {
+        const unsigned char *ks;
+        size_t kl;
+        int esc, r;
+        if (s->p >= s->end || *s->p != '"' || scan_string(s, &ks, &kl, &esc) || esc) return BAIL;
+        ws(s);
+        if (s->p >= s->end || *s->p != ':') return BAIL;
+        s->p++;
+        ws(s);
+        int f = field_of(ks, kl);
+        if (f >= 0) {
+            if (seen_field[f]) return BAIL;
+            seen_field[f] = 1;
+        }
+        if (f < 0) {
+            r = skip_value(s);
+        } else if (f == F_TS) {
+            r = read_time(s, &st->ts, &st->ts_valid, row);
+        } else if (f == F_DUR) {
+            r = read_time(s, &st->dur, &st->dur_valid, row);
+        } else if (f == F_ARGS) {
+            const unsigned char *v = s->p;
+            if (v < s->end && *v == '{') {
+                r = scan_args(s, st, row, seen);
+            } else if (v < s->end && *v == 'n') {
+                r = skip_literal(s, "null", 4);
+                if (!r) goto next; /* null args: no text */
+            } else {
+                r = skip_value(s);
+            }
+            if (!r) r = text_entry(&st->text[F_ARGS], s, row, v, (size_t)(s->p - v), 0);
+        } else {
+            r = read_text(s, &st->text[f], row, 0);
+        }
+        if (r) return r;
+    next:
+        ws(s);
+        if (s->p >= s->end) return BAIL;
+        if (*s->p == ',') {
+            s->p++;
+            ws(s);
+            continue;
+        }
+        if (*s->p == '}') {
+            s->p++;
+            s->depth--;
+            return OK;
+        }
+        return BAIL;
+    }
+}
+
+static int scan_array(Scan *s, State *st) {
+    unsigned char seen[MAX_KEYS];
+    ws(s);
+    if (s->p >= s->end || *s->p != '[') return BAIL;
+    s->p++;
+    ws(s);
+    if (s->p < s->end && *s->p == ']') {
+        s->p++;
+    } else {
+        for (;;) {
+            int r = scan_event(s, st, seen);
+            if (r) return r;
+            st->row++;
+            ws(s);
+            if (s->p >= s->end) return BAIL;
+            if (*s->p == ',') {
+                s->p++;
+                ws(s);
+                continue;
+            }
+            if (*s->p == ']') {
+                s->p++;
+                break;
+            }
+            return BAIL;
+        }
+    }
+    ws(s);
+    return s->p == s->end ? OK : BAIL;
+}
+
+/* ------------------------------------------------------------------------------------------------ output */
+
+static void put_utf8(char *out, size_t *n, unsigned cp) {
+    if (cp < 0x80) {
+        out[(*n)++] = (char)cp;
+    } else if (cp < 0x800) {
+        out[(*n)++] = (char)(0xC0 | (cp >> 6));
+        out[(*n)++] = (char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        out[(*n)++] = (char)(0xE0 | (cp >> 12));
+        out[(*n)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[(*n)++] = (char)(0x80 | (cp & 0x3F));
+    } else {
+        out[(*n)++] = (char)(0xF0 | (cp >> 18));
+        out[(*n)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        out[(*n)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[(*n)++] = (char)(0x80 | (cp & 0x3F));
+    }
+}
+
+/* JSON string body (validated by scan_string) -> UTF-8 at out; returns the length (never longer). */
+static size_t unescape(const unsigned char *p, size_t len, char *out) {
+    size_t n = 0;
+    const unsigned char *end = p + len;
+    while (p < end) {
+        if (*p != '\\') {
+            out[n++] = (char)*p++;
+            continue;
+        }
+        unsigned char e = p[1];
+        p += 2;
+        switch (e) {
+        case 'b': out[n++] = '\b'; break;
+        case 'f': out[n++] = '\f'; break;
+        case 'n': out[n++] = '\n'; break;
+        case 'r': out[n++] = '\r'; break;
+        case 't': out[n++] = '\t'; break;
+        case 'u': {
+            unsigned u, lo;
+            read_hex4(p, end, &u);
+            p += 4;
+            if (u >= 0xD800 && u <= 0xDBFF) {
+                read_hex4(p + 2, end, &lo);
+                p += 6;
+                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            put_utf8(out, &n, u);
+            break;
+        }
+        default: out[n++] = (char)e; /* " \ / */
+        }
+    }
+    return n;
+}
+
+typedef struct {
+    Buf a, b, c; /* values or offsets; text data; validity */
+    int64_t present;
+} Dense;
+
+/* Densify a column's entries over n rows (GIL released: plain memory only). */
+static int densify(const Column *c, const unsigned char *base, int64_t n, Dense *d) {
+    const Entry *e = (const Entry *)c->entries.p;
+    size_t count = c->entries.len / sizeof(Entry);
+    size_t nbits = (size_t)(n + 7) / 8;
+    d->present = (int64_t)count;
+    if (!count) return OK;
+    if (buf_grow(&d->c, nbits)) return NOMEM;
+    memset(d->c.p, 0, nbits);
+    d->c.len = nbits;
+    for (size_t i = 0; i < count; i++) d->c.p[e[i].row >> 3] |= (char)(1u << (e[i].row & 7));
+    if (c->type == T_INT || c->type == T_FLOAT) {
+        if (buf_grow(&d->a, (size_t)n * 8)) return NOMEM;
+        memset(d->a.p, 0, (size_t)n * 8);
+        d->a.len = (size_t)n * 8;
+        for (size_t i = 0; i < count; i++) memcpy(d->a.p + e[i].row * 8, &e[i].v, 8);
+        return OK;
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < count; i++) total += e[i].v.s.len;
+    if (buf_grow(&d->a, (size_t)(n + 1) * 8) || buf_grow(&d->b, total ? total : 1)) return NOMEM;
+    int64_t *offsets = (int64_t *)d->a.p;
+    d->a.len = (size_t)(n + 1) * 8;
+    int64_t row = 0, pos = 0;
+    offsets[0] = 0;
+    for (size_t i = 0; i < count; i++) {
+        while (row < e[i].row) offsets[++row] = pos;
+        const unsigned char *src = base + e[i].v.s.off;
+        if (e[i].esc) {
+            pos += (int64_t)unescape(src, e[i].v.s.len, d->b.p + pos);
+        } else {
+            memcpy(d->b.p + pos, src, e[i].v.s.len);
+            pos += e[i].v.s.len;
+        }
+        offsets[++row] = pos;
+    }
+    while (row < n) offsets[++row] = pos;
+    d->b.len = (size_t)pos;
+    return OK;
+}
+
+static int dense_bits(Buf *bytes, int64_t n, Buf *bits) {
+    size_t nbits = (size_t)(n + 7) / 8;
+    if (buf_grow(bits, nbits ? nbits : 1)) return NOMEM;
+    memset(bits->p, 0, nbits);
+    bits->len = nbits;
+    for (int64_t i = 0; i < n; i++)
+        if (bytes->p[i]) bits->p[i >> 3] |= (char)(1u << (i & 7));
+    return OK;
+}
+
+static PyObject *as_bytes(const Buf *b) { return PyBytes_FromStringAndSize(b->p ? b->p : "", (Py_ssize_t)b->len); }
+
+static PyObject *dense_object(const Dense *d, int type) {
+    if (!d->present) Py_RETURN_NONE;
+    if (type == T_INT || type == T_FLOAT) return Py_BuildValue("(NN)", as_bytes(&d->a), as_bytes(&d->c));
+    return Py_BuildValue("(NNN)", as_bytes(&d->a), as_bytes(&d->b), as_bytes(&d->c));
+}
+
+static void free_buf(Buf *b) {
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+static void free_dense(Dense *d) {
+    free_buf(&d->a);
+    free_buf(&d->b);
+    free_buf(&d->c);
+}
+
+/* ------------------------------------------------------------------------------------------------ entry */
+
+static PyObject *scan_events(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *keys;
+    const char *types;
+    Py_ssize_t ntypes;
+    if (!PyArg_ParseTuple(args, "y*O!y#", &view, &PyTuple_Type, &keys, &types, &ntypes)) return NULL;
+    Py_ssize_t nkeys = PyTuple_GET_SIZE(keys);
+    if (nkeys != ntypes || nkeys > MAX_KEYS) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "keys and types differ in length, or too many keys");
+        return NULL;
+    }
+    State st;
+    memset(&st, 0, sizeof st);
+    Column slots[MAX_KEYS];
+    memset(slots, 0, sizeof slots);
+    const char *key_text[MAX_KEYS];
+    size_t key_len[MAX_KEYS];
+    st.slots = slots;
+    st.nslots = (int)nkeys;
+    st.key_text = key_text;
+    st.key_len = key_len;
+    for (int i = 0; i < 64; i++) st.bucket[i] = -1;
+    for (Py_ssize_t i = 0; i < nkeys; i++) {
+        PyObject *k = PyTuple_GET_ITEM(keys, i);
+        if (!PyBytes_Check(k)) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return NULL;
+        }
+        key_text[i] = PyBytes_AS_STRING(k);
+        key_len[i] = (size_t)PyBytes_GET_SIZE(k);
+        slots[i].type = types[i];
+    }
+    for (Py_ssize_t i = nkeys - 1; i >= 0; i--) { /* earlier keys first in a bucket */
+        st.key_next[i] = st.bucket[key_len[i] & 63];
+        st.bucket[key_len[i] & 63] = (int)i;
+    }
+    for (int f = 0; f < N_TEXT; f++) st.text[f].type = T_STR;
+
+    Dense text[N_TEXT], dslots[MAX_KEYS];
+    Buf ts_bits = {0}, dur_bits = {0};
+    memset(text, 0, sizeof text);
+    memset(dslots, 0, sizeof dslots);
+    int status;
+    int64_t n = 0;
+    /* numbers are read with strtod: only where the decimal point is '.' */
+    int c_locale = localeconv()->decimal_point[0] == '.' && localeconv()->decimal_point[1] == 0;
+    Py_BEGIN_ALLOW_THREADS
+    Scan s = {.base = view.buf, .p = view.buf, .end = (const unsigned char *)view.buf + view.len};
+    status = !c_locale ? BAIL : (size_t)view.len > UINT32_MAX ? BAIL : scan_array(&s, &st);
+    n = st.row;
+    if (status == OK && n == 0) status = BAIL;
+    for (int f = 0; status == OK && f < N_TEXT; f++) status = densify(&st.text[f], s.base, n, &text[f]);
+    for (int k = 0; status == OK && k < st.nslots; k++) status = densify(&slots[k], s.base, n, &dslots[k]);
+    if (status == OK) status = dense_bits(&st.ts_valid, n, &ts_bits);
+    if (status == OK) status = dense_bits(&st.dur_valid, n, &dur_bits);
+    Py_END_ALLOW_THREADS
+
+    PyObject *result = NULL;
+    if (status == NOMEM) {
+        PyErr_NoMemory();
+    } else if (status == BAIL) {
+        result = Py_NewRef(Py_None);
+    } else {
+        st.ts.len = st.dur.len = (size_t)n * 8;
+        PyObject *slot_tuple = PyTuple_New(st.nslots);
+        if (slot_tuple) {
+            for (int k = 0; k < st.nslots; k++) {
+                PyObject *o = dense_object(&dslots[k], slots[k].type);
+                if (!o) {
+                    Py_CLEAR(slot_tuple);
+                    break;
+                }
+                PyTuple_SET_ITEM(slot_tuple, k, o);
+            }
+        }
+        if (slot_tuple) {
+            result = Py_BuildValue("(LNNNNNNNN(NN)(NN)N)", (long long)n, dense_object(&text[F_PH], T_STR),
+                                   dense_object(&text[F_CAT], T_STR), dense_object(&text[F_NAME], T_STR),
+                                   dense_object(&text[F_PID], T_STR), dense_object(&text[F_TID], T_STR),
+                                   dense_object(&text[F_ID], T_STR), dense_object(&text[F_BP], T_STR),
+                                   dense_object(&text[F_ARGS], T_STR), as_bytes(&st.ts), as_bytes(&ts_bits),
+                                   as_bytes(&st.dur), as_bytes(&dur_bits), slot_tuple);
+        }
+    }
+    for (int f = 0; f < N_TEXT; f++) {
+        free_buf(&st.text[f].entries);
+        free_dense(&text[f]);
+    }
+    for (int k = 0; k < st.nslots; k++) {
+        free_buf(&slots[k].entries);
+        free_dense(&dslots[k]);
+    }
+    free_buf(&st.ts);
+    free_buf(&st.dur);
+    free_buf(&st.ts_valid);
+    free_buf(&st.dur_valid);
+    free_buf(&ts_bits);
+    free_buf(&dur_bits);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_events", scan_events, METH_VARARGS,
+     "scan_events(document, keys, types) -> column buffers, or None where the Python path must read the span"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "The compiled fast path of ingest (see _scan.c).",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
