@@ -117,6 +117,9 @@ class ChunkTables:
     metadata: list[dict[str, Any]]  # M events: name, pid and tid as text, args decoded
     kind_counts: Counter[str]
     n_input: int  # traceEvents entries in the span (events + flows + metadata)
+    ts_min_ns: int | None  # earliest ts of the span's events
+    end_max_ns: int | None  # latest ts + dur (ts for instants)
+    unknown_categories: Counter[str]  # cat of the events whose kind is `other`
 
 
 def decode_span(document: bytes | bytearray | memoryview, path: str, offset: int) -> ChunkTables | None:
@@ -126,11 +129,44 @@ def decode_span(document: bytes | bytearray | memoryview, path: str, offset: int
     caller merges it with the next span). `offset` is the span's position in the file, for error messages.
     Runs in worker processes for large traces, so it takes and returns only picklable values.
 
-    The compiled scanner (_scan.c) reads the span when it can read it exactly as the Python path below would;
+    The compiled scanner (_scan.c) reads the span when it can read it exactly as the Python path would;
     anything it is not sure of (and every error) is left to the Python path, which tests hold it to.
     """
     if _scan is not None and (scanned := _scan.scan_events(document, _SLOT_KEYS, _SLOT_TYPES)) is not None:
         return _from_scan(scanned)
+    return _decode_python(document, path, offset)
+
+
+def decode_range(data: bytes | bytearray, a: int, b: int, path: str) -> ChunkTables | None:
+    """decode_span of the span data[a:b] of traceEvents (whole events and the commas between them), read in
+    place by the scanner, so several threads can decode spans of one buffer at once; only a span that takes
+    the Python path is copied (with its brackets)."""
+    if _scan is not None and (scanned := _scan.scan_events(data, _SLOT_KEYS, _SLOT_TYPES, a, b)) is not None:
+        return _from_scan(scanned)
+    document = bytearray(b - a + 2)
+    document[0], document[-1] = 0x5B, 0x5D  # [ ]
+    document[1:-1] = memoryview(data)[a:b]
+    return _decode_python(document, path, a)
+
+
+_WARM_UP_SPAN = (b'[{"ph": "X", "cat": "cpu_op", "name": "w", "pid": 1, "tid": 1, "ts": 1, "dur": 1, '
+                 b'"args": {"External id": 1}}, {"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 1}, '
+                 b'{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "w"}}]')
+
+
+def warm_up() -> None:
+    """Decode a tiny span: a process's first polars and pyarrow calls cost about 50 ms once, which ingest
+    hides behind reading the file (gunzip and sha256 release the GIL)."""
+    decode_span(_WARM_UP_SPAN, "warm-up", 0)
+
+
+def scanner_available() -> bool:
+    """Whether the compiled scanner was built (a C compiler was there when stepscope was installed)."""
+    return _scan is not None
+
+
+def _decode_python(document: bytes | bytearray | memoryview, path: str, offset: int) -> ChunkTables | None:
+    """decode_span without the scanner: msgspec Structs, then columns built in bulk (the general path)."""
     try:
         events = _EVENT_DECODER.decode(document)
     except msgspec.ValidationError as exc:
@@ -190,8 +226,7 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
         columns = _group_args(raw_args, group)
         pieces.append(rows.drop("group").with_columns(_raw_texts(raw_args).alias("args"), *columns))
     merged = pl.concat(pieces, how="diagonal_relaxed").sort("event_id") if pieces else evs.drop("group")
-    return ChunkTables(events=_finish_events(merged), flows=flow_table, metadata=metadata,
-                       kind_counts=kind_counts, n_input=n)
+    return _chunk(merged, flow_table, metadata, kind_counts, n)
 
 
 _IS_METADATA = pl.col("ph") == "M"
@@ -261,8 +296,7 @@ def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
             value = present[0] if len(present) == 1 else pl.coalesce(present)
             typed.append(pl.when(pl.col("group").is_in(col.groups)).then(value).alias(col.column))
     evs = evs.with_columns(typed).drop("group", "flow_id", "binding_point", *(c for c in slot_names if c in evs.columns))
-    return ChunkTables(events=_finish_events(evs), flows=flow_table, metadata=metadata, kind_counts=kind_counts,
-                       n_input=n)
+    return _chunk(evs, flow_table, metadata, kind_counts, n)
 
 
 _SLOT_COLUMNS = tuple(col for col in ARG_COLUMNS for _ in col.keys)
@@ -286,6 +320,17 @@ def _scanned_slot(n: int, buffers: Any, kind: ArgType) -> pl.Series:
     if kind in _SLOT_ARROW:
         return _scanned_numbers(n, buffers, _SLOT_ARROW[kind])
     return _scanned_text(n, buffers)
+
+
+def _chunk(events: pl.DataFrame, flows: pa.Table, metadata: list[dict[str, Any]], kind_counts: Counter[str],
+           n_input: int) -> ChunkTables:
+    """The span's ChunkTables, with the figures meta.json sums over spans taken while the events are in polars."""
+    ts_min, end_max = events.select(lo=pl.col("ts_ns").min(),
+                                    hi=(pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max()).row(0)
+    others = events.filter((pl.col("kind") == Kind.OTHER.value) & pl.col("cat").is_not_null())["cat"]
+    return ChunkTables(events=_finish_events(events), flows=flows, metadata=metadata, kind_counts=kind_counts,
+                       n_input=n_input, ts_min_ns=ts_min, end_max_ns=end_max,
+                       unknown_categories=Counter(dict(others.value_counts().iter_rows())))
 
 
 def _finish_events(frame: pl.DataFrame) -> pa.Table:

@@ -13,6 +13,10 @@
  *   - text fields (ph ... bp, str args) holding a float, an object, an array, an integer beyond int64 or -0
  *     (booleans too, outside str args); numeric args holding a string; float args an integer beyond int64.
  *
+ * scan_events(document, keys, types, start, end) reads document[start:end] as the body of an array (whole
+ * events and the commas between them, no brackets): a span of a larger document, read in place, so that
+ * spans of one buffer can be scanned by several threads at once.
+ *
  * Output, all little-endian Arrow buffers as bytes (validity: one bit per row, 1 = present):
  *   (n, ph, cat, name, pid, tid, id, bp, args, ts_ns, dur_ns, slots)
  *   text column: None (no row has a value) or (offsets int64[n + 1], data, validity)
@@ -624,35 +628,32 @@ static int scan_event(Scan *s, State *st, unsigned char *seen) {
     }
 }
 
-static int scan_array(Scan *s, State *st) {
+/* The events of a JSON array; `bare`: the array's body only (events and commas, no brackets). An empty
+ * array is left to the Python path (the caller bails on zero rows). */
+static int scan_array(Scan *s, State *st, int bare) {
     unsigned char seen[MAX_KEYS];
     ws(s);
-    if (s->p >= s->end || *s->p != '[') return BAIL;
-    s->p++;
-    ws(s);
-    if (s->p < s->end && *s->p == ']') {
+    if (!bare) {
+        if (s->p >= s->end || *s->p != '[') return BAIL;
         s->p++;
-    } else {
-        for (;;) {
-            int r = scan_event(s, st, seen);
-            if (r) return r;
-            st->row++;
-            ws(s);
-            if (s->p >= s->end) return BAIL;
-            if (*s->p == ',') {
-                s->p++;
-                ws(s);
-                continue;
-            }
-            if (*s->p == ']') {
-                s->p++;
-                break;
-            }
-            return BAIL;
-        }
+        ws(s);
     }
-    ws(s);
-    return s->p == s->end ? OK : BAIL;
+    for (;;) {
+        int r = scan_event(s, st, seen);
+        if (r) return r;
+        st->row++;
+        ws(s);
+        if (s->p >= s->end) return bare ? OK : BAIL;
+        if (*s->p == ',') {
+            s->p++;
+            ws(s);
+            continue;
+        }
+        if (bare || *s->p != ']') return BAIL;
+        s->p++;
+        ws(s);
+        return s->p == s->end ? OK : BAIL;
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------ output */
@@ -792,12 +793,15 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     Py_buffer view;
     PyObject *keys;
     const char *types;
-    Py_ssize_t ntypes;
-    if (!PyArg_ParseTuple(args, "y*O!y#", &view, &PyTuple_Type, &keys, &types, &ntypes)) return NULL;
+    Py_ssize_t ntypes, start = 0, stop = -1;
+    if (!PyArg_ParseTuple(args, "y*O!y#|nn", &view, &PyTuple_Type, &keys, &types, &ntypes, &start, &stop))
+        return NULL;
     Py_ssize_t nkeys = PyTuple_GET_SIZE(keys);
-    if (nkeys != ntypes || nkeys > MAX_KEYS) {
+    int bare = stop >= 0;
+    if (!bare) stop = view.len;
+    if (nkeys != ntypes || nkeys > MAX_KEYS || start < 0 || start > stop || stop > view.len) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "keys and types differ in length, or too many keys");
+        PyErr_SetString(PyExc_ValueError, "keys and types differ in length, too many keys, or a bad range");
         return NULL;
     }
     State st;
@@ -837,8 +841,9 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     /* numbers are read with strtod: only where the decimal point is '.' */
     int c_locale = localeconv()->decimal_point[0] == '.' && localeconv()->decimal_point[1] == 0;
     Py_BEGIN_ALLOW_THREADS
-    Scan s = {.base = view.buf, .p = view.buf, .end = (const unsigned char *)view.buf + view.len};
-    status = !c_locale ? BAIL : (size_t)view.len > UINT32_MAX ? BAIL : scan_array(&s, &st);
+    Scan s = {.base = (const unsigned char *)view.buf + start, .p = (const unsigned char *)view.buf + start,
+              .end = (const unsigned char *)view.buf + stop};
+    status = !c_locale ? BAIL : (size_t)(stop - start) > UINT32_MAX ? BAIL : scan_array(&s, &st, bare);
     n = st.row;
     if (status == OK && n == 0) status = BAIL;
     for (int f = 0; status == OK && f < N_TEXT; f++) status = densify(&st.text[f], s.base, n, &text[f]);
@@ -894,7 +899,8 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"scan_events", scan_events, METH_VARARGS,
-     "scan_events(document, keys, types) -> column buffers, or None where the Python path must read the span"},
+     "scan_events(document, keys, types[, start, end]) -> column buffers, or None where the Python path must read "
+     "the span. With start and end: the bytes document[start:end] are an array's body (events and commas)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,6 +18,8 @@ How a trace is read, fast and in bounded memory:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -28,7 +30,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,16 +40,19 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepscope.analyze._columns import ChunkTables, conform, decode_span
+from stepscope.analyze._columns import ChunkTables, conform, decode_range, decode_span, scanner_available, warm_up
 from stepscope.analyze._io import atomic_dir
 from stepscope.analyze._read import iter_chunks, json_size, locate_events, read_trace, split_document
 from stepscope.analyze._workers import widen_result_pipe, worker_context
 from stepscope.analyze.schema import EVENT_SCHEMA, FLOW_SCHEMA, INGEST_SCHEMA_VERSION, Kind
 from stepscope.errors import InputError, TraceFormatError
 
+# Spans of about a quarter of a core's share of the array (threads stay balanced, the Parquet writer starts
+# early), within these bounds (each span costs a few ms of fixed work).
+MIN_CHUNK_BYTES = 4 * 1024 * 1024
 DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
-# Below this, starting worker processes costs more than it saves (54 MB: 1.5 s alone, 2.0 s on 2 cores;
-# 608 MB: 13.2 s alone, 10.5 s on 2 cores).
+# Without the compiled scanner, spans are decoded in worker processes, and below this their start costs more
+# than it saves (54 MB: 1.5 s alone, 2.0 s on 2 cores; 608 MB: 13.2 s alone, 10.5 s on 2 cores).
 PARALLEL_MIN_BYTES = 128 * 1024 * 1024
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -128,21 +133,6 @@ def _warm_up_workers(pool: Executor, workers: int, ready: threading.Event) -> No
     ready.set()
 
 
-def _process_in_place(data: bytearray, a: int, b: int, path: Path) -> ChunkTables | None:
-    """decode_span on data[a:b] without copying it: the separator bytes just outside the span are
-    set to '[' and ']' while it is decoded, then restored. Raw values never include those bytes.
-
-        data:  [ {e0} , {e1} , {e2} ]        span (a, b) = {e1}
-        view:        [ {e1} ]                 (the commas around it, briefly)
-    """
-    before, after = data[a - 1], data[b]
-    data[a - 1], data[b] = 0x5B, 0x5D
-    try:
-        return decode_span(memoryview(data)[a - 1 : b + 1], str(path), a)
-    finally:
-        data[a - 1], data[b] = before, after
-
-
 def _shifted(chunk: ChunkTables, first_index: int) -> ChunkTables:
     """The chunk with its span-local event ids made file-wide (polars, not pyarrow.compute: a Python scalar
     given to pyarrow.compute imports pandas when it is installed, a quarter second per process)."""
@@ -153,8 +143,7 @@ def _shifted(chunk: ChunkTables, first_index: int) -> ChunkTables:
         ids = pl.Series(table["event_id"]) + first_index
         return table.set_column(0, "event_id", ids.to_arrow())
 
-    return ChunkTables(events=shift(chunk.events), flows=shift(chunk.flows), metadata=chunk.metadata,
-                       kind_counts=chunk.kind_counts, n_input=chunk.n_input)
+    return dataclasses.replace(chunk, events=shift(chunk.events), flows=shift(chunk.flows))
 
 
 class _Relocated(Exception):
@@ -174,13 +163,27 @@ def _verify(data: bytearray, start: int, end: int, path: Path) -> None:
         raise _Relocated(exact_start, exact_end, top)
 
 
+def span_bytes(array_bytes: int, jobs: int) -> int:
+    """How long a span to cut: about four per core, MIN_CHUNK_BYTES to DEFAULT_CHUNK_BYTES."""
+    return min(DEFAULT_CHUNK_BYTES, max(MIN_CHUNK_BYTES, array_bytes // (4 * jobs)))
+
+
+@functools.cache
+def _warm_up_once() -> threading.Thread:
+    """The decoder's first calls, made once per process in a thread while the first file is read."""
+    thread = threading.Thread(target=warm_up, name="stepscope-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                       pool: Executor | None = None, pool_ready: threading.Event | None = None,
                       source: Path | None = None, jobs: int = 1, certain: bool = True) -> Iterator[ChunkTables]:
     """Yield the tables of each span of traceEvents in file order.
 
-    With a `pool` of jobs - 1 workers (which read their spans from `source`, the trace's uncompressed JSON),
-    spans go to the workers in order, two in flight per worker, once `pool_ready` is set (until then this
+    With a `pool` of jobs - 1 workers, threads that read their spans from `data` in place (the compiled
+    scanner releases the GIL) or, given `source` (the trace's uncompressed JSON file), processes that read
+    them from the file, spans go to the workers in order, two in flight per worker, once `pool_ready` is set (until then this
     process decodes spans alone rather than wait for the workers to start), and whenever the next span to
     yield is not ready this process decodes the next unassigned one itself; results wait in order, so
     memory stays bounded. A span whose cut fell inside a string is merged with the next one and rebuilt here.
@@ -191,7 +194,14 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
         workers: span 0, 1, 4 …   this process: span 2, 3 …   yielded: 0, 1, 2, 3, 4 …
     """
     spans = list(iter_chunks(data, start, end, chunk_bytes))
-    workers = jobs - 1 if pool is not None and source is not None else 0
+    workers = jobs - 1 if pool is not None else 0
+
+    def submit(a: int, b: int) -> Future[ChunkTables | None]:
+        assert pool is not None
+        if source is not None:
+            return pool.submit(decode_file_span, str(source), a, b, str(path))
+        return pool.submit(decode_range, data, a, b, str(path))
+
     in_flight: dict[int, Future[ChunkTables | None]] = {}
     done: dict[int, _Outcome] = {}
     assigned = index = i = 0
@@ -199,7 +209,7 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
         ready = pool_ready is None or pool_ready.is_set()
         while ready and assigned < len(spans) and len(in_flight) < 2 * workers:
             a, b = spans[assigned]
-            in_flight[assigned] = pool.submit(decode_file_span, str(source), a, b, str(path))  # type: ignore[union-attr]
+            in_flight[assigned] = submit(a, b)
             assigned += 1
         if (i not in done and i in in_flight and not in_flight[i].done() and assigned < len(spans)
                 and len(done) < 2 * jobs):
@@ -232,7 +242,7 @@ _Outcome = ChunkTables | None | TraceFormatError  # a span's tables, None for a 
 
 def _decoded_here(data: bytearray, a: int, b: int, path: Path) -> _Outcome:
     try:
-        return _process_in_place(data, a, b, path)
+        return decode_range(data, a, b, str(path))
     except TraceFormatError as exc:
         return exc
 
@@ -253,7 +263,7 @@ def _whole_span(data: bytearray, spans: list[tuple[int, int]], i: int, result: C
     while result is None:
         if j >= len(spans):
             raise TraceFormatError("malformed traceEvents array", path=path, offset=a)
-        result = _process_in_place(data, a, spans[j][1], path)
+        result = decode_range(data, a, spans[j][1], str(path))
         j += 1
     return result, j
 
@@ -350,13 +360,15 @@ def is_ingested(out_dir: Path, sha256: str | None = None) -> bool:
 
 
 def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 1,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra_meta: dict[str, Any] | None = None,
+                 chunk_bytes: int | None = None, extra_meta: dict[str, Any] | None = None,
                  sha256: str | None = None) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
 
-    `jobs` > 1 decodes the spans of a large trace (>= PARALLEL_MIN_BYTES of JSON) on that many cores: this
-    process and jobs - 1 workers, which read their spans from the file (a gzip trace's JSON is first written
-    to a temporary file beside out_dir); this process also validates, writes Parquet and keeps the order.
+    `jobs` > 1 decodes the spans on that many cores: this thread and jobs - 1 threads that read their spans
+    in place, with the compiled scanner; without it, for a large trace only (>= PARALLEL_MIN_BYTES of JSON),
+    this process and jobs - 1 worker processes, which read their spans from the file (a gzip trace's JSON is
+    first written to a temporary file beside out_dir). This thread also validates, writes Parquet (from a
+    background thread) and keeps the order.
 
     Skipped when out_dir already holds this file's ingest (same sha256, same schema version) unless
     `force`. `sha256`: the file's, when the caller has just computed it (load() and batch ingest key their
@@ -369,15 +381,20 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
     if not path.exists():
         raise InputError("not found", path=path)
     with ExitStack() as stack:
-        pool = pool_ready = None
-        if jobs > 1 and json_size(path) >= PARALLEL_MIN_BYTES:
+        pool: Executor | None = None
+        pool_ready = None
+        if jobs > 1 and scanner_available():  # the scanner releases the GIL: threads decode spans in place
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=jobs - 1, thread_name_prefix="stepscope-span"))
+        elif jobs > 1 and json_size(path) >= PARALLEL_MIN_BYTES:
             # the workers start (about half a second) while this process reads the file
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs - 1, mp_context=worker_context()))
             widen_result_pipe(pool)
             # from a thread: the first submit blocks until the fork server has imported stepscope
             pool_ready = threading.Event()
             threading.Thread(target=_warm_up_workers, args=(pool, jobs - 1, pool_ready), daemon=True).start()
+        warming = _warm_up_once()
         data, sha = read_trace(path, sha256)
+        warming.join()
         if not force and is_ingested(out_dir, sha):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -389,12 +406,13 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
 
 
 def _ingest(path: Path, out_dir: Path, data: bytearray, sha: str, stack: ExitStack, *, pool: Executor | None,
-            pool_ready: threading.Event | None, jobs: int, chunk_bytes: int, extra_meta: dict[str, Any],
+            pool_ready: threading.Event | None, jobs: int, chunk_bytes: int | None, extra_meta: dict[str, Any],
             started: float) -> IngestResult:
     with atomic_dir(out_dir) as tmp:
         start, end, top, certain = locate_events(data, path)
+        chunk_bytes = chunk_bytes or span_bytes(end - start, jobs)
         source = None
-        if pool is not None:
+        if isinstance(pool, ProcessPoolExecutor):
             source = path if _is_plain(path, data) else stack.enter_context(_spilled(data, tmp.parent))
         while True:
             chunks = iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, pool=pool,
@@ -434,15 +452,11 @@ class _Totals:
         self.n_flows += chunk.flows.num_rows
         self.kind_counts.update(chunk.kind_counts)
         self.metadata_events.extend(chunk.metadata)
-        frame = pl.from_arrow(chunk.events.select(["ts_ns", "dur_ns", "kind", "cat"]))
-        assert isinstance(frame, pl.DataFrame)
-        lo, hi = frame.select(lo=pl.col("ts_ns").min(),
-                              hi=(pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max()).row(0)
-        if lo is not None:
-            self.ts_min = lo if self.ts_min is None else min(self.ts_min, lo)
-            self.end_max = hi if self.end_max is None else max(self.end_max, hi)
-        others = frame.filter((pl.col("kind") == Kind.OTHER.value) & pl.col("cat").is_not_null())
-        self.unknown_categories.update(dict(others["cat"].value_counts().iter_rows()))
+        if chunk.ts_min_ns is not None:
+            self.ts_min = chunk.ts_min_ns if self.ts_min is None else min(self.ts_min, chunk.ts_min_ns)
+        if chunk.end_max_ns is not None:
+            self.end_max = chunk.end_max_ns if self.end_max is None else max(self.end_max, chunk.end_max_ns)
+        self.unknown_categories.update(chunk.unknown_categories)
 
 
 def _write_tables(tmp: Path, chunks: Iterator[ChunkTables]) -> _Totals:
