@@ -4,6 +4,7 @@
     python benchmarks/ingest.py --large PATH          # also a large trace (make one: make_large_trace.py)
     python benchmarks/ingest.py --repeat 5            # each figure the fastest of 5 runs (default 3)
 
+Both traces are ingested as `stepscope ingest FILE` does by default (on every core), and also with --jobs 1.
 Each measurement runs in a fresh child process, so wall time and peak RSS (ru_maxrss) are its own; the runs
 of the tools compared are interleaved, and each figure is the fastest of --repeat runs (this machine's
 neighbours make single runs vary by 30% and more):
@@ -178,7 +179,8 @@ def main() -> None:
     try:
         print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
         if CORPUS.is_dir():
-            bench_file(CORPUS / "hta/df_index_resolver/df_index_resolver.json.gz", tmp, jobs=1, repeat=args.repeat)
+            bench_file(CORPUS / "hta/df_index_resolver/df_index_resolver.json.gz", tmp, jobs=os.cpu_count() or 1,
+                       repeat=args.repeat)
         if args.large:
             bench_file(args.large, tmp, jobs=os.cpu_count() or 1, repeat=args.repeat)
         if CORPUS.is_dir() and not args.no_batch:

@@ -180,6 +180,9 @@ def _decode_python(document: bytes | bytearray | memoryview, path: str, offset: 
         return build_chunk(events, document)
     except UnicodeDecodeError as exc:  # inside args, which the first decode keeps raw
         raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path, offset=offset) from None
+    except msgspec.ValidationError as exc:  # a typed args key holding a number beyond a double's range
+        reason = str(exc).split(" - at ")[0]
+        raise TraceFormatError(f"unreadable value in event args ({reason})", path=path, offset=offset) from None
 
 
 def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) -> ChunkTables:
@@ -295,7 +298,8 @@ def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
         if present:
             value = present[0] if len(present) == 1 else pl.coalesce(present)
             typed.append(pl.when(pl.col("group").is_in(col.groups)).then(value).alias(col.column))
-    evs = evs.with_columns(typed).drop("group", "flow_id", "binding_point", *(c for c in slot_names if c in evs.columns))
+    scanned_only = ("group", "flow_id", "binding_point", *(c for c in slot_names if c in evs.columns))
+    evs = evs.with_columns(typed).drop(scanned_only)
     return _chunk(evs, flow_table, metadata, kind_counts, n)
 
 
@@ -305,7 +309,7 @@ _SLOT_COLUMNS = tuple(col for col in ARG_COLUMNS for _ in col.keys)
 def _scanned_text(n: int, buffers: tuple[bytes, bytes, bytes] | None) -> pl.Series:
     """A text column from (int64 offsets, UTF-8 data, validity bitmap); None: every row null."""
     if buffers is None:
-        return pl.Series(values=[None] * n, dtype=pl.String)
+        return pl.repeat(None, n, dtype=pl.String, eager=True)
     offsets, data, valid = buffers
     return pl.Series(pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data),
                                                       pa.py_buffer(valid)))

@@ -11,7 +11,8 @@
  *   - an entry that is not an object, a key written with escapes, a known key twice in one object;
  *   - ts/dur other than a number with at most 3 decimals and no exponent (or null), or beyond int64 ns;
  *   - text fields (ph ... bp, str args) holding a float, an object, an array, an integer beyond int64 or -0
- *     (booleans too, outside str args); numeric args holding a string; float args an integer beyond int64.
+ *     (booleans too, outside str args); numeric args holding an object, an array, a number beyond a double's
+ *     range or a string other than a plain number; float args an integer beyond int64.
  *
  * scan_events(document, keys, types, start, end) reads document[start:end] as the body of an array (whole
  * events and the commas between them, no brackets): a span of a larger document, read in place, so that
@@ -419,7 +420,9 @@ static int read_slot(Scan *s, State *st, int k, int64_t row) {
     }
     /* int / float */
     if (*p == '"') return read_numeric_text(s, c, row);
-    if (*p != '-' && !(*p >= '0' && *p <= '9')) return skip_value(s); /* null, bool, object, array: null */
+    /* containers are decoded whole by the Python path (a number in them may be out of range) */
+    if (*p == '{' || *p == '[') return BAIL;
+    if (*p != '-' && !(*p >= '0' && *p <= '9')) return skip_value(s); /* null, bool: null */
     Number n;
     if (scan_number(s, &n)) return BAIL;
     Entry e = {.row = row};
@@ -429,8 +432,8 @@ static int read_slot(Scan *s, State *st, int k, int64_t row) {
         } else {
             double d;
             if (number_double(&n, &d)) return NOMEM;
-            if (!isfinite(d) || floor(d) != d || d < -9223372036854775808.0 || d >= 9223372036854775808.0)
-                return OK;
+            if (!isfinite(d)) return BAIL; /* out of a double's range: msgspec refuses it */
+            if (floor(d) != d || d < -9223372036854775808.0 || d >= 9223372036854775808.0) return OK;
             e.v.i = (int64_t)d;
         }
     } else {
@@ -438,8 +441,9 @@ static int read_slot(Scan *s, State *st, int k, int64_t row) {
             int64_t v;
             if (number_int64(&n, &v)) return BAIL;
             e.v.f = (double)v;
-        } else if (number_double(&n, &e.v.f)) {
-            return NOMEM;
+        } else {
+            if (number_double(&n, &e.v.f)) return NOMEM;
+            if (!isfinite(e.v.f)) return BAIL;
         }
     }
     return col_add(c, &e) ? NOMEM : OK;

@@ -34,7 +34,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import polars as pl
 import pyarrow as pa
@@ -44,7 +44,7 @@ from stepscope.analyze._columns import ChunkTables, conform, decode_range, decod
 from stepscope.analyze._io import atomic_dir
 from stepscope.analyze._read import iter_chunks, json_size, locate_events, read_trace, split_document
 from stepscope.analyze._workers import widen_result_pipe, worker_context
-from stepscope.analyze.schema import EVENT_SCHEMA, FLOW_SCHEMA, INGEST_SCHEMA_VERSION, Kind
+from stepscope.analyze.schema import EVENT_SCHEMA, FLOW_SCHEMA, INGEST_SCHEMA_VERSION
 from stepscope.errors import InputError, TraceFormatError
 
 # Spans of about a quarter of a core's share of the array (threads stay balanced, the Parquet writer starts
@@ -183,9 +183,9 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
 
     With a `pool` of jobs - 1 workers, threads that read their spans from `data` in place (the compiled
     scanner releases the GIL) or, given `source` (the trace's uncompressed JSON file), processes that read
-    them from the file, spans go to the workers in order, two in flight per worker, once `pool_ready` is set (until then this
-    process decodes spans alone rather than wait for the workers to start), and whenever the next span to
-    yield is not ready this process decodes the next unassigned one itself; results wait in order, so
+    them from the file, spans go to the workers in order, two in flight per worker, once `pool_ready` is set
+    (until then this process decodes spans alone rather than wait for the workers to start), and whenever the
+    next span to yield is not ready this process decodes the next unassigned one itself; results wait in order, so
     memory stays bounded. A span whose cut fell inside a string is merged with the next one and rebuilt here.
     A span decoded ahead of its turn keeps its error until its turn (it may be merged into the one before,
     its error void). When the document was not validated whole (`certain` False: see _read.locate_events),
@@ -237,7 +237,7 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
         index += chunk.n_input
 
 
-_Outcome = ChunkTables | None | TraceFormatError  # a span's tables, None for a bad cut, or its error
+_Outcome: TypeAlias = ChunkTables | None | TraceFormatError  # a span's tables, None for a bad cut, or its error
 
 
 def _decoded_here(data: bytearray, a: int, b: int, path: Path) -> _Outcome:
