@@ -274,41 +274,62 @@ static int skip_literal(Scan *s, const char *word, size_t len) {
     return OK;
 }
 
-static int skip_container(Scan *s, unsigned char close) {
-    if (++s->depth > MAX_DEPTH) return BAIL;
+/* An object member's key and its colon, at s->p; s->p is then at the value. */
+static int read_key(Scan *s, const unsigned char **key, size_t *len, int *esc) {
+    if (s->p >= s->end || *s->p != '"' || scan_string(s, key, len, esc)) return BAIL;
+    ws(s);
+    if (s->p >= s->end || *s->p != ':') return BAIL;
+    s->p++;
+    ws(s);
+    return OK;
+}
+
+/* At a container's opening bracket: 1 when members follow (s->p at the first), 0 when it is empty (s->p past
+ * `close`), -1 when it is nested too deep. */
+static int open_container(Scan *s, unsigned char close) {
+    if (++s->depth > MAX_DEPTH) return -1;
     s->p++;
     ws(s);
     if (s->p < s->end && *s->p == close) {
         s->p++;
         s->depth--;
-        return OK;
+        return 0;
     }
+    return 1;
+}
+
+/* After a member or element: 1 when another follows (s->p at it), 0 when `close` ends the container (s->p
+ * past it), -1 for anything else. */
+static int next_member(Scan *s, unsigned char close) {
+    ws(s);
+    if (s->p >= s->end) return -1;
+    if (*s->p == ',') {
+        s->p++;
+        ws(s);
+        return 1;
+    }
+    if (*s->p == close) {
+        s->p++;
+        s->depth--;
+        return 0;
+    }
+    return -1;
+}
+
+static int skip_container(Scan *s, unsigned char close) {
+    int members = open_container(s, close);
+    if (members <= 0) return members < 0 ? BAIL : OK;
     for (;;) {
         if (close == '}') {
             const unsigned char *ks;
             size_t kl;
             int esc;
-            if (s->p >= s->end || *s->p != '"' || scan_string(s, &ks, &kl, &esc)) return BAIL;
-            ws(s);
-            if (s->p >= s->end || *s->p != ':') return BAIL;
-            s->p++;
-            ws(s);
+            if (read_key(s, &ks, &kl, &esc)) return BAIL;
         }
         int r = skip_value(s);
         if (r) return r;
-        ws(s);
-        if (s->p >= s->end) return BAIL;
-        if (*s->p == ',') {
-            s->p++;
-            ws(s);
-            continue;
-        }
-        if (*s->p == close) {
-            s->p++;
-            s->depth--;
-            return OK;
-        }
-        return BAIL;
+        int more = next_member(s, close);
+        if (more <= 0) return more < 0 ? BAIL : OK;
     }
 }
 
@@ -494,24 +515,13 @@ static int find_key(State *st, const unsigned char *k, size_t len) {
 }
 
 static int scan_args(Scan *s, State *st, int64_t row, unsigned char *seen) {
-    if (++s->depth > MAX_DEPTH) return BAIL;
-    s->p++;
-    ws(s);
-    if (s->p < s->end && *s->p == '}') {
-        s->p++;
-        s->depth--;
-        return OK;
-    }
+    int members = open_container(s, '}');
+    if (members <= 0) return members < 0 ? BAIL : OK;
     for (;;) {
         const unsigned char *ks;
         size_t kl;
         int esc, r;
-        if (s->p >= s->end || *s->p != '"' || scan_string(s, &ks, &kl, &esc)) return BAIL;
-        if (esc) return BAIL;
-        ws(s);
-        if (s->p >= s->end || *s->p != ':') return BAIL;
-        s->p++;
-        ws(s);
+        if (read_key(s, &ks, &kl, &esc) || esc) return BAIL;
         int k = find_key(st, ks, kl);
         if (k >= 0) {
             if (seen[k]) return BAIL;
@@ -521,19 +531,8 @@ static int scan_args(Scan *s, State *st, int64_t row, unsigned char *seen) {
             r = skip_value(s);
         }
         if (r) return r;
-        ws(s);
-        if (s->p >= s->end) return BAIL;
-        if (*s->p == ',') {
-            s->p++;
-            ws(s);
-            continue;
-        }
-        if (*s->p == '}') {
-            s->p++;
-            s->depth--;
-            return OK;
-        }
-        return BAIL;
+        int more = next_member(s, '}');
+        if (more <= 0) return more < 0 ? BAIL : OK;
     }
 }
 
@@ -572,23 +571,13 @@ static int scan_event(Scan *s, State *st, unsigned char *seen) {
     st->ts_valid.p[st->ts_valid.len++] = 0;
     st->dur_valid.p[st->dur_valid.len++] = 0;
     if (s->p >= s->end || *s->p != '{') return BAIL; /* an entry that is not an object */
-    s->depth++;
-    s->p++;
-    ws(s);
-    if (s->p < s->end && *s->p == '}') {
-        s->p++;
-        s->depth--;
-        return OK;
-    }
+    int members = open_container(s, '}');
+    if (members <= 0) return members < 0 ? BAIL : OK;
     for (;;) {
         const unsigned char *ks;
         size_t kl;
         int esc, r;
-        if (s->p >= s->end || *s->p != '"' || scan_string(s, &ks, &kl, &esc) || esc) return BAIL;
-        ws(s);
-        if (s->p >= s->end || *s->p != ':') return BAIL;
-        s->p++;
-        ws(s);
+        if (read_key(s, &ks, &kl, &esc) || esc) return BAIL;
         int f = field_of(ks, kl);
         if (f >= 0) {
             if (seen_field[f]) return BAIL;
@@ -615,20 +604,9 @@ static int scan_event(Scan *s, State *st, unsigned char *seen) {
             r = read_text(s, &st->text[f], row, 0);
         }
         if (r) return r;
-    next:
-        ws(s);
-        if (s->p >= s->end) return BAIL;
-        if (*s->p == ',') {
-            s->p++;
-            ws(s);
-            continue;
-        }
-        if (*s->p == '}') {
-            s->p++;
-            s->depth--;
-            return OK;
-        }
-        return BAIL;
+    next:;
+        int more = next_member(s, '}');
+        if (more <= 0) return more < 0 ? BAIL : OK;
     }
 }
 
