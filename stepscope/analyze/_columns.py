@@ -1,8 +1,10 @@
 """One span of traceEvents -> the normalized events table, the flows table and the metadata events.
 
-A span (a JSON array of whole events) is decoded with msgspec into small Structs holding only the fields we
-keep, and every column is then built in bulk: no Python dict per event, no per-row Python beyond one
-attribute read per field.
+Two paths give the same tables. The compiled scanner (``_scan.c``, see `decode_span` and `_from_scan`) reads
+a span's bytes straight into column buffers, and hands back any span it cannot read exactly as the Python
+path does. The Python path decodes a span (a JSON array of whole events) with msgspec into small Structs
+holding only the fields we keep, and builds every column in bulk: no Python dict per event, no per-row
+Python beyond one attribute read per field.
 
 Each column is built by polars straight from the decoded values when they all have the expected Python
 type (names are str, pids int, times int or float: what real traces write); a column holding values of

@@ -7,11 +7,12 @@ How a trace is read, fast and in bounded memory:
    ``chunk_bytes`` at event boundaries. The array itself is validated as its spans are decoded: the first
    span that fails has the whole document validated (a truncated or malformed file is reported with its
    byte offset, as msgspec finds it) before it is taken for a cut inside a string.
-2. ``_columns``: each span is decoded into small Structs (only the fields we keep) and its columns are built
-   in bulk (the time rule and the coercion of args values are documented there).
-3. Here: spans are decoded in file order (in worker processes for a large trace with ``jobs`` > 1), each
-   one's tables appended to Parquet from a background thread, and ``meta.json`` written last; the output
-   directory appears whole or not at all.
+2. ``_columns``: each span is read into columns by the compiled scanner (``_scan.c``), or where it cannot
+   be sure, decoded into small Structs and built in bulk (the time rule and the coercion of args values are
+   documented there; both paths give the same tables).
+3. Here: spans are decoded in file order (with ``jobs`` > 1 on threads that read them in place, or without
+   the scanner in worker processes for a large trace), each one's tables appended to Parquet from a
+   background thread, and ``meta.json`` written last; the output directory appears whole or not at all.
 
 ``ts_ns`` stays on the trace's own clock; ``baseTimeNanoseconds`` (when present) is kept in meta.json.
 """
