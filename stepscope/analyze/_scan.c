@@ -840,7 +840,6 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     } else if (status == BAIL) {
         result = Py_NewRef(Py_None);
     } else {
-        st.ts.len = st.dur.len = (size_t)n * 8;
         PyObject *slot_tuple = PyTuple_New(st.nslots);
         if (slot_tuple) {
             for (int k = 0; k < st.nslots; k++) {
