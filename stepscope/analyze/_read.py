@@ -163,27 +163,57 @@ def locate_events(data: bytes | bytearray, path: Path) -> tuple[int, int, dict[s
         {"schemaVersion": 1, "traceEvents": [ ...events... ], "traceName": "x.json"}
         head: {"schemaVersion": 1, "traceEvents":0}        tail: {"traceEvents":0, "traceName": "x.json"}
 
-    A valid head proves where the array starts. The last ``]`` could lie in a later key's value, so the span
-    is uncertain: a span that fails to decode is checked against split_document (ingest.iter_chunk_tables).
-    Anything unusual (a bare array, a truncated file, an error) goes to split_document, which also gives
-    the exact error message.
+    A valid head proves where the array starts. Its end is the earliest ``]`` near the end of the file (see
+    _array_end) whose tail reads: later keys may hold lists (newer Kineto writes ``"INFO": [...]`` and
+    ``"deviceProperties": [...]`` after the events). That is a good guess, not a proof (a string could fake
+    it), so the span is uncertain: a span that fails to decode is checked against split_document
+    (ingest.iter_chunk_tables). Anything unusual (a bare array, a truncated file, an error) goes to
+    split_document, which also gives the exact error message.
     """
     first = re.search(rb"\S", data)
     if first is None or data[first.start()] != ord("{") or (match := _EVENTS_ARRAY.search(data)) is None:
         return (*split_document(data, path), True)
-    start, end = match.end() - 1, data.rfind(b"]") + 1
-    if end <= start:  # truncated
+    start = match.end() - 1
+    found = _array_end(data, start)
+    if found is None:  # truncated, or a tail too long to search
         return (*split_document(data, path), True)
+    end, tail = found
     try:
         head = msgspec.json.decode(bytes(data[first.start() : match.start()]) + b'"traceEvents":0}',
                                    type=dict[str, msgspec.Raw])
-        tail = msgspec.json.decode(b'{"traceEvents":0' + bytes(data[end:]), type=dict[str, msgspec.Raw])
     except _NO_TOP:
-        return (*split_document(data, path), True)
-    if bytes(tail.pop("traceEvents")) != b"0":  # a second traceEvents key: the last one counts
         return (*split_document(data, path), True)
     del head["traceEvents"]
     return start, end, _decoded({**head, **tail}, path), False
+
+
+# How far from the end of the file the end of traceEvents is looked for: the keys Kineto writes after the
+# events (INFO log lines, deviceProperties, traceName, ...) take a few KB.
+_TAIL_WINDOW = 64 * 1024
+
+
+def _array_end(data: bytes | bytearray, start: int) -> tuple[int, dict[str, msgspec.Raw]] | None:
+    """Where the traceEvents array that opens at `start` ends (just past its ``]``), and the top-level keys
+    after it: the earliest ``]`` in the last _TAIL_WINDOW bytes that follows ``}`` or ``[`` (an event, or
+    an empty array) and after which the text reads as the rest of the top-level object, with no second
+    traceEvents key. A ``]`` inside the events cannot be followed by such text; a later key's list can, but
+    lies after the true end."""
+    found = None
+    pos = len(data)
+    lowest = max(start, len(data) - _TAIL_WINDOW)
+    while (pos := data.rfind(b"]", lowest, pos)) > start:
+        before = pos - 1
+        while data[before] in b" \t\r\n":
+            before -= 1
+        if data[before] not in b"}[":
+            continue
+        try:
+            tail = msgspec.json.decode(b'{"traceEvents":0' + bytes(data[pos + 1 :]), type=dict[str, msgspec.Raw])
+        except _NO_TOP:
+            continue
+        if bytes(tail.pop("traceEvents")) == b"0":  # else a second traceEvents key: the last one counts
+            found = pos + 1, tail
+    return found
 
 
 def _locate(data: bytes | bytearray, raw: msgspec.Raw) -> tuple[int, int] | None:

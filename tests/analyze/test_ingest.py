@@ -28,7 +28,7 @@ from builders import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepscope.analyze import load
+from stepscope.analyze import _read, load
 from stepscope.analyze._columns import decode_span, parse_time_ns
 from stepscope.analyze._read import iter_chunks, locate_events, split_document
 from stepscope.analyze._workers import widen_result_pipe, worker_context
@@ -193,16 +193,32 @@ def test_trace_events_anywhere_among_the_top_level_keys(before: dict[str, Any], 
     assert split_document(path.read_bytes(), path)[2] == {**before, **after}
 
 
-def test_a_later_value_ending_in_a_bracket_is_not_taken_for_the_end_of_trace_events(tmp_path: Path) -> None:
-    # GIVEN a valid trace whose last ']' closes a later key's list, not traceEvents
+def test_the_end_of_trace_events_is_found_before_later_lists(tmp_path: Path) -> None:
+    # GIVEN a trace laid out as newer Kineto writes it: lists after the events (INFO lines holding ']',
+    # deviceProperties, a list of objects ending in '}]')
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"traceEvents": [kernel("k", ts=1, dur=2)], "later": [1, 2]}))
+    later = {"INFO": ["INFO: cpp:907] x", "y]"], "deviceProperties": [{"id": 0}, {"id": 1}], "traceName": "t"}
+    path.write_text(json.dumps({"traceEvents": [kernel("k", ts=1, dur=2)], **later}, indent=2))
+    # WHEN the array is located without reading it THEN it is the array the whole-document decode finds
+    start, end, top, certain = locate_events(path.read_bytes(), path)
+    exact_start, exact_end, exact_top = split_document(path.read_bytes(), path)
+    assert (start, end, top, certain) == (exact_start, exact_end, exact_top, False)
+    assert top == later
+
+
+def test_a_wrong_guess_at_the_end_of_trace_events_is_mended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a valid trace whose true end of traceEvents lies beyond the searched window, and a later list
+    # of objects inside it (so the guess is that list's end)
+    monkeypatch.setattr(_read, "_TAIL_WINDOW", 12)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [kernel("k", ts=1, dur=2)], "pad": "x" * 50, "later": [{"a": 1}]}))
     start, end, _, certain = locate_events(path.read_bytes(), path)
-    assert not certain and path.read_bytes()[start:end] != json.dumps([kernel("k", ts=1, dur=2)]).encode()
+    assert not certain and (start, end) != split_document(path.read_bytes(), path)[:2]
     # WHEN it is ingested THEN the span that fails to decode sends it the exact way, with the same tables
     result = ingest_trace(path, tmp_path / "out")
     assert result.n_events == 1
-    assert json.loads((tmp_path / "out" / "meta.json").read_text())["top_level"] == {"later": [1, 2]}
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["top_level"] == {"pad": "x" * 50,
+                                                                                      "later": [{"a": 1}]}
 
 
 def test_reingest_of_unchanged_file_is_skipped_and_output_is_atomic(tmp_path: Path) -> None:
