@@ -66,29 +66,52 @@ def json_size(path: Path) -> int:
         return 0
 
 
+# Compressed bytes fed to zlib at a time, and the most it writes per call: small pieces stay in the CPU's
+# cache and reuse the same memory (16 MiB ones took fresh pages from the kernel each time), and what zlib
+# leaves unconsumed, which it copies on each call, stays small. A quarter less time than 16 MiB steps.
+_FEED = 1 << 16
+_PIECE = 1 << 18
+
+
+class _NotAsStated(Exception):
+    """The gzip stream is not one member of the size its trailer states (several members, or over 4 GiB)."""
+
+
 def _gunzip(stored: bytearray) -> bytearray:
-    """Decompress into one preallocated bytearray (the gzip trailer states the size), in 16 MiB steps."""
+    """Decompress into one preallocated bytearray (the gzip trailer states the size)."""
     expected = int.from_bytes(stored[-4:], "little")
     if not 0 < expected <= 256 * len(stored):  # a truncated file's "trailer" is arbitrary bytes
         return bytearray(gzip.decompress(bytes(stored)))
     out = bytearray(expected)
-    pos = 0
-    decompressor = zlib.decompressobj(wbits=31)
-    view = memoryview(stored)
-    piece = decompressor.decompress(view, 1 << 24)
-    while True:
-        if pos + len(piece) > len(out):  # several members, or over 4 GiB: the trailer was not the size
-            return bytearray(gzip.decompress(bytes(stored)))
-        out[pos : pos + len(piece)] = piece
-        pos += len(piece)
-        if decompressor.eof:
-            break
-        if not decompressor.unconsumed_tail and not piece:
-            raise EOFError("compressed stream ends early")
-        piece = decompressor.decompress(decompressor.unconsumed_tail, 1 << 24)
-    if decompressor.unused_data.strip(b"\x00") or pos != expected:
+    try:
+        _inflate_into(stored, out)
+    except _NotAsStated:
         return bytearray(gzip.decompress(bytes(stored)))
     return out
+
+
+def _inflate_into(stored: bytearray, out: bytearray) -> None:
+    """Decompress the gzip `stored` into `out`, which must be exactly its size. EOFError when the stream
+    ends early, zlib.error when it is corrupt, _NotAsStated when it is not one member of len(out) bytes."""
+    decompressor = zlib.decompressobj(wbits=31)
+    view = memoryview(stored)
+    data: bytes | memoryview = view[:_FEED]
+    fed = len(data)
+    pos = 0
+    while not decompressor.eof:
+        piece = decompressor.decompress(data, _PIECE)
+        if pos + len(piece) > len(out):
+            raise _NotAsStated
+        out[pos : pos + len(piece)] = piece
+        pos += len(piece)
+        data = decompressor.unconsumed_tail
+        if not data and fed < len(view):
+            data = view[fed : fed + _FEED]
+            fed += len(data)
+        elif not data and not piece:
+            raise EOFError("compressed stream ends early")
+    if (decompressor.unused_data + view[fed:]).strip(b"\x00") or pos != len(out):
+        raise _NotAsStated
 
 
 def read_trace_bytes(path: Path) -> bytearray:
