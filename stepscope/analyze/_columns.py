@@ -211,7 +211,8 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
     metadata: list[dict[str, Any]] = []
     for event_id in base.filter(_IS_METADATA)["event_id"].to_list():
         e = events[event_id]
-        margs = msgspec.json.decode(e.args) if e.args is not _NULL else {}
+        margs = msgspec.json.decode(e.args) if e.args is not _NULL else None
+        margs = {} if margs is None else margs  # no args, or "args": null (as the scanner reads both)
         metadata.append({"name": e.name, "pid": _as_text(e.pid), "tid": _as_text(e.tid), "args": margs})
 
     flows = base.filter(_IS_FLOW)

@@ -79,6 +79,7 @@ _KINETO = [
                                       "Addr": 140000000000000, "Device Type": 1, "Device Id": 0}},
     {"ph": "f", "id": 42, "pid": 0, "tid": 7, "ts": "EPOCH_TS2", "cat": "ac2g", "name": "ac2g", "bp": "e"},
     {"ph": "M", "name": "thread_name", "pid": 2914, "tid": 2914, "args": {"name": "python3"}},
+    {"ph": "M", "name": "process_labels", "pid": 2914, "tid": 0, "args": None},  # no args: {} either way
     {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
      "ts": 1712195495519700, "dur": 2, "args": {"stream": "0x7", "bytes": "1024", "memory bandwidth (GB/s)": 0.5}},
     {"ph": "X", "cat": "python_function", "name": "nn.Module: Linear_0 \"quoted\" \u00e9 \U0001f600",
@@ -117,7 +118,8 @@ def test_exact_values() -> None:
     assert rows["Memcpy HtoD (Pageable -> Device)"]["bytes"] == 1024
     assert rows["ampere_sgemm_64x64_nn"]["est_occupancy_pct"] == 12.0
     assert 'nn.Module: Linear_0 "quoted" \u00e9 \U0001f600' in rows
-    assert chunk.metadata == [{"name": "thread_name", "pid": "2914", "tid": "2914", "args": {"name": "python3"}}]
+    assert chunk.metadata == [{"name": "thread_name", "pid": "2914", "tid": "2914", "args": {"name": "python3"}},
+                              {"name": "process_labels", "pid": "2914", "tid": "0", "args": {}}]
 
 
 # ----------------------------------------------------------------------------------------------- what it leaves
