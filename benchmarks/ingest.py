@@ -11,8 +11,10 @@ neighbours make single runs vary by 30% and more):
   stepscope  read + decode + build columns + write events/flows Parquet + meta.json (end to end)
   json.load  the stdlib parsing the same uncompressed JSON (parse only; the file is pre-read)
   HTA        holistictraceanalysis' TraceAnalysis loading the trace (when `pip install .[bench]` added it)
-The batch rows ingest every corpus trace with --jobs 1 and --jobs 2 (parallel processes), next to what two
-processes that share nothing (a pure-Python loop) gain on this machine at the time: its own ceiling.
+The batch rows ingest every corpus trace as `stepscope ingest DIR` does: with --jobs 1 held to one core (the
+target's "on 1 core"), with --jobs 1 free to use the second core for its Parquet writer and polars threads,
+and with --jobs 2 (parallel processes). Beside them, this machine's ceiling for this work at the time: two
+processes each ingesting the corpus serially at once, one per core, against one alone.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus" / "traces"
 
 CHILD = r"""
-import json, resource, sys, time, gzip
+import json, os, resource, sys, time, gzip
 from pathlib import Path
 mode, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 jobs = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+if len(sys.argv) > 5:  # run on these cores only (before polars sizes its thread pool)
+    os.sched_setaffinity(0, {int(c) for c in sys.argv[5].split(",")})
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 extra = {}
 if mode == "stepscope":
@@ -59,21 +63,30 @@ elif mode == "hta":
     t = time.perf_counter()
     TraceAnalysis(trace_dir=str(src.parent), trace_files={0: src.name})
     wall = time.perf_counter() - t
-elif mode == "batch":
+elif mode == "batch":  # as `stepscope ingest DIR -o OUT --jobs N --force` runs it
     from stepscope.analyze.dataset import ingest_many
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
-    r = ingest_many([src], out, jobs=jobs, force=True)
+    r = ingest_many([src], out, jobs=jobs, force=True, fork_workers=True)
     wall = time.perf_counter() - t
     extra = {"files": len(r.outcomes), "failed": r.failed}
+elif mode == "serial":  # every trace one after the other in this process (one of a pair run at once)
+    from stepscope.analyze.ingest import find_trace_files, ingest_trace
+    files = find_trace_files([src])
+    t = time.perf_counter()
+    for f in files:
+        ingest_trace(f, out / f.name, force=True)
+    wall = time.perf_counter() - t
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"wall_s": wall, "peak_rss_bytes": peak * 1024, "base_rss_bytes": base * 1024, **extra}))
 """
 
 
-def child(mode: str, src: Path, out: Path, jobs: int = 1) -> dict[str, float] | None:
-    """Run one measurement in a fresh interpreter; None when it could not run (e.g. HTA missing)."""
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(out), str(jobs)],
+def child(mode: str, src: Path, out: Path, jobs: int = 1, cores: str | None = None) -> dict[str, float] | None:
+    """Run one measurement in a fresh interpreter (on `cores` only, e.g. "0,1", when given); None when it
+    could not run (e.g. HTA missing)."""
+    pinned = [cores] if cores else []
+    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(out), str(jobs), *pinned],
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -83,15 +96,18 @@ def child(mode: str, src: Path, out: Path, jobs: int = 1) -> dict[str, float] | 
     return result
 
 
-def fastest(runs: list[tuple[str, str, Path, Path, int]], repeat: int) -> dict[str, dict[str, float] | None]:
-    """Each (label, mode, src, out, jobs) run `repeat` times, interleaved; the fastest run of each label."""
+Run = tuple[str, str, Path, Path, int, str | None]  # label, mode, source, output, jobs, cores (None: all)
+
+
+def fastest(runs: list[Run], repeat: int) -> dict[str, dict[str, float] | None]:
+    """Each run `repeat` times, interleaved; the fastest run of each label."""
     best: dict[str, dict[str, float] | None] = {label: None for label, *_ in runs}
     failed: set[str] = set()
     for _ in range(repeat):
-        for label, mode, src, out, jobs in runs:
+        for label, mode, src, out, jobs, cores in runs:
             if label in failed:
                 continue
-            r = child(mode, src, out, jobs)
+            r = child(mode, src, out, jobs, cores)
             if r is None:
                 failed.add(label)
                 continue
@@ -116,11 +132,12 @@ def bench_file(path: Path, tmp: Path, jobs: int, repeat: int) -> None:
     size = json_size(path)
     print(f"\n{path.name}: {size / 1e6:.0f} MB of JSON (fastest of {repeat})")
     print(f"  {'what':<22} {'wall s':>8} {'MB/s':>8} {'peak RSS MB':>12} {'RSS/JSON':>9} {'vs stepscope':>13}")
-    runs = [("stepscope ingest" + (f" -j{jobs}" if jobs > 1 else ""), "stepscope", path, tmp / "ours", jobs)]
+    runs: list[Run] = [("stepscope ingest" + (f" -j{jobs}" if jobs > 1 else ""), "stepscope", path, tmp / "ours", jobs,
+                        None)]
     if jobs > 1:
-        runs.append(("stepscope ingest -j1", "stepscope", path, tmp / "ours1", 1))
-    runs += [("json.load (parse only)", "json", path, tmp / "j", 1),
-             ("HTA TraceAnalysis load", "hta", path, tmp / "h", 1)]
+        runs.append(("stepscope ingest -j1", "stepscope", path, tmp / "ours1", 1, None))
+    runs += [("json.load (parse only)", "json", path, tmp / "j", 1, None),
+             ("HTA TraceAnalysis load", "hta", path, tmp / "h", 1, None)]
     best = fastest(runs, repeat)
     ours = best[runs[0][0]]
     for name, r in best.items():
@@ -136,20 +153,19 @@ def bench_file(path: Path, tmp: Path, jobs: int, repeat: int) -> None:
               f"{ours['base_rss_bytes'] / 1e6:.0f} MB")
 
 
-SPIN = "import time; t = time.perf_counter(); s = 0\nfor i in range(15_000_000): s += i\nprint(time.perf_counter() - t)"
-
-
-def machine_ceiling(repeat: int) -> float:
-    """What 2 processes get on this machine for work that shares nothing: a pure-Python loop run alone and
-    then as two at once; 2 x alone / the slower of the pair (2.0 on two free cores; less where the cores
-    share a physical core or the host is busy). The fastest of `repeat` runs each."""
-    def spin(n: int) -> float:
-        procs = [subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True) for _ in range(n)]
-        return max(float(p.communicate()[0]) for p in procs)
+def workload_ceiling(tmp: Path, repeat: int) -> float:
+    """What two processes doing this work at once get on this machine now: every corpus trace ingested one
+    after the other in one process on core 0, then in two such processes at once on cores 0 and 1;
+    2 x alone / the slower of the pair (2.0 where two cores share nothing; less where they share memory
+    bandwidth or a busy host takes its share). The fastest of `repeat` runs each."""
+    def serial(cores: list[str]) -> float:
+        procs = [subprocess.Popen([sys.executable, "-c", CHILD, "serial", str(CORPUS), str(tmp / f"serial{c}"), "1", c],
+                                  stdout=subprocess.PIPE, text=True) for c in cores]
+        return max(float(json.loads(p.communicate()[0].strip().splitlines()[-1])["wall_s"]) for p in procs)
 
     alone = pair = float("inf")
     for _ in range(repeat):
-        alone, pair = min(alone, spin(1)), min(pair, spin(2))
+        alone, pair = min(alone, serial(["0"])), min(pair, serial(["0", "1"]))
     return 2 * alone / pair
 
 
@@ -157,16 +173,24 @@ def bench_batch(tmp: Path, repeat: int) -> None:
     files = [p for p in CORPUS.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz"))
              and "memory_timeline" not in p.name]
     total = sum(json_size(p) for p in files)
-    print(f"\ncorpus batch: {len(files)} traces, {total / 1e6:.0f} MB of JSON (fastest of {repeat})")
-    best = fastest([(f"--jobs {jobs}", "batch", CORPUS, tmp / f"batch{jobs}", jobs) for jobs in (1, 2)], repeat)
+    print(f"\ncorpus batch (stepscope ingest DIR --jobs N): {len(files)} traces, {total / 1e6:.0f} MB of JSON "
+          f"(fastest of {repeat})")
+    runs: list[Run] = [("--jobs 1, on 1 core", "batch", CORPUS, tmp / "batch1c", 1, "0"),
+                       ("--jobs 1", "batch", CORPUS, tmp / "batch1", 1, None),
+                       ("--jobs 2", "batch", CORPUS, tmp / "batch2", 2, None)]
+    best = fastest(runs, repeat)
     for label, r in best.items():
         if r:
-            print(f"  {label}: {r['wall_s']:.2f} s, {total / 1e6 / r['wall_s']:.0f} MB/s, "
+            print(f"  {label:<20} {r['wall_s']:.2f} s, {total / 1e6 / r['wall_s']:.0f} MB/s, "
                   f"{int(r['files'])} files, {int(r['failed'])} failed")
-    one, two = best["--jobs 1"], best["--jobs 2"]
-    if one and two:
-        print(f"  speed-up on 2 cores: {one['wall_s'] / two['wall_s']:.2f}x "
-              f"(this machine's ceiling for two independent processes now: {machine_ceiling(repeat):.2f}x)")
+    one_core, one, two = best["--jobs 1, on 1 core"], best["--jobs 1"], best["--jobs 2"]
+    if one_core and one and two:
+        print(f"  speed-up on 2 cores: {one_core['wall_s'] / two['wall_s']:.2f}x over 1 core "
+              f"({one['wall_s'] / two['wall_s']:.2f}x over --jobs 1, whose Parquet writer and polars threads "
+              f"already use the second core)")
+        if (os.cpu_count() or 1) >= 2:
+            print(f"  this machine's ceiling for this work now (two serial ingests of the corpus at once, one per "
+                  f"core): {workload_ceiling(tmp, repeat):.2f}x")
 
 
 def main() -> None:

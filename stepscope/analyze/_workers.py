@@ -4,21 +4,54 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import os
 from concurrent.futures import ProcessPoolExecutor
 
 _F_SETPIPE_SZ = 1031  # Linux fcntl: set a pipe's capacity
 
 
-def worker_context() -> multiprocessing.context.BaseContext:
+def worker_context(*, fork_if_fresh: bool = False) -> multiprocessing.context.BaseContext:
     """Processes for parallel ingest: a forkserver that has already imported stepscope (and so polars,
     pyarrow and msgspec), so each worker starts in milliseconds; spawn where forkserver is unavailable.
-    Never plain fork: polars and pyarrow keep thread pools that must not be forked mid-use."""
+
+    Plain fork only with `fork_if_fresh`, and only while this process runs no thread that it did not run
+    once stepscope's analyzer was imported (see mark_import_threads): no pool of polars, pyarrow or
+    stepscope has started, so the workers are forked from the state the fork server forks them from (the
+    allocators' and BLAS's own threads, which handle fork), without its quarter second of imports. Only
+    for a process that ran nothing before importing stepscope, as the CLI's: a polars pool started before
+    that import is among the import-time threads, and a forked worker would wait on it forever.
+    """
+    if fork_if_fresh and _fresh() and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
     try:
         context = multiprocessing.get_context("forkserver")
     except ValueError:  # pragma: no cover - Windows
         return multiprocessing.get_context("spawn")
     context.set_forkserver_preload(["stepscope.analyze.dataset"])
     return context
+
+
+def _os_threads() -> frozenset[str] | None:
+    """The ids of this process's OS threads; None where they cannot be listed (not Linux)."""
+    try:
+        return frozenset(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+_import_threads: frozenset[str] | None = None
+
+
+def mark_import_threads() -> None:
+    """Note the threads this process runs now, once stepscope's analyzer and its libraries are imported."""
+    global _import_threads
+    if _import_threads is None:
+        _import_threads = _os_threads()
+
+
+def _fresh() -> bool:
+    now = _os_threads()
+    return now is not None and _import_threads is not None and now <= _import_threads
 
 
 def widen_result_pipe(pool: ProcessPoolExecutor, size: int = 1 << 20) -> None:

@@ -40,7 +40,7 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
             if outcome.status == "failed":
                 click.echo(f"\nstepscope: error: {outcome.error}", err=True)
 
-        result = ingest_many(list(paths), dataset, jobs=jobs, force=force, on_done=done)
+        result = ingest_many(list(paths), dataset, jobs=jobs, force=force, on_done=done, fork_workers=True)
     if as_json:
         emit(render_json(result), None)
     else:
