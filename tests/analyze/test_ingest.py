@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope.analyze import _read, load
+from stepscope.analyze import ingest as ingest_module
 from stepscope.analyze._columns import decode_span, parse_time_ns
 from stepscope.analyze._read import iter_chunks, locate_events, split_document
 from stepscope.analyze._workers import widen_result_pipe, worker_context
@@ -424,3 +425,18 @@ def test_load_and_batch_ingest_hash_each_file_once(tmp_path: Path, monkeypatch: 
     outcome = ingest_many([path], tmp_path / "ds").outcomes[0]
     assert outcome.status == "ingested"
     assert json.loads((Path(outcome.out_dir) / "meta.json").read_text())["source"]["sha256"] == sha  # type: ignore[arg-type]
+
+
+def test_ingest_goes_on_where_malloc_cannot_be_tuned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a C library that cannot be loaded by name (not glibc: mallopt is a glibc tuning)
+    def no_library(name: object) -> None:
+        raise OSError("no C library by that name")
+
+    monkeypatch.setattr(ingest_module.ctypes, "CDLL", no_library)
+    ingest_module.keep_freed_memory.cache_clear()
+    try:
+        # WHEN a trace is ingested THEN it is, the tuning skipped
+        path = write_trace(tmp_path, trace(kernel("k", ts=1, dur=2)), "t.json")
+        assert ingest_trace(path, tmp_path / "out", force=True).n_events == 1
+    finally:
+        ingest_module.keep_freed_memory.cache_clear()
