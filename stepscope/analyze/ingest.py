@@ -184,7 +184,7 @@ def keep_freed_memory() -> None:
 
     Ingest frees and allocates buffers of megabytes for every span and every file; with glibc's defaults
     many rounds get fresh pages from the kernel, and a page fault is dear on a virtual machine. In paired
-    runs on this project's VM: the corpus batch 6% faster on one core with a third less system time, the
+    runs on this project's VM: the corpus batch 4-6% faster on one core with a third less system time, the
     607 MB trace 4% faster at the same peak RSS. Process-wide, once; where the C library is not glibc,
     nothing changes.
     """
