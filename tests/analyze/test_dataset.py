@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pyarrow.dataset as ds
+import pytest
 from builders import kernel, trace, write_trace
 from click.testing import CliRunner
 
@@ -92,6 +93,7 @@ print(json.dumps({"after": worker_context(fork_if_fresh=True).get_start_method()
 """
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="threads are listed from /proc/self/task (Linux)")
 def test_workers_are_forked_only_from_a_process_that_has_started_no_thread(tmp_path: Path) -> None:
     # GIVEN a process of its own that has only imported stepscope (as the CLI), and one that has run polars
     src = _inputs(tmp_path)
