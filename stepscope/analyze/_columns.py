@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 import polars as pl
@@ -307,9 +307,10 @@ def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
 
 
 _SLOT_COLUMNS = tuple(col for col in ARG_COLUMNS for _ in col.keys)
+_Block: TypeAlias = Any  # a column buffer from _scan.c: a read-only object exporting memory the scanner filled
 
 
-def _scanned_text(n: int, buffers: tuple[bytes, bytes, bytes] | None) -> pl.Series:
+def _scanned_text(n: int, buffers: tuple[_Block, _Block, _Block] | None) -> pl.Series:
     """A text column from (int64 offsets, UTF-8 data, validity bitmap); None: every row null."""
     if buffers is None:
         return pl.repeat(None, n, dtype=pl.String, eager=True)
@@ -318,7 +319,7 @@ def _scanned_text(n: int, buffers: tuple[bytes, bytes, bytes] | None) -> pl.Seri
                                                       pa.py_buffer(valid)))
 
 
-def _scanned_numbers(n: int, buffers: tuple[bytes, bytes], dtype: pa.DataType) -> pl.Series:
+def _scanned_numbers(n: int, buffers: tuple[_Block, _Block], dtype: pa.DataType) -> pl.Series:
     values, valid = buffers
     return pl.Series(pa.Array.from_buffers(dtype, n, [pa.py_buffer(valid), pa.py_buffer(values)]))
 
