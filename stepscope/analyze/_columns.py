@@ -315,13 +315,13 @@ def _scanned_text(n: int, buffers: tuple[_Block, _Block, _Block] | None) -> pl.S
     if buffers is None:
         return pl.repeat(None, n, dtype=pl.String, eager=True)
     offsets, data, valid = buffers
-    return pl.Series(pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data),
+    return to_series(pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data),
                                                       pa.py_buffer(valid)))
 
 
 def _scanned_numbers(n: int, buffers: tuple[_Block, _Block], dtype: pa.DataType) -> pl.Series:
     values, valid = buffers
-    return pl.Series(pa.Array.from_buffers(dtype, n, [pa.py_buffer(valid), pa.py_buffer(values)]))
+    return to_series(pa.Array.from_buffers(dtype, n, [pa.py_buffer(valid), pa.py_buffer(values)]))
 
 
 def _scanned_slot(n: int, buffers: Any, kind: ArgType) -> pl.Series:
@@ -372,8 +372,32 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _to_arrow(frame: pl.DataFrame, schema: pa.Schema) -> pa.Table:
-    # large_string -> string is an offsets-only cast; polars' default (string views) would copy every value
-    return frame.to_arrow(compat_level=pl.CompatLevel.oldest()).cast(schema)
+    """The frame as an Arrow table of `schema`: large_string -> string is an offsets-only cast (polars'
+    default export, string views, would copy every value). Cast by Arrow's C++ reader, not Table.cast, which
+    imports pyarrow.compute (see to_series)."""
+    table = frame.to_arrow(compat_level=pl.CompatLevel.oldest())
+    return pa.RecordBatchReader.from_batches(table.schema, table.to_batches()).cast(schema).read_all()
+
+
+class _ArrowArray:
+    """An Arrow array seen only through the Arrow PyCapsule interface."""
+
+    __slots__ = ("_array",)
+
+    def __init__(self, array: pa.Array) -> None:
+        self._array = array
+
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
+        return self._array.__arrow_c_array__(requested_schema)  # type: ignore[no-any-return]
+
+
+def to_series(array: pa.Array | pa.ChunkedArray) -> pl.Series:
+    """An Arrow array as a polars Series, handed over through the Arrow C data interface: `pl.Series` given a
+    pyarrow array imports pyarrow.compute, 30-50 ms of Python once per process (a tenth of ingesting the
+    54 MB df_index trace), spent under the GIL while the file is being gunzipped."""
+    if isinstance(array, pa.ChunkedArray):  # (combine_chunks imports pyarrow.compute, and pandas with it)
+        array = pa.concat_arrays(array.chunks) if array.num_chunks else pa.nulls(0, array.type)
+    return pl.Series(_ArrowArray(array))
 
 
 def _pick(values: Sequence[Any], index: list[int]) -> list[Any]:
@@ -456,7 +480,7 @@ def _raw_texts(raws: Sequence[msgspec.Raw]) -> pl.Series:
     text = pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)))
     try:
         text.validate(full=True)
-        series = pl.Series(text)
+        series = to_series(text)
     except pa.ArrowInvalid:
         joined = _SEP.join(raws).decode("utf-8", errors="replace")
         series = pl.Series(joined.split("\x00"), dtype=pl.String)

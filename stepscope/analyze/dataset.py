@@ -24,6 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepscope.analyze._read import json_size
 from stepscope.analyze._workers import mark_import_threads, worker_context
 from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested, trace_id_for
 from stepscope.errors import StepscopeError
@@ -133,15 +134,16 @@ def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None
 def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -> Iterator[FileOutcome]:
     """Ingest the files on `jobs` cores: jobs - 1 worker processes plus this process itself.
 
-    Largest files first keeps the cores evenly loaded. This process ingests a file while the workers
-    start (a worker needs a moment to come up), so a short batch never waits for them, and the
-    workers are kept two files ahead so that none idles while this process is busy.
+    Largest files first keeps the cores evenly loaded, by the size of their JSON (for gzip, the size its
+    trailer states: a gzip trace of 1 MB may hold thirty times the JSON of a plain one). This process
+    ingests a file while the workers start (a worker needs a moment to come up), so a short batch never
+    waits for them, and the workers are kept two files ahead so that none idles while this process is busy.
     """
     if jobs == 1 or len(files) <= 1:  # one file: its spans are decoded on the cores instead
         for f in files:
             yield ingest_one(str(f), str(dataset), force, jobs)
         return
-    queue = deque(sorted(files, key=lambda f: f.stat().st_size, reverse=True))
+    queue = deque(sorted(files, key=json_size, reverse=True))
     workers = min(jobs, len(files)) - 1
     # (with fork, the first submit forks every worker before this process starts a thread)
     with ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(fork_if_fresh=fork)) as pool:

@@ -38,11 +38,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepscope.analyze._columns import ChunkTables, conform, decode_range, decode_span, scanner_available, warm_up
+from stepscope.analyze._columns import (
+    ChunkTables,
+    conform,
+    decode_range,
+    decode_span,
+    scanner_available,
+    to_series,
+    warm_up,
+)
 from stepscope.analyze._io import atomic_dir
 from stepscope.analyze._read import iter_chunks, json_size, locate_events, read_trace, split_document
 from stepscope.analyze._workers import widen_result_pipe, worker_context
@@ -136,13 +143,13 @@ def _warm_up_workers(pool: Executor, workers: int, ready: threading.Event) -> No
 
 
 def _shifted(chunk: ChunkTables, first_index: int) -> ChunkTables:
-    """The chunk with its span-local event ids made file-wide (polars, not pyarrow.compute: a Python scalar
-    given to pyarrow.compute imports pandas when it is installed, a quarter second per process)."""
+    """The chunk with its span-local event ids made file-wide (polars, not pyarrow.compute, which costs
+    30-50 ms to import and with a Python scalar imports pandas when it is installed: see to_series)."""
     if first_index == 0:
         return chunk
 
     def shift(table: pa.Table) -> pa.Table:
-        ids = pl.Series(table["event_id"]) + first_index
+        ids = to_series(table["event_id"]) + first_index
         return table.set_column(0, "event_id", ids.to_arrow())
 
     return dataclasses.replace(chunk, events=shift(chunk.events), flows=shift(chunk.flows))

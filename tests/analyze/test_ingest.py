@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
 import sys
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
@@ -168,6 +169,27 @@ def test_chunked_decode_equals_single_chunk_even_when_a_cut_lands_in_a_string(tm
     b = pl.read_parquet(many.out_dir / "events.parquet").sort("event_id")
     assert a.height == 600
     assert a.equals(b)
+
+
+def test_ingest_never_imports_pyarrow_compute(tmp_path: Path) -> None:
+    """Importing pyarrow.compute costs 30-50 ms of Python per process (and pandas, where installed, comes with
+    it): ingest keeps its arrays out of the pyarrow APIs that import it (see _columns.to_series)."""
+    events = [e for i in range(200) for e in (cpu_op(f"op{i}", ts=i * 10, dur=5, external_id=i),
+                                              flow(i, "s", i * 10 + 1, pid=1, tid=1),
+                                              kernel(f"k{i}", ts=i * 10 + 2, dur=3, correlation=i))]
+    path = write_trace(tmp_path, trace(*events, thread_name("main")), "t.json")
+    script = f"""
+import sys
+from pathlib import Path
+from stepscope.analyze.ingest import ingest_trace
+ingest_trace(Path({str(path)!r}), Path({str(tmp_path / "out")!r}), jobs=2, chunk_bytes=2000)
+loaded = [m for m in ("pyarrow.compute", "pandas") if m in sys.modules]
+assert not loaded, loaded
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert pl.read_parquet(tmp_path / "out" / "events.parquet")["event_id"].to_list() == [
+        i for i in range(600) if i % 3 != 1]
 
 
 _TOP_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text("ab]}[{\\\", ", max_size=6),
