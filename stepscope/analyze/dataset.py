@@ -75,9 +75,9 @@ def existing_partition(dataset: Path, trace_id: str) -> Path | None:
     return None
 
 
-def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1) -> FileOutcome:
-    """Ingest one file into its partition of the dataset (on `jobs` cores when it is large). Never raises
-    for a bad trace: reports it."""
+def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, write_behind: bool = True) -> FileOutcome:
+    """Ingest one file into its partition of the dataset (on `jobs` cores when it is large; `write_behind`:
+    see ingest_trace). Never raises for a bad trace: reports it."""
     src, root = Path(source), Path(dataset)
     try:
         sha = file_sha256(src)
@@ -88,7 +88,7 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1) ->
             return FileOutcome(source=source, trace_id=trace_id, out_dir=str(done), status="skipped",
                                n_events=meta["counts"]["events"], seconds=0.0, error=None)
         staging = root / f".staging-{trace_id}-{os.getpid()}"
-        result = ingest_trace(src, staging, force=True, jobs=jobs, sha256=sha)
+        result = ingest_trace(src, staging, force=True, jobs=jobs, sha256=sha, write_behind=write_behind)
         meta = json.loads((staging / "meta.json").read_text(encoding="utf-8"))
         target = _partition_dir(root, trace_id, meta.get("rank"))
         if target.exists():
@@ -139,24 +139,28 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -
     ingests a file while the workers start (a worker needs a moment to come up), so a short batch never
     waits for them, and the workers are kept two files ahead so that none idles while this process is busy.
     """
-    if jobs == 1 or len(files) <= 1:  # one file: its spans are decoded on the cores instead
+    processes = 1 if jobs == 1 or len(files) <= 1 else min(jobs, len(files))
+    # A Parquet writer thread per ingest pays only where a core is left for it: with a process on every
+    # core, each writing in turn, the corpus batch on 2 cores is 8% faster (3% on one core).
+    behind = processes < (os.cpu_count() or 1)
+    if processes == 1:  # (one file: its spans are decoded on the cores instead)
         for f in files:
-            yield ingest_one(str(f), str(dataset), force, jobs)
+            yield ingest_one(str(f), str(dataset), force, jobs, behind)
         return
     queue = deque(sorted(files, key=json_size, reverse=True))
-    workers = min(jobs, len(files)) - 1
+    workers = processes - 1
     # (with fork, the first submit forks every worker before this process starts a thread)
     with ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(fork_if_fresh=fork)) as pool:
         pending: set[Future[FileOutcome]] = set()
 
         def top_up() -> None:
             while queue and len(pending) < 2 * workers:
-                pending.add(pool.submit(ingest_one, str(queue.popleft()), str(dataset), force))
+                pending.add(pool.submit(ingest_one, str(queue.popleft()), str(dataset), force, 1, behind))
 
         top_up()
         while queue or pending:
             if queue:
-                yield ingest_one(str(queue.popleft()), str(dataset), force)
+                yield ingest_one(str(queue.popleft()), str(dataset), force, 1, behind)
             done, pending = wait(pending, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
             for fut in done:
                 yield fut.result()

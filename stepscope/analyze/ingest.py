@@ -66,15 +66,20 @@ PARALLEL_MIN_BYTES = 128 * 1024 * 1024
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
+def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
+    # Dictionary-encode only the text columns, whose values repeat (names, kinds, shapes); the raw args
+    # text is nearly unique per event and numbers do better plain: 25% less time, a third smaller file.
+    dictionary = [f.name for f in schema if pa.types.is_string(f.type) and f.name != "args"]
+    return pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary)
+
+
 class _BackgroundWriter:
     """Appends tables to a Parquet file from a thread: pyarrow releases the GIL while it encodes and
-    compresses, so writing chunk N overlaps with decoding chunk N + 1. At most two tables wait."""
+    compresses, so writing chunk N overlaps with decoding chunk N + 1 (on a core that would otherwise
+    idle: see ingest_trace's `write_behind`). At most two tables wait."""
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
-        # Dictionary-encode only the text columns, whose values repeat (names, kinds, shapes); the raw args
-        # text is nearly unique per event and numbers do better plain: 25% less time, a third smaller file.
-        dictionary = [f.name for f in schema if pa.types.is_string(f.type) and f.name != "args"]
-        self._writer = pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary)
+        self._writer = _parquet_writer(path, schema)
         self._queue: queue.Queue[pa.Table | None] = queue.Queue(maxsize=2)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"write-{path.name}", daemon=True)
@@ -397,14 +402,15 @@ def is_ingested(out_dir: Path, sha256: str | None = None) -> bool:
 
 def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 1,
                  chunk_bytes: int | None = None, extra_meta: dict[str, Any] | None = None,
-                 sha256: str | None = None) -> IngestResult:
+                 sha256: str | None = None, write_behind: bool = True) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
 
     `jobs` > 1 decodes the spans on that many cores: this thread and jobs - 1 threads that read their spans
     in place, with the compiled scanner; without it, for a large trace only (>= PARALLEL_MIN_BYTES of JSON),
     this process and jobs - 1 worker processes, which read their spans from the file (a gzip trace's JSON is
-    first written to a temporary file beside out_dir). This thread also validates, writes Parquet (from a
-    background thread) and keeps the order.
+    first written to a temporary file beside out_dir). This thread also validates, writes Parquet and keeps
+    the order: with `write_behind`, from a background thread while the next spans are decoded; without it
+    (where every core already runs an ingest of its own, as in a batch) in turn, which saves the switching.
 
     Skipped when out_dir already holds this file's ingest (same sha256, same schema version) unless
     `force`. `sha256`: the file's, when the caller has just computed it (load() and batch ingest key their
@@ -439,12 +445,13 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
             return IngestResult(source=path, out_dir=out_dir, skipped=True, n_events=int(meta["counts"]["events"]),
                                 seconds=time.perf_counter() - started)
         return _ingest(path, out_dir, data, sha, stack, pool=pool, pool_ready=pool_ready, jobs=jobs,
-                       chunk_bytes=chunk_bytes, extra_meta=extra_meta or {}, started=started)
+                       chunk_bytes=chunk_bytes, extra_meta=extra_meta or {}, started=started,
+                       write_behind=write_behind)
 
 
 def _ingest(path: Path, out_dir: Path, data: bytearray, sha: str, stack: ExitStack, *, pool: Executor | None,
             pool_ready: threading.Event | None, jobs: int, chunk_bytes: int | None, extra_meta: dict[str, Any],
-            started: float) -> IngestResult:
+            started: float, write_behind: bool) -> IngestResult:
     with atomic_dir(out_dir) as tmp:
         start, end, top, certain = locate_events(data, path)
         chunk_bytes = chunk_bytes or span_bytes(end - start, jobs)
@@ -455,7 +462,7 @@ def _ingest(path: Path, out_dir: Path, data: bytearray, sha: str, stack: ExitSta
             chunks = iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, pool=pool,
                                        pool_ready=pool_ready, source=source, jobs=jobs, certain=certain)
             try:
-                totals = _write_tables(tmp, chunks)
+                totals = _write_tables(tmp, chunks, write_behind)
                 break
             except _Relocated as exc:  # a valid document that fooled locate_events: start over, exactly
                 start, end, top = exc.start, exc.end, exc.top
@@ -496,11 +503,15 @@ class _Totals:
         self.unknown_categories.update(chunk.unknown_categories)
 
 
-def _write_tables(tmp: Path, chunks: Iterator[ChunkTables]) -> _Totals:
-    """Append every span's tables to tmp/events.parquet and tmp/flows.parquet (new files each call)."""
+def _write_tables(tmp: Path, chunks: Iterator[ChunkTables], write_behind: bool) -> _Totals:
+    """Append every span's tables to tmp/events.parquet and tmp/flows.parquet (new files each call), from
+    background threads when `write_behind`."""
     totals = _Totals()
-    writer = _BackgroundWriter(tmp / "events.parquet", EVENT_SCHEMA)
-    flow_writer = _BackgroundWriter(tmp / "flows.parquet", FLOW_SCHEMA)
+
+    def open_writer(name: str, schema: pa.Schema) -> _BackgroundWriter | pq.ParquetWriter:
+        return _BackgroundWriter(tmp / name, schema) if write_behind else _parquet_writer(tmp / name, schema)
+
+    writer, flow_writer = open_writer("events.parquet", EVENT_SCHEMA), open_writer("flows.parquet", FLOW_SCHEMA)
     try:
         for chunk in chunks:
             writer.write_table(conform(chunk.events, EVENT_SCHEMA))

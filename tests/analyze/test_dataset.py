@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -14,8 +16,10 @@ import pytest
 from builders import kernel, trace, write_trace
 from click.testing import CliRunner
 
+from stepscope.analyze import dataset
 from stepscope.analyze._workers import worker_context
 from stepscope.analyze.dataset import ingest_many
+from stepscope.analyze.ingest import ingest_trace
 from stepscope.cli import cli
 
 
@@ -57,6 +61,30 @@ def test_unchanged_files_are_skipped_on_a_second_run(tmp_path: Path) -> None:
     again = ingest_many([src], tmp_path / "ds", jobs=1)
     assert {o.status for o in again.outcomes} == {"skipped"}
     assert not list((tmp_path / "ds").glob(".staging-*"))
+
+
+@pytest.mark.parametrize(("cores", "behind"), [(1, False), (4, True)])
+def test_a_batch_writes_parquet_behind_only_where_a_core_is_spare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  cores: int, behind: bool) -> None:
+    src = _inputs(tmp_path)
+    (src / "broken.json").unlink()
+    seen: list[bool] = []
+
+    def recorded(*args: Any, write_behind: bool = True, **kwargs: Any) -> Any:
+        seen.append(write_behind)
+        return ingest_trace(*args, write_behind=write_behind, **kwargs)
+
+    monkeypatch.setattr(dataset, "ingest_trace", recorded)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    ingest_many([src], tmp_path / "ds", jobs=1)
+    assert seen == [behind] * 4
+    monkeypatch.undo()
+    ingest_many([src], tmp_path / "reference", jobs=1)
+    events = sorted((tmp_path / "ds").glob("*/*/events.parquet"))
+    assert len(events) == 4
+    for path in events:
+        reference = tmp_path / "reference" / path.relative_to(tmp_path / "ds")
+        assert pl.read_parquet(path).equals(pl.read_parquet(reference))
 
 
 def test_ingest_cli_reports_failures_and_exit_code(tmp_path: Path) -> None:
