@@ -10,6 +10,15 @@ from concurrent.futures import ProcessPoolExecutor
 _F_SETPIPE_SZ = 1031  # Linux fcntl: set a pipe's capacity
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the OS tells it (a `taskset` or a
+    container's cpuset), else all the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def worker_context(*, fork_if_fresh: bool = False) -> multiprocessing.context.BaseContext:
     """Processes for parallel ingest: a forkserver that has already imported stepscope (and so polars,
     pyarrow and msgspec), so each worker starts in milliseconds; spawn where forkserver is unavailable.

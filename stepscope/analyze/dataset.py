@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepscope.analyze._read import json_size
-from stepscope.analyze._workers import mark_import_threads, worker_context
+from stepscope.analyze._workers import mark_import_threads, usable_cores, worker_context
 from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested, trace_id_for
 from stepscope.errors import StepscopeError
 
@@ -107,7 +107,8 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, wr
 
 def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None, force: bool = False,
                 on_done: Callable[[FileOutcome], None] | None = None, fork_workers: bool = False) -> BatchResult:
-    """Ingest files/directories/globs into `dataset`, `jobs` processes at a time (default: CPU count).
+    """Ingest files/directories/globs into `dataset`, `jobs` processes at a time (default: the cores this
+    process may use).
 
     `fork_workers`: fork the worker processes from this one where that is safe (see
     _workers.worker_context): a quarter of a second sooner at work. For a process of its own that ran
@@ -116,7 +117,7 @@ def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None
     files = find_trace_files(paths)
     created = not dataset.exists()
     dataset.mkdir(parents=True, exist_ok=True)
-    jobs = max(1, jobs or os.cpu_count() or 1)
+    jobs = max(1, jobs or usable_cores())
     outcomes: list[FileOutcome] = []
     for outcome in _run(files, dataset, jobs, force, fork_workers):
         outcomes.append(outcome)
@@ -142,7 +143,7 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -
     processes = 1 if jobs == 1 or len(files) <= 1 else min(jobs, len(files))
     # A Parquet writer thread per ingest pays only where a core is left for it: with a process on every
     # core, each writing in turn, the corpus batch on 2 cores is 8% faster (3% on one core).
-    behind = processes < (os.cpu_count() or 1)
+    behind = processes < usable_cores()
     if processes == 1:  # (one file: its spans are decoded on the cores instead)
         for f in files:
             yield ingest_one(str(f), str(dataset), force, jobs, behind)

@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from stepscope.analyze._workers import usable_cores
 from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested
 from stepscope.analyze.schema import CPU_KINDS, GPU_KINDS, Kind
 from stepscope.errors import InputError, UsageError
@@ -262,5 +263,5 @@ def load(path: str | Path, *, cache_dir: Path | None = None) -> Trace:
     sha = file_sha256(path)
     target = (cache_dir or default_cache_dir()) / sha[:2] / sha
     if not is_ingested(target, sha):  # the cache is keyed by content: a hit needs no read of the trace
-        ingest_trace(path, target, jobs=os.cpu_count() or 1, sha256=sha)
+        ingest_trace(path, target, jobs=usable_cores(), sha256=sha)
     return Trace(directory=target, meta=_read_meta(target))

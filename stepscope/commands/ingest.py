@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import click
 
+from stepscope.analyze._workers import usable_cores
 from stepscope.analyze.dataset import FileOutcome, ingest_many
 from stepscope.commands._options import emit
 from stepscope.reports.text import render_json
@@ -18,7 +18,7 @@ from stepscope.reports.text import render_json
 @click.option("-o", "--output", "dataset", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Dataset directory (created if missing; re-ingesting an unchanged file is skipped).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help=f"Parallel processes (default: number of cores, {os.cpu_count()}).")
+              help=f"Parallel processes (default: the cores this process may use, {usable_cores()}).")
 @click.option("--force", is_flag=True, help="Re-ingest files even when unchanged.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome of every file as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
