@@ -237,7 +237,8 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
 
 _IS_METADATA = pl.col("ph") == "M"
 _IS_FLOW = pl.col("ph").is_in(["s", "t", "f"])
-_IS_TIMED = ~pl.col("ph").is_in(["M", "s", "t", "f"])
+# an event without a ph is kept, as its category says (an unreadable ph is no reason to lose it)
+_IS_TIMED = ~pl.col("ph").is_in(["M", "s", "t", "f"]).fill_null(False)
 
 
 def _flow_table(flows: pl.DataFrame) -> pa.Table:

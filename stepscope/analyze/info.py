@@ -101,11 +101,14 @@ def trace_warnings(trace: Trace) -> pl.DataFrame:
         negative=(pl.col("dur_ns") < 0).sum(),
         missing_ts=pl.col("ts_ns").is_null().sum(),
         missing_dur=((pl.col("ph") == "X") & pl.col("dur_ns").is_null()).sum(),
+        missing_ph=pl.col("ph").is_null().sum(),
         span=pl.col("ts_ns").max() - pl.col("ts_ns").min(),
     ).collect().row(0, named=True)
     add("negative_durations", int(bad["negative"] or 0), "events with a negative duration")
     add("missing_timestamps", int(bad["missing_ts"] or 0), "events without a usable ts (excluded from timing)")
     add("missing_durations", int(bad["missing_dur"] or 0), "complete (X) events without a usable dur")
+    add("missing_phases", int(bad["missing_ph"] or 0),
+        "events without a usable ph (kept, their kind taken from their category)")
     if bad["span"] is not None and bad["span"] > _DAY_NS:
         add("clock_span", 1, "events span more than a day: mixed clocks or a corrupt timestamp")
 

@@ -51,9 +51,10 @@ def test_each_warning_fires_on_its_oddity(tmp_path: Path) -> None:
         memcpy("HtoD", ts=140, dur=-1, nbytes=10),                            # negative duration
         flow(1, "s", 101, pid=1000, tid=1), flow(2, "f", 111, pid=0, tid=7),  # dangling both ways
         {"ph": "X", "cat": "mystery", "name": "m", "pid": 1, "tid": 1, "ts": 101, "dur": 1},
+        {"cat": "cpu_op", "name": "no phase", "pid": 1, "tid": 1, "ts": 102, "dur": 1},
     )
     info = trace_info(load_events(tmp_path, doc))
     got = dict(info.warnings.select("code", "count").rows())
     assert got == {"overlapping_kernels": 1, "negative_durations": 1, "gpu_before_launch": 1,
                    "dangling_flow_starts": 1, "dangling_flow_finishes": 1, "gpu_after_last_step": 1,
-                   "gpu_before_first_step": 1, "missing_steps": 1, "unknown_categories": 1}
+                   "gpu_before_first_step": 1, "missing_steps": 1, "unknown_categories": 1, "missing_phases": 1}

@@ -152,6 +152,15 @@ def test_odd_values_are_coerced_or_null_never_fatal(tmp_path: Path) -> None:
     assert t.meta["unknown_categories"] == {"some_new_category": 1}
 
 
+def test_an_event_without_a_phase_is_kept_as_its_category_says(tmp_path: Path) -> None:
+    doc = trace({"cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2, "args": {"stream": 7}},
+                {"ph": None, "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 3, "dur": 1},
+                {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}})
+    ev = _events(load_events(tmp_path, doc))
+    assert ev.select("event_id", "kind", "ph", "name", "stream").rows() == [(0, "kernel", None, "k", 7),
+                                                                            (1, "cpu_op", None, "op", None)]
+
+
 def test_bare_event_array_and_no_metadata(tmp_path: Path) -> None:
     path = write_trace(tmp_path, [kernel("k", ts=1, dur=2)], "bare.json")
     assert _events(load(path, cache_dir=tmp_path / "c"))["kind"].to_list() == ["kernel"]
