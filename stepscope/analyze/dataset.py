@@ -144,7 +144,7 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -
     # A Parquet writer thread per ingest pays only where a core is left for it: with a process on every
     # core, each writing in turn, the corpus batch on 2 cores is 8% faster (3% on one core).
     behind = processes < usable_cores()
-    if processes == 1:  # (one file: its spans are decoded on the cores instead)
+    if processes == 1:  # every file here in turn (a lone file has its spans decoded on `jobs` cores instead)
         for f in files:
             yield ingest_one(str(f), str(dataset), force, jobs, behind)
         return

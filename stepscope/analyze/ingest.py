@@ -509,17 +509,16 @@ def _write_tables(tmp: Path, chunks: Iterator[ChunkTables], write_behind: bool) 
     totals = _Totals()
 
     def open_writer(name: str, schema: pa.Schema) -> _BackgroundWriter | pq.ParquetWriter:
-        return _BackgroundWriter(tmp / name, schema) if write_behind else _parquet_writer(tmp / name, schema)
+        writer = _BackgroundWriter(tmp / name, schema) if write_behind else _parquet_writer(tmp / name, schema)
+        writers.callback(writer.close)
+        return writer
 
-    writer, flow_writer = open_writer("events.parquet", EVENT_SCHEMA), open_writer("flows.parquet", FLOW_SCHEMA)
-    try:
+    with ExitStack() as writers:  # each writer is closed (its thread ended), whatever fails
+        events, flows = open_writer("events.parquet", EVENT_SCHEMA), open_writer("flows.parquet", FLOW_SCHEMA)
         for chunk in chunks:
-            writer.write_table(conform(chunk.events, EVENT_SCHEMA))
-            flow_writer.write_table(chunk.flows)
+            events.write_table(conform(chunk.events, EVENT_SCHEMA))
+            flows.write_table(chunk.flows)
             totals.add(chunk)
-    finally:
-        writer.close()
-        flow_writer.close()
     return totals
 
 
