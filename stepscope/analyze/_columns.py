@@ -366,9 +366,18 @@ def _finish_events(frame: pl.DataFrame) -> pa.Table:
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """The table with every column of `schema`, in its order: the columns it lacks are all null."""
-    columns = [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-               for f in schema]
+    """The table with every column of `schema`, in its order: the columns it lacks are all null, each type's
+    from one shared array (Arrow arrays are immutable). A span of CPU ops lacks some thirty columns, whose
+    buffers of zeros, one each, cost more to allocate and fault in than the rest of conforming the span."""
+    nulls: dict[pa.DataType, pa.Array] = {}
+
+    def null_column(dtype: pa.DataType) -> pa.Array:
+        if dtype not in nulls:
+            nulls[dtype] = pa.nulls(table.num_rows, dtype)
+        return nulls[dtype]
+
+    present = set(table.column_names)
+    columns = [table.column(f.name) if f.name in present else null_column(f.type) for f in schema]
     return pa.Table.from_arrays(columns, schema=schema)
 
 

@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -144,3 +145,15 @@ def test_a_key_spelled_with_escapes_is_still_found() -> None:
     chunk = decode_span(doc, "t.json", 0)
     assert chunk is not None
     assert pl.DataFrame(chunk.events).select("memory_bandwidth_gbps", "external_id").row(0) == (12.5, 3)
+
+
+def test_conform_gives_every_schema_column_in_order_the_lacking_ones_null() -> None:
+    schema = pa.schema([("a", pa.int64()), ("b", pa.string()), ("c", pa.int64()), ("d", pa.float64()),
+                        ("e", pa.string())])
+    table = pa.table({"d": pa.array([1.5, None, 2.5]), "b": pa.array(["x", "y", None])})
+    out = conform(table, schema)
+    assert out.schema.equals(schema)
+    assert out.to_pydict() == {"a": [None] * 3, "b": ["x", "y", None], "c": [None] * 3, "d": [1.5, None, 2.5],
+                               "e": [None] * 3}
+    assert [out.column(name).null_count for name in "ace"] == [3, 3, 3]
+    out.validate(full=True)
