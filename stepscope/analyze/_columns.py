@@ -157,8 +157,8 @@ _WARM_UP_SPAN = (b'[{"ph": "X", "cat": "cpu_op", "name": "w", "pid": 1, "tid": 1
 
 
 def warm_up() -> None:
-    """Decode a tiny span: a process's first polars and pyarrow calls cost about 50 ms once, which ingest
-    hides behind reading the file (gunzip and sha256 release the GIL)."""
+    """Decode a tiny span: a process's first polars and pyarrow calls cost about 15 ms once (polars' pools,
+    pyarrow's memory pool), which ingest hides behind reading the file (gunzip and sha256 release the GIL)."""
     decode_span(_WARM_UP_SPAN, "warm-up", 0)
 
 

@@ -12,7 +12,8 @@ How a trace is read, fast and in bounded memory:
    documented there; both paths give the same tables).
 3. Here: spans are decoded in file order (with ``jobs`` > 1 on threads that read them in place, or without
    the scanner in worker processes for a large trace), each one's tables appended to Parquet from a
-   background thread, and ``meta.json`` written last; the output directory appears whole or not at all.
+   background thread (or in turn: see ingest_trace's write_behind), and ``meta.json`` written last; the output
+   directory appears whole or not at all.
 
 ``ts_ns`` stays on the trace's own clock; ``baseTimeNanoseconds`` (when present) is kept in meta.json.
 """
