@@ -437,8 +437,10 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
             threading.Thread(target=_warm_up_workers, args=(pool, jobs - 1, pool_ready), daemon=True).start()
         keep_freed_memory()
         warming = _warm_up_once()
-        data, sha = read_trace(path, sha256)
-        warming.join()
+        try:
+            data, sha = read_trace(path, sha256)
+        finally:  # a daemon thread still inside pyarrow's C++ when the interpreter exits aborts the process
+            warming.join()
         if not force and is_ingested(out_dir, sha):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)

@@ -204,6 +204,28 @@ assert not loaded, loaded
         i for i in range(600) if i % 3 != 1]
 
 
+@pytest.mark.parametrize("bad", ["directory", "corrupt.json.gz"])
+def test_a_script_whose_first_ingest_fails_at_once_exits_with_its_error(tmp_path: Path, bad: str) -> None:
+    """A file that fails before the warm-up thread is done (a directory, corrupt gzip): the error reaches the
+    script, which exits with its traceback, not the abort of a daemon thread still inside pyarrow at exit."""
+    path = tmp_path / bad
+    if bad == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(gzip.compress(b'{"traceEvents": []}')[:12] + b"garbage")
+    script = f"""
+from pathlib import Path
+from stepscope.analyze.ingest import ingest_trace
+ingest_trace(Path({str(path)!r}), Path({str(tmp_path / "out")!r}))
+"""
+    for _ in range(3):  # it was a race the thread lost nearly every time
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, out.stderr
+        assert "FATAL" not in out.stderr
+        assert out.stderr.rstrip().splitlines()[-1].startswith("stepscope.errors.")
+    assert not (tmp_path / "out").exists()
+
+
 _TOP_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text("ab]}[{\\\", ", max_size=6),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("xy]", max_size=2),
                                                                                         inner, max_size=3),
