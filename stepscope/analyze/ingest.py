@@ -67,11 +67,19 @@ PARALLEL_MIN_BYTES = 128 * 1024 * 1024
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
+# Integer columns that grow with the file's order (ids, start times): delta-encoded, each value is stored as
+# its small difference from the one before, where plain encoding leaves zstd eight bytes a value to squeeze.
+# The 54 MB and 607 MB traces: 8-16% less time writing Parquet, 20% smaller files (the corpus 16%).
+_DELTA_COLUMNS = frozenset({"event_id", "ts_ns", "correlation", "external_id", "sequence_number",
+                            "record_function_id", "ev_idx", "python_id", "python_parent_id"})
+
+
 def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
     # Dictionary-encode only the text columns, whose values repeat (names, kinds, shapes); the raw args
     # text is nearly unique per event and numbers do better plain: 25% less time, a third smaller file.
     dictionary = [f.name for f in schema if pa.types.is_string(f.type) and f.name != "args"]
-    return pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary)
+    delta = {f.name: "DELTA_BINARY_PACKED" for f in schema if f.name in _DELTA_COLUMNS}
+    return pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary, column_encoding=delta)
 
 
 class _BackgroundWriter:

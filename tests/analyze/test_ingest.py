@@ -10,7 +10,9 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from builders import (
     annotation,
@@ -295,6 +297,24 @@ def test_event_schema_is_the_documented_one(tmp_path: Path) -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for name in EVENT_SCHEMA.names:
         assert f"`{name}`" in readme, f"column {name} is not documented in the README"
+
+
+def test_ids_and_start_times_are_delta_encoded_and_read_back_by_any_reader(tmp_path: Path) -> None:
+    events = [e for i in range(300) for e in (cpu_op(f"op{i % 7}", ts=1000 + i * 10, dur=5 + i % 3, external_id=i),
+                                              kernel(f"k{i % 5}", ts=1002 + i * 10, dur=3, correlation=50 + i))]
+    path = write_trace(tmp_path, trace(*events), "t.json")
+    ingest_trace(path, tmp_path / "out")
+    parquet = pq.ParquetFile(tmp_path / "out" / "events.parquet")
+    group = parquet.metadata.row_group(0)
+    chunks = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    for name in ("event_id", "ts_ns", "external_id", "correlation"):
+        assert "DELTA_BINARY_PACKED" in chunks[name].encodings, name
+    assert "DELTA_BINARY_PACKED" not in chunks["dur_ns"].encodings  # durations do better plain
+    frame = pl.read_parquet(tmp_path / "out" / "events.parquet").sort("event_id")
+    assert frame["ts_ns"].to_list() == [(1000 + i * 10 + d) * 1000 for i in range(300) for d in (0, 2)]
+    assert frame["correlation"].drop_nulls().to_list() == list(range(50, 350))
+    via_duckdb = duckdb.sql(f"SELECT ts_ns FROM read_parquet('{tmp_path}/out/events.parquet') ORDER BY event_id")
+    assert [row[0] for row in via_duckdb.fetchall()] == frame["ts_ns"].to_list()
 
 
 def test_steps_take_the_longest_span_per_step_number(tmp_path: Path) -> None:
