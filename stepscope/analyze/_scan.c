@@ -356,8 +356,17 @@ static int skip_value(Scan *s) {
 
 /* ------------------------------------------------------------------------------------------------ values */
 
+/* A base field's text column (ph ... args), built as the span is read: an event has at most one value of each,
+ * so the value's bytes (escapes decoded) go straight after the row before's, while they are in the cache.
+ * int64 offsets (one more than rows), UTF-8 data, one validity byte per row. Nothing until the field's first
+ * value (then the rows before it are null), so a field no event of the span has (flow ids) costs nothing. */
 typedef struct {
-    Column text[N_TEXT];
+    Buf offsets, data, valid;
+    int64_t last_row; /* the row of the latest value; -1 before the first */
+} Text;
+
+typedef struct {
+    Text text[N_TEXT];
     Buf ts, dur, ts_valid, dur_valid; /* dense: one int64 / one byte per row */
     Column *slots;
     int nslots;
@@ -377,31 +386,83 @@ static int text_entry(Column *c, Scan *s, int64_t row, const unsigned char *star
     return col_add(c, &e) ? NOMEM : OK;
 }
 
-/* A text value (ph ... bp, str args): a string, or an integer's digits as written; null is no entry.
- * `bools`: true/false become their text (str args, as json.dumps writes them). */
-static int read_text(Scan *s, Column *c, int64_t row, int bools) {
-    const unsigned char *p = s->p;
-    if (p >= s->end) return BAIL;
-    if (*p == '"') {
-        const unsigned char *st;
-        size_t l;
-        int esc;
-        int r = scan_string(s, &st, &l, &esc);
-        return r ? r : text_entry(c, s, row, st, l, esc);
+static size_t unescape(const unsigned char *p, size_t len, char *out);
+
+/* Row `row`'s value of a base field. */
+static int text_put(Text *t, int64_t row, const unsigned char *src, size_t len, int esc) {
+    if (!t->offsets.len) { /* the field's first value: the rows before it are null */
+        if (buf_grow(&t->offsets, (size_t)(row + 1) * 8) || buf_grow(&t->valid, (size_t)row + 1)) return NOMEM;
+        memset(t->offsets.p, 0, (size_t)(row + 1) * 8);
+        t->offsets.len = (size_t)(row + 1) * 8;
+        memset(t->valid.p, 0, (size_t)row);
+        t->valid.len = (size_t)row;
     }
+    if (buf_grow(&t->data, len)) return NOMEM;
+    if (esc) {
+        t->data.len += unescape(src, len, t->data.p + t->data.len);
+    } else {
+        memcpy(t->data.p + t->data.len, src, len);
+        t->data.len += len;
+    }
+    t->last_row = row;
+    return OK;
+}
+
+/* Close row `row` of a base field (after its event is read). */
+static int text_end_row(Text *t, int64_t row) {
+    if (!t->offsets.len) return OK;
+    if (buf_grow(&t->offsets, 8) || buf_grow(&t->valid, 1)) return NOMEM;
+    int64_t end = (int64_t)t->data.len;
+    memcpy(t->offsets.p + t->offsets.len, &end, 8);
+    t->offsets.len += 8;
+    t->valid.p[t->valid.len++] = (char)(t->last_row == row);
+    return OK;
+}
+
+/* A text value (ph ... bp, str args) at s->p: a string (*esc says whether it has escapes), or an integer's
+ * digits as written; *start is NULL for null. `bools`: true/false become their text (str args, as
+ * json.dumps writes them). */
+static int scan_text(Scan *s, int bools, const unsigned char **start, size_t *len, int *esc) {
+    const unsigned char *p = s->p;
+    *start = NULL;
+    *esc = 0;
+    if (p >= s->end) return BAIL;
+    if (*p == '"') return scan_string(s, start, len, esc);
     if (*p == 'n') return skip_literal(s, "null", 4);
     if (bools && (*p == 't' || *p == 'f')) {
         int r = *p == 't' ? skip_literal(s, "true", 4) : skip_literal(s, "false", 5);
-        return r ? r : text_entry(c, s, row, p, (size_t)(s->p - p), 0);
+        *start = r ? NULL : p;
+        *len = (size_t)(s->p - p);
+        return r;
     }
     if (*p == '-' || (*p >= '0' && *p <= '9')) {
         Number n;
         int64_t v;
         if (scan_number(s, &n) || !n.is_int || number_int64(&n, &v)) return BAIL;
         if (n.neg && v == 0) return BAIL; /* -0: Python writes 0 */
-        return text_entry(c, s, row, n.start, n.len, 0);
+        *start = n.start;
+        *len = n.len;
+        return OK;
     }
     return BAIL;
+}
+
+/* A str args slot's value; null is no entry. */
+static int read_text(Scan *s, Column *c, int64_t row, int bools) {
+    const unsigned char *start;
+    size_t len;
+    int esc;
+    int r = scan_text(s, bools, &start, &len, &esc);
+    return r || !start ? r : text_entry(c, s, row, start, len, esc);
+}
+
+/* A base field's value (ph ... bp); null leaves the row null. */
+static int read_base_text(Scan *s, Text *t, int64_t row) {
+    const unsigned char *start;
+    size_t len;
+    int esc;
+    int r = scan_text(s, 0, &start, &len, &esc);
+    return r || !start ? r : text_put(t, row, start, len, esc);
 }
 
 /* ts/dur: microseconds with at most 3 decimals -> exact ns. */
@@ -599,9 +660,9 @@ static int scan_event(Scan *s, State *st, unsigned char *seen) {
             } else {
                 r = skip_value(s);
             }
-            if (!r) r = text_entry(&st->text[F_ARGS], s, row, v, (size_t)(s->p - v), 0);
+            if (!r) r = text_put(&st->text[F_ARGS], row, v, (size_t)(s->p - v), 0);
         } else {
-            r = read_text(s, &st->text[f], row, 0);
+            r = read_base_text(s, &st->text[f], row);
         }
         if (r) return r;
     next:;
@@ -622,6 +683,7 @@ static int scan_array(Scan *s, State *st, int bare) {
     }
     for (;;) {
         int r = scan_event(s, st, seen);
+        for (int f = 0; !r && f < N_TEXT; f++) r = text_end_row(&st->text[f], st->row) ? NOMEM : OK;
         if (r) return r;
         st->row++;
         ws(s);
@@ -795,6 +857,12 @@ static PyObject *dense_object(Dense *d, int type) {
     return Py_BuildValue("(NNN)", as_block(&d->a), as_block(&d->b), as_block(&d->c));
 }
 
+/* A base field's column: (offsets, data, validity bits), or None when no event of the span has it. */
+static PyObject *text_object(Text *t, Buf *bits) {
+    if (!t->offsets.len) Py_RETURN_NONE;
+    return Py_BuildValue("(NNN)", as_block(&t->offsets), as_block(&t->data), as_block(bits));
+}
+
 static void free_buf(Buf *b) {
     free(b->p);
     b->p = NULL;
@@ -850,11 +918,12 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
         st.key_next[i] = st.bucket[key_len[i] & 63];
         st.bucket[key_len[i] & 63] = (int)i;
     }
-    for (int f = 0; f < N_TEXT; f++) st.text[f].type = T_STR;
+    for (int f = 0; f < N_TEXT; f++) st.text[f].last_row = -1;
 
-    Dense text[N_TEXT], dslots[MAX_KEYS];
+    Buf text_bits[N_TEXT];
+    Dense dslots[MAX_KEYS];
     Buf ts_bits = {0}, dur_bits = {0};
-    memset(text, 0, sizeof text);
+    memset(text_bits, 0, sizeof text_bits);
     memset(dslots, 0, sizeof dslots);
     int status;
     int64_t n = 0;
@@ -866,7 +935,8 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     status = !c_locale ? BAIL : (size_t)(stop - start) > UINT32_MAX ? BAIL : scan_array(&s, &st, bare);
     n = st.row;
     if (status == OK && n == 0) status = BAIL;
-    for (int f = 0; status == OK && f < N_TEXT; f++) status = densify(&st.text[f], s.base, n, &text[f]);
+    for (int f = 0; status == OK && f < N_TEXT; f++)
+        if (st.text[f].offsets.len) status = dense_bits(&st.text[f].valid, n, &text_bits[f]);
     for (int k = 0; status == OK && k < st.nslots; k++) status = densify(&slots[k], s.base, n, &dslots[k]);
     if (status == OK) status = dense_bits(&st.ts_valid, n, &ts_bits);
     if (status == OK) status = dense_bits(&st.dur_valid, n, &dur_bits);
@@ -890,17 +960,22 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
             }
         }
         if (slot_tuple) {
-            result = Py_BuildValue("(LNNNNNNNN(NN)(NN)N)", (long long)n, dense_object(&text[F_PH], T_STR),
-                                   dense_object(&text[F_CAT], T_STR), dense_object(&text[F_NAME], T_STR),
-                                   dense_object(&text[F_PID], T_STR), dense_object(&text[F_TID], T_STR),
-                                   dense_object(&text[F_ID], T_STR), dense_object(&text[F_BP], T_STR),
-                                   dense_object(&text[F_ARGS], T_STR), as_block(&st.ts), as_block(&ts_bits),
+            result = Py_BuildValue("(LNNNNNNNN(NN)(NN)N)", (long long)n, text_object(&st.text[F_PH], &text_bits[F_PH]),
+                                   text_object(&st.text[F_CAT], &text_bits[F_CAT]),
+                                   text_object(&st.text[F_NAME], &text_bits[F_NAME]),
+                                   text_object(&st.text[F_PID], &text_bits[F_PID]),
+                                   text_object(&st.text[F_TID], &text_bits[F_TID]),
+                                   text_object(&st.text[F_ID], &text_bits[F_ID]),
+                                   text_object(&st.text[F_BP], &text_bits[F_BP]),
+                                   text_object(&st.text[F_ARGS], &text_bits[F_ARGS]), as_block(&st.ts), as_block(&ts_bits),
                                    as_block(&st.dur), as_block(&dur_bits), slot_tuple);
         }
     }
     for (int f = 0; f < N_TEXT; f++) {
-        free_buf(&st.text[f].entries);
-        free_dense(&text[f]);
+        free_buf(&st.text[f].offsets);
+        free_buf(&st.text[f].data);
+        free_buf(&st.text[f].valid);
+        free_buf(&text_bits[f]);
     }
     for (int k = 0; k < st.nslots; k++) {
         free_buf(&slots[k].entries);
