@@ -18,11 +18,19 @@ import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import msgspec
 
 from stepscope.errors import InputError, TraceFormatError
+
+_inflate: ModuleType  # ISA-L's inflate: the same bytes as zlib's in 60% of the time (df_index: 51 ms, not 80)
+try:
+    from isal import isal_zlib as _inflate
+except ImportError:  # pragma: no cover - isal is a dependency; a Python without it falls back on zlib
+    _inflate = zlib
+_CORRUPT_GZIP: tuple[type[Exception], ...] = (gzip.BadGzipFile, zlib.error, _inflate.error, OSError)
 
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
@@ -48,7 +56,7 @@ def read_trace(path: Path, sha256: str | None = None) -> tuple[bytearray, str]:
         return _gunzip(stored), sha
     except EOFError:
         raise TraceFormatError("truncated gzip file (the compressed stream ends early)", path=path) from None
-    except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+    except _CORRUPT_GZIP as exc:
         raise TraceFormatError(f"corrupt gzip data ({exc})", path=path) from None
 
 
@@ -66,7 +74,7 @@ def json_size(path: Path) -> int:
         return 0
 
 
-# Compressed bytes fed to zlib at a time, and the most it writes per call: small pieces stay in the CPU's
+# Compressed bytes fed to the inflater at a time, and the most it writes per call: small pieces stay in the CPU's
 # cache and reuse the same memory (16 MiB ones took fresh pages from the kernel each time), and what zlib
 # leaves unconsumed, which it copies on each call, stays small. A quarter less time than 16 MiB steps.
 _FEED = 1 << 16
@@ -92,8 +100,8 @@ def _gunzip(stored: bytearray) -> bytearray:
 
 def _inflate_into(stored: bytearray, out: bytearray) -> None:
     """Decompress the gzip `stored` into `out`, which must be exactly its size. EOFError when the stream
-    ends early, zlib.error when it is corrupt, _NotAsStated when it is not one member of len(out) bytes."""
-    decompressor = zlib.decompressobj(wbits=31)
+    ends early, _inflate.error when it is corrupt, _NotAsStated when it is not one member of len(out) bytes."""
+    decompressor = _inflate.decompressobj(wbits=31)
     view = memoryview(stored)
     data: bytes | memoryview = view[:_FEED]
     fed = len(data)
