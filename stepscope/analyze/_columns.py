@@ -42,6 +42,7 @@ import msgspec
 import polars as pl
 import pyarrow as pa
 
+from stepscope.analyze._read import Document
 from stepscope.analyze.schema import (
     ARG_COLUMNS,
     EVENT_SCHEMA,
@@ -139,7 +140,7 @@ def decode_span(document: bytes | bytearray | memoryview, path: str, offset: int
     return _decode_python(document, path, offset)
 
 
-def decode_range(data: bytes | bytearray, a: int, b: int, path: str) -> ChunkTables | None:
+def decode_range(data: bytes | Document, a: int, b: int, path: str) -> ChunkTables | None:
     """decode_span of the span data[a:b] of traceEvents (whole events and the commas between them), read in
     place by the scanner, so several threads can decode spans of one buffer at once; only a span that takes
     the Python path is copied (with its brackets)."""

@@ -52,7 +52,7 @@ from stepscope.analyze._columns import (
     warm_up,
 )
 from stepscope.analyze._io import atomic_dir
-from stepscope.analyze._read import iter_chunks, json_size, locate_events, read_trace, split_document
+from stepscope.analyze._read import Document, iter_chunks, json_size, locate_events, read_trace, split_document
 from stepscope.analyze._workers import widen_result_pipe, worker_context
 from stepscope.analyze.schema import EVENT_SCHEMA, FLOW_SCHEMA, INGEST_SCHEMA_VERSION
 from stepscope.errors import InputError, TraceFormatError
@@ -178,7 +178,7 @@ class _Relocated(Exception):
         self.start, self.end, self.top = start, end, top
 
 
-def _verify(data: bytearray, start: int, end: int, path: Path) -> None:
+def _verify(data: Document, start: int, end: int, path: Path) -> None:
     """After a span failed to decode: raise the document's own error if it is malformed, _Relocated if the
     array's span was not (start, end); return when the failure was only a cut inside a string."""
     exact_start, exact_end, top = split_document(data, path)
@@ -226,7 +226,7 @@ def _warm_up_once() -> threading.Thread:
     return thread
 
 
-def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+def iter_chunk_tables(data: Document, start: int, end: int, path: Path, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                       pool: Executor | None = None, pool_ready: threading.Event | None = None,
                       source: Path | None = None, jobs: int = 1, certain: bool = True) -> Iterator[ChunkTables]:
     """Yield the tables of each span of traceEvents in file order.
@@ -290,7 +290,7 @@ def iter_chunk_tables(data: bytearray, start: int, end: int, path: Path, *, chun
 _Outcome: TypeAlias = ChunkTables | None | TraceFormatError  # a span's tables, None for a bad cut, or its error
 
 
-def _decoded_here(data: bytearray, a: int, b: int, path: Path) -> _Outcome:
+def _decoded_here(data: Document, a: int, b: int, path: Path) -> _Outcome:
     try:
         return decode_range(data, a, b, str(path))
     except TraceFormatError as exc:
@@ -304,7 +304,7 @@ def _outcome(future: Future[ChunkTables | None]) -> _Outcome:
         return exc
 
 
-def _whole_span(data: bytearray, spans: list[tuple[int, int]], i: int, result: ChunkTables | None,
+def _whole_span(data: Document, spans: list[tuple[int, int]], i: int, result: ChunkTables | None,
                 path: Path) -> tuple[ChunkTables, int]:
     """Span i's tables; when its cut was bad (result None), those of span i merged with the following spans
     until the cut is good. Also the index of the next span not merged in."""
@@ -318,13 +318,13 @@ def _whole_span(data: bytearray, spans: list[tuple[int, int]], i: int, result: C
     return result, j
 
 
-def _is_plain(path: Path, data: bytearray) -> bool:
+def _is_plain(path: Path, data: Document) -> bool:
     """Whether the file on disk is the JSON itself (not gzip), so workers can read their spans from it."""
     return path.stat().st_size == len(data) and data[:2] != b"\x1f\x8b"
 
 
 @contextmanager
-def _spilled(data: bytearray, directory: Path) -> Iterator[Path]:
+def _spilled(data: Document, directory: Path) -> Iterator[Path]:
     """The uncompressed JSON of a gzip trace written to a temporary file for the workers, removed after."""
     fd, name = tempfile.mkstemp(prefix=".stepscope-", suffix=".json", dir=directory)
     try:
@@ -460,7 +460,7 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
                        write_behind=write_behind)
 
 
-def _ingest(path: Path, out_dir: Path, data: bytearray, sha: str, stack: ExitStack, *, pool: Executor | None,
+def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStack, *, pool: Executor | None,
             pool_ready: threading.Event | None, jobs: int, chunk_bytes: int | None, extra_meta: dict[str, Any],
             started: float, write_behind: bool) -> IngestResult:
     with atomic_dir(out_dir) as tmp:

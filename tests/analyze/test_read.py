@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import random
+import threading
 import zlib
+from pathlib import Path
 
 import pytest
 
 from stepscope.analyze import _read
-from stepscope.analyze._read import _CORRUPT_GZIP, _gunzip
+from stepscope.analyze._read import _CORRUPT_GZIP, _gunzip, read_trace
 
 
 @pytest.fixture(autouse=True, params=["isal", "zlib"])
@@ -33,18 +36,47 @@ def _text(n: int, seed: int = 0) -> bytes:
 
 @pytest.mark.parametrize("raw", [
     _text(3_000_000),  # many compressed pieces fed, many written
+    _text(6_000_000, 4),  # into a mapping whose pages a helper thread faults in ahead (_prefaulted)
     b"x" * 5_000_000,  # compresses 1000-fold: one piece fed yields many written
     b"{}",
-], ids=["text", "repetitive", "tiny"])
+], ids=["text", "large-text", "repetitive", "tiny"])
 def test_gunzip_gives_what_gzip_gives(raw: bytes) -> None:
-    assert _gunzip(bytearray(gzip.compress(raw))) == raw
+    assert bytes(_gunzip(bytearray(gzip.compress(raw)))) == raw
+
+
+def test_read_trace_gives_the_file_and_its_sha256_whatever_its_size(tmp_path: Path) -> None:
+    # GIVEN files below and above the size read in pieces (each hashed while the next is read)
+    for size in (1000, 2 * _read._READ_PIECE + 12345):
+        raw = _text(size, size)
+        path = tmp_path / f"{size}.json"
+        path.write_bytes(raw)
+        data, sha = read_trace(path)
+        assert bytes(data) == raw
+        assert sha == hashlib.sha256(raw).hexdigest()
+        assert read_trace(path, sha256="given")[1] == "given"  # not hashed again
+    big = gzip.compress(_text(_read._PREFAULT_MIN + 1, 7), compresslevel=1)
+    (tmp_path / "t.json.gz").write_bytes(big)
+    data, sha = read_trace(tmp_path / "t.json.gz")
+    assert bytes(data) == _text(_read._PREFAULT_MIN + 1, 7) and sha == hashlib.sha256(big).hexdigest()
+
+
+def test_faulting_pages_in_ahead_leaves_what_is_written_alone() -> None:
+    # GIVEN a mapping half filled already (the filler overtook the helper)
+    with _read._prefaulted(_read._PREFAULT_MIN + 3 * _read._PREFAULT_STEP + 5) as buffer:
+        pattern = bytes(range(256)) * (len(buffer) // 512)
+        buffer[: len(pattern)] = pattern
+        # WHEN the pages are faulted in (again) from the start
+        _read._populate(buffer, threading.Event())  # type: ignore[arg-type]
+        # THEN the bytes written stay, and the rest is zeros
+        assert buffer[: len(pattern)] == pattern
+        assert buffer[len(pattern) :] == bytes(len(buffer) - len(pattern))
 
 
 def test_gunzip_reads_every_member_and_ignores_zero_padding() -> None:
     # GIVEN two gzip members (the trailer states only the last one's size), and a member padded with zeros
     a, b = _text(400_000, 1), _text(300_000, 2)
-    assert _gunzip(bytearray(gzip.compress(a) + gzip.compress(b))) == a + b
-    assert _gunzip(bytearray(gzip.compress(a) + b"\x00" * 100)) == a
+    assert bytes(_gunzip(bytearray(gzip.compress(a) + gzip.compress(b)))) == a + b
+    assert bytes(_gunzip(bytearray(gzip.compress(a) + b"\x00" * 100))) == a
 
 
 def test_gunzip_reports_a_truncated_or_corrupt_stream() -> None:
