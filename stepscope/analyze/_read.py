@@ -45,13 +45,14 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 Document: TypeAlias = bytearray | mmap.mmap
 
 
-def read_trace(path: Path, sha256: str | None = None) -> tuple[Document, str]:
+def read_trace(path: Path, sha256: str | None = None, *, helpers: bool = True) -> tuple[Document, str]:
     """The uncompressed JSON of a trace file (gzip sniffed by its magic bytes) and the sha256 of the file
     as stored, from one read (or `sha256` as given, when the caller has just hashed the file). Writable
-    memory, so spans of it can be decoded in place (see iter_chunk_tables)."""
+    memory, so spans of it can be decoded in place (see iter_chunk_tables). `helpers`: a core is spare for
+    helper threads, which fault a large buffer's memory in ahead and hash the file while it is read."""
     try:
-        with open(path, "rb") as fh, _prefaulted(os.fstat(fh.fileno()).st_size) as stored:
-            got, sha = _read_into(fh, stored, hashing=sha256 is None)
+        with open(path, "rb") as fh, _prefaulted(os.fstat(fh.fileno()).st_size, helpers) as stored:
+            got, sha = _read_into(fh, stored, hashing=sha256 is None, helpers=helpers)
     except IsADirectoryError:
         raise InputError("is a directory, expected a trace file", path=path) from None
     except OSError as exc:
@@ -62,7 +63,7 @@ def read_trace(path: Path, sha256: str | None = None) -> tuple[Document, str]:
     if stored[:2] != b"\x1f\x8b":
         return stored, sha
     try:
-        return _gunzip(stored), sha
+        return _gunzip(stored, helpers), sha
     except EOFError:
         raise TraceFormatError("truncated gzip file (the compressed stream ends early)", path=path) from None
     except _CORRUPT_GZIP as exc:
@@ -99,11 +100,11 @@ class _NotAsStated(Exception):
 _READ_PIECE = 8 << 20
 
 
-def _read_into(fh: Any, buffer: Document, *, hashing: bool) -> tuple[int, str]:
-    """Fill `buffer` from the file; the bytes read and, when `hashing`, their sha256 ("" otherwise). A large
-    file is read in pieces, each hashed while the next is read, so the hash costs little time of its own
-    (607 MB: 0.35 s to read and hash, where reading took 0.10 s and hashing 0.34 s one after the other)."""
-    if len(buffer) < 2 * _READ_PIECE:
+def _read_into(fh: Any, buffer: Document, *, hashing: bool, helpers: bool) -> tuple[int, str]:
+    """Fill `buffer` from the file; the bytes read and, when `hashing`, their sha256 ("" otherwise). With
+    `helpers`, a large file is read in pieces, each hashed in a helper thread while the next is read, so the
+    hash costs little time of its own (607 MB: 0.35 s to read and hash, against 0.10 s and 0.34 s in turn)."""
+    if len(buffer) < 2 * _READ_PIECE or not helpers:
         got: int = fh.readinto(buffer)
         return got, hashlib.sha256(memoryview(buffer)[:got]).hexdigest() if hashing else ""
     hasher = hashlib.sha256() if hashing else None
@@ -132,12 +133,12 @@ def _read_into(fh: Any, buffer: Document, *, hashing: bool) -> tuple[int, str]:
     return got, hasher.hexdigest() if hasher else ""
 
 
-def _gunzip(stored: Document) -> Document:
-    """Decompress into one preallocated buffer (the gzip trailer states the size)."""
+def _gunzip(stored: Document, helpers: bool = True) -> Document:
+    """Decompress into one preallocated buffer (the gzip trailer states the size; `helpers`: _prefaulted)."""
     expected = int.from_bytes(stored[-4:], "little")
     if not 0 < expected <= 256 * len(stored):  # a truncated file's "trailer" is arbitrary bytes
         return bytearray(gzip.decompress(bytes(stored)))
-    with _prefaulted(expected) as out:
+    with _prefaulted(expected, helpers) as out:
         try:
             _inflate_into(stored, out)
         except _NotAsStated:
@@ -145,24 +146,32 @@ def _gunzip(stored: Document) -> Document:
     return out
 
 
-# A buffer this large is filled into pages a helper thread faults in ahead (below: a plain bytearray)
-_PREFAULT_MIN = 4 << 20
+# From this size malloc serves a buffer from fresh pages whatever is done (glibc's largest mmap threshold, which
+# ingest sets: see ingest.keep_freed_memory): such a buffer has its pages faulted in ahead by a helper thread.
+# A smaller one comes from malloc's heap, whose pages a batch reuses file after file (fresh mappings for
+# them made the corpus batch 5% slower, with twice the system time).
+LARGE_BUFFER_BYTES = 32 << 20
+_PREFAULT_MIN = LARGE_BUFFER_BYTES
 _PREFAULT_STEP = 2 << 20
 _MADV_POPULATE_WRITE = 23  # linux/mman.h (Linux 5.14)
 
 
 @contextmanager
-def _prefaulted(size: int) -> Iterator[Document]:
+def _prefaulted(size: int, helpers: bool = True) -> Iterator[Document]:
     """A zeroed buffer of `size` bytes for the caller to fill from the front. A large one is an anonymous
     mapping whose pages a helper thread faults in ahead of the filling (MADV_POPULATE_WRITE, which leaves
     what is written alone), on another core: a fresh page costs microseconds on a virtual machine, and
     df_index's 54 MB are 13,000 of them (its gunzip: 33 ms instead of 51); a bytearray would also be zeroed
     by hand before it is filled (the 607 MB trace: 0.3 s). Where the advice is unknown (another OS, an older
-    kernel), the filler faults the pages in itself."""
-    if size < _PREFAULT_MIN:
+    kernel), and without `helpers` (no core to spare), the filler faults the pages in itself."""
+    if size < _PREFAULT_MIN or os.name != "posix":
         yield bytearray(size)
         return
-    buffer = mmap.mmap(-1, size)
+    # private: anonymous shared memory would be shmem, whose pages cost a fifth more to fault in
+    buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # (zeroed as first touched)
+    if not helpers:
+        yield buffer
+        return
     stop = threading.Event()
     thread = threading.Thread(target=_populate, args=(buffer, stop), name="stepscope-prefault")
     thread.start()

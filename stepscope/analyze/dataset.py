@@ -75,8 +75,8 @@ def existing_partition(dataset: Path, trace_id: str) -> Path | None:
     return None
 
 
-def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, write_behind: bool = True) -> FileOutcome:
-    """Ingest one file into its partition of the dataset (on `jobs` cores when it is large; `write_behind`:
+def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, spare_core: bool = True) -> FileOutcome:
+    """Ingest one file into its partition of the dataset (on `jobs` cores when it is large; `spare_core`:
     see ingest_trace). Never raises for a bad trace: reports it."""
     src, root = Path(source), Path(dataset)
     try:
@@ -88,7 +88,7 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, wr
             return FileOutcome(source=source, trace_id=trace_id, out_dir=str(done), status="skipped",
                                n_events=meta["counts"]["events"], seconds=0.0, error=None)
         staging = root / f".staging-{trace_id}-{os.getpid()}"
-        result = ingest_trace(src, staging, force=True, jobs=jobs, sha256=sha, write_behind=write_behind)
+        result = ingest_trace(src, staging, force=True, jobs=jobs, sha256=sha, spare_core=spare_core)
         meta = json.loads((staging / "meta.json").read_text(encoding="utf-8"))
         target = _partition_dir(root, trace_id, meta.get("rank"))
         if target.exists():

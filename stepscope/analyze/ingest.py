@@ -12,7 +12,7 @@ How a trace is read, fast and in bounded memory:
    documented there; both paths give the same tables).
 3. Here: spans are decoded in file order (with ``jobs`` > 1 on threads that read them in place, or without
    the scanner in worker processes for a large trace), each one's tables appended to Parquet from a
-   background thread (or in turn: see ingest_trace's write_behind), and ``meta.json`` written last; the output
+   background thread (or in turn: see ingest_trace's spare_core), and ``meta.json`` written last; the output
    directory appears whole or not at all.
 
 ``ts_ns`` stays on the trace's own clock; ``baseTimeNanoseconds`` (when present) is kept in meta.json.
@@ -52,7 +52,15 @@ from stepscope.analyze._columns import (
     warm_up,
 )
 from stepscope.analyze._io import atomic_dir
-from stepscope.analyze._read import Document, iter_chunks, json_size, locate_events, read_trace, split_document
+from stepscope.analyze._read import (
+    LARGE_BUFFER_BYTES,
+    Document,
+    iter_chunks,
+    json_size,
+    locate_events,
+    read_trace,
+    split_document,
+)
 from stepscope.analyze._workers import widen_result_pipe, worker_context
 from stepscope.analyze.schema import EVENT_SCHEMA, FLOW_SCHEMA, INGEST_SCHEMA_VERSION
 from stepscope.errors import InputError, TraceFormatError
@@ -85,7 +93,7 @@ def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
 class _BackgroundWriter:
     """Appends tables to a Parquet file from a thread: pyarrow releases the GIL while it encodes and
     compresses, so writing chunk N overlaps with decoding chunk N + 1 (on a core that would otherwise
-    idle: see ingest_trace's `write_behind`). At most two tables wait."""
+    idle: see ingest_trace's `spare_core`). At most two tables wait."""
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self._writer = _parquet_writer(path, schema)
@@ -194,7 +202,7 @@ def span_bytes(array_bytes: int, jobs: int) -> int:
 # glibc's mallopt parameters (malloc.h) and the values ingest sets
 _M_TOP_PAD, _M_MMAP_THRESHOLD = -2, -3
 TOP_PAD_BYTES = 64 * 1024 * 1024
-MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest; where its own moving threshold would stop
+MMAP_THRESHOLD_BYTES = LARGE_BUFFER_BYTES  # glibc's largest; where its own moving threshold would stop
 
 
 @functools.cache
@@ -411,15 +419,17 @@ def is_ingested(out_dir: Path, sha256: str | None = None) -> bool:
 
 def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 1,
                  chunk_bytes: int | None = None, extra_meta: dict[str, Any] | None = None,
-                 sha256: str | None = None, write_behind: bool = True) -> IngestResult:
+                 sha256: str | None = None, spare_core: bool = True) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
 
     `jobs` > 1 decodes the spans on that many cores: this thread and jobs - 1 threads that read their spans
     in place, with the compiled scanner; without it, for a large trace only (>= PARALLEL_MIN_BYTES of JSON),
     this process and jobs - 1 worker processes, which read their spans from the file (a gzip trace's JSON is
     first written to a temporary file beside out_dir). This thread also validates, writes Parquet and keeps
-    the order: with `write_behind`, from a background thread while the next spans are decoded; without it
-    (where every core already runs an ingest of its own, as in a batch) in turn, which saves the switching.
+    the order. With `spare_core`, helper threads take work off this one: Parquet is written in the
+    background while the next spans are decoded, and reading the file faults its memory in ahead and hashes
+    it as it goes (see _read.read_trace). Without it (where every core already runs an ingest of its own, as
+    in a batch), all is done in turn, which saves the switching and the work helpers would duplicate.
 
     Skipped when out_dir already holds this file's ingest (same sha256, same schema version) unless
     `force`. `sha256`: the file's, when the caller has just computed it (load() and batch ingest key their
@@ -446,7 +456,7 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
         keep_freed_memory()
         warming = _warm_up_once()
         try:
-            data, sha = read_trace(path, sha256)
+            data, sha = read_trace(path, sha256, helpers=spare_core)
         finally:  # a daemon thread still inside pyarrow's C++ when the interpreter exits aborts the process
             warming.join()
         if not force and is_ingested(out_dir, sha):
@@ -457,12 +467,12 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
                                 seconds=time.perf_counter() - started)
         return _ingest(path, out_dir, data, sha, stack, pool=pool, pool_ready=pool_ready, jobs=jobs,
                        chunk_bytes=chunk_bytes, extra_meta=extra_meta or {}, started=started,
-                       write_behind=write_behind)
+                       spare_core=spare_core)
 
 
 def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStack, *, pool: Executor | None,
             pool_ready: threading.Event | None, jobs: int, chunk_bytes: int | None, extra_meta: dict[str, Any],
-            started: float, write_behind: bool) -> IngestResult:
+            started: float, spare_core: bool) -> IngestResult:
     with atomic_dir(out_dir) as tmp:
         start, end, top, certain = locate_events(data, path)
         chunk_bytes = chunk_bytes or span_bytes(end - start, jobs)
@@ -473,7 +483,7 @@ def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStac
             chunks = iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, pool=pool,
                                        pool_ready=pool_ready, source=source, jobs=jobs, certain=certain)
             try:
-                totals = _write_tables(tmp, chunks, write_behind)
+                totals = _write_tables(tmp, chunks, spare_core)
                 break
             except _Relocated as exc:  # a valid document that fooled locate_events: start over, exactly
                 start, end, top = exc.start, exc.end, exc.top
@@ -514,13 +524,13 @@ class _Totals:
         self.unknown_categories.update(chunk.unknown_categories)
 
 
-def _write_tables(tmp: Path, chunks: Iterator[ChunkTables], write_behind: bool) -> _Totals:
+def _write_tables(tmp: Path, chunks: Iterator[ChunkTables], spare_core: bool) -> _Totals:
     """Append every span's tables to tmp/events.parquet and tmp/flows.parquet (new files each call), from
-    background threads when `write_behind`."""
+    background threads when `spare_core`."""
     totals = _Totals()
 
     def open_writer(name: str, schema: pa.Schema) -> _BackgroundWriter | pq.ParquetWriter:
-        writer = _BackgroundWriter(tmp / name, schema) if write_behind else _parquet_writer(tmp / name, schema)
+        writer = _BackgroundWriter(tmp / name, schema) if spare_core else _parquet_writer(tmp / name, schema)
         writers.callback(writer.close)
         return writer
 

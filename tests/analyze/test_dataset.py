@@ -64,7 +64,7 @@ def test_unchanged_files_are_skipped_on_a_second_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("cores", "jobs", "behind"), [(1, None, False), (4, 1, True)])
-def test_a_batch_writes_parquet_behind_only_where_a_core_is_spare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_batch_uses_helper_threads_only_where_a_core_is_spare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   cores: int, jobs: int | None, behind: bool) -> None:
     """Held to one core (taskset, a container's cpuset), a batch runs one process by default, which writes
     in turn; with a core to spare, one process writes behind. The tables are the same."""
@@ -72,9 +72,9 @@ def test_a_batch_writes_parquet_behind_only_where_a_core_is_spare(tmp_path: Path
     (src / "broken.json").unlink()
     seen: list[tuple[int, bool]] = []
 
-    def recorded(*args: Any, jobs: int = 1, write_behind: bool = True, **kwargs: Any) -> Any:
-        seen.append((jobs, write_behind))
-        return ingest_trace(*args, jobs=jobs, write_behind=write_behind, **kwargs)
+    def recorded(*args: Any, jobs: int = 1, spare_core: bool = True, **kwargs: Any) -> Any:
+        seen.append((jobs, spare_core))
+        return ingest_trace(*args, jobs=jobs, spare_core=spare_core, **kwargs)
 
     monkeypatch.setattr(dataset, "ingest_trace", recorded)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)

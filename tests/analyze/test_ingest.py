@@ -176,7 +176,7 @@ def test_chunked_decode_equals_single_chunk_even_when_a_cut_lands_in_a_string(tm
     path = write_trace(tmp_path, trace(*events), "big.json")
     one = ingest_trace(path, tmp_path / "one")
     many = ingest_trace(path, tmp_path / "many", chunk_bytes=500)
-    in_turn = ingest_trace(path, tmp_path / "in_turn", chunk_bytes=500, write_behind=False)
+    in_turn = ingest_trace(path, tmp_path / "in_turn", chunk_bytes=500, spare_core=False)
     a = pl.read_parquet(one.out_dir / "events.parquet").sort("event_id")
     b = pl.read_parquet(many.out_dir / "events.parquet").sort("event_id")
     assert a.height == 600
