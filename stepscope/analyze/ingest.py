@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -387,7 +388,7 @@ def _rank(top: dict[str, Any], path: Path) -> tuple[int | None, int | None, str 
 
 
 def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+    return msgspec.json.decode(msgspec.json.encode(value, enc_hook=str))
 
 
 def trace_id_for(path: Path, sha256: str) -> str:
@@ -499,7 +500,8 @@ def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStac
         if totals.n_events == 0:
             raise TraceFormatError("empty trace: no timed events (only metadata or flow events)", path=path)
         meta = _build_meta(path=path, sha=sha, top=top, totals=totals, extra=extra_meta)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
+        # (json.dumps with an indent takes its pure-Python encoder: up to 5 ms for a large meta, msgspec 0.4 ms)
+        (tmp / "meta.json").write_bytes(msgspec.json.format(msgspec.json.encode(meta, enc_hook=str), indent=1))
     return IngestResult(source=path, out_dir=out_dir, skipped=False, n_events=totals.n_events,
                         seconds=time.perf_counter() - started)
 

@@ -321,6 +321,16 @@ def test_ids_and_start_times_are_delta_encoded_and_read_back_by_any_reader(tmp_p
     assert via_duckdb is not None and [row[0] for row in via_duckdb.fetchall()] == frame["ts_ns"].to_list()
 
 
+def test_meta_json_keeps_text_and_numbers_as_the_trace_has_them(tmp_path: Path) -> None:
+    # GIVEN a thread name beyond ASCII and a top-level key holding an integer beyond 64 bits
+    doc = trace(kernel("k", ts=1, dur=2), thread_name("главный поток ✓"), hugeCounter=2**70, ratio=0.1)
+    ingest_trace(write_trace(tmp_path, doc, "t.json"), tmp_path / "out")
+    # THEN meta.json is UTF-8 JSON that gives them back exactly
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text(encoding="utf-8"))
+    assert [t["name"] for t in meta["threads"].values()] == ["главный поток ✓"]
+    assert (meta["top_level"]["hugeCounter"], meta["top_level"]["ratio"]) == (2**70, 0.1)
+
+
 def test_steps_take_the_longest_span_per_step_number(tmp_path: Path) -> None:
     doc = trace(step(3, ts=0, dur=10), step(3, ts=0, dur=12, tid=2), step(4, ts=12, dur=5),
                 annotation("ProfilerStep#x", ts=0, dur=1))
