@@ -100,6 +100,9 @@ _EVENT_DECODER = msgspec.json.Decoder(list[_Event])
 _TIMES_DECODER = msgspec.json.Decoder(list[_RawTimes])
 
 _GROUPS: tuple[ArgGroup, ...] = ("gpu", "cpu", "python", "runtime", "memory")
+# each event's args group as a small integer: the typed columns test it for each column (30 or so), and
+# testing a byte is much cheaper than looking a string up
+_GROUP_CODE: dict[ArgGroup, int] = {g: i for i, g in enumerate(_GROUPS)}
 _POLARS_TYPE: dict[ArgType, pl.DataType] = {"int": pl.Int64(), "float": pl.Float64(), "str": pl.String(),
                                             "json": pl.String()}
 _GPU_KIND_VALUES = [k.value for k in (*GPU_KINDS, Kind.GPU_USER_ANNOTATION, Kind.SYNC)]
@@ -226,7 +229,7 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
     all_args = [e.args for e in events]
     pieces: list[pl.DataFrame] = []
     for group in _GROUPS:
-        rows = evs.filter(pl.col("group") == group)
+        rows = evs.filter(pl.col("group") == _GROUP_CODE[group])
         if rows.height == 0:
             continue
         raw_args = _pick(all_args, rows["event_id"].to_list())
@@ -255,8 +258,8 @@ def _with_kinds(base: pl.DataFrame) -> tuple[pl.DataFrame, Counter[str]]:
                                                 default=Kind.OTHER.value, return_dtype=pl.String))
     )
     kind_counts: Counter[str] = Counter(dict(evs["kind"].value_counts().iter_rows()))
-    group_map = {k.value: g for k, g in GROUP_OF_KIND.items()}
-    return evs.with_columns(group=pl.col("kind").replace_strict(group_map, return_dtype=pl.String)), kind_counts
+    group_map = {k.value: _GROUP_CODE[g] for k, g in GROUP_OF_KIND.items()}
+    return evs.with_columns(group=pl.col("kind").replace_strict(group_map, return_dtype=pl.UInt8)), kind_counts
 
 
 # ----------------------------------------------------------------------------------------------- fast path
@@ -302,13 +305,14 @@ def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
         first += len(col.keys)
         if present:
             value = present[0] if len(present) == 1 else pl.coalesce(present)
-            typed.append(pl.when(pl.col("group").is_in(col.groups)).then(value).alias(col.column))
+            typed.append(pl.when(pl.col("group").is_in(_READ_BY[col.column])).then(value).alias(col.column))
     scanned_only = ("group", "flow_id", "binding_point", *(c for c in slot_names if c in evs.columns))
     evs = evs.with_columns(typed).drop(scanned_only)
     return _chunk(evs, flow_table, metadata, kind_counts, n)
 
 
 _SLOT_COLUMNS = tuple(col for col in ARG_COLUMNS for _ in col.keys)
+_READ_BY = {col.column: [_GROUP_CODE[g] for g in col.groups] for col in ARG_COLUMNS}  # group codes
 _Block: TypeAlias = Any  # a column buffer from _scan.c: a read-only object exporting memory the scanner filled
 
 
