@@ -250,7 +250,8 @@ def _flow_table(flows: pl.DataFrame) -> pa.Table:
 
 
 def _with_kinds(base: pl.DataFrame) -> tuple[pl.DataFrame, Counter[str]]:
-    """The timed events (not M, s, t, f) with their `kind` and args `group`, and the count of each kind."""
+    """The timed events (not M, s, t, f) with their `kind` and args `group` (its _GROUP_CODE), and the count
+    of each kind."""
     evs = base.filter(_IS_TIMED).with_columns(
         kind=pl.when(pl.col("name") == MEMORY_EVENT_NAME)
         .then(pl.lit(Kind.MEMORY.value))

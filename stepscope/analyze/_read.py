@@ -41,7 +41,7 @@ _CORRUPT_GZIP: tuple[type[Exception], ...] = (gzip.BadGzipFile, zlib.error, _inf
 
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
-#: A trace's JSON in memory: a bytearray, or for a large gzip trace an anonymous mapping (see _prefaulted)
+#: A trace's JSON in memory: a bytearray, or from LARGE_BUFFER_BYTES on an anonymous mapping (see _prefaulted)
 Document: TypeAlias = bytearray | mmap.mmap
 
 
