@@ -141,12 +141,13 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -
     waits for them, and the workers are kept two files ahead so that none idles while this process is busy.
     """
     processes = 1 if jobs == 1 or len(files) <= 1 else min(jobs, len(files))
-    # A Parquet writer thread per ingest pays only where a core is left for it: with a process on every
-    # core, each writing in turn, the corpus batch on 2 cores is 8% faster (3% on one core).
-    behind = processes < usable_cores()
+    # Helper threads per ingest (the Parquet writer, faulting memory in ahead, hashing while reading) pay
+    # only where a core is left for them: with a process on every core, each working in turn, the corpus
+    # batch on 2 cores is 8% faster (3% on one core).
+    spare = processes < usable_cores()
     if processes == 1:  # every file here in turn (a lone file has its spans decoded on `jobs` cores instead)
         for f in files:
-            yield ingest_one(str(f), str(dataset), force, jobs, behind)
+            yield ingest_one(str(f), str(dataset), force, jobs, spare)
         return
     queue = deque(sorted(files, key=json_size, reverse=True))
     workers = processes - 1
@@ -156,12 +157,12 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -
 
         def top_up() -> None:
             while queue and len(pending) < 2 * workers:
-                pending.add(pool.submit(ingest_one, str(queue.popleft()), str(dataset), force, 1, behind))
+                pending.add(pool.submit(ingest_one, str(queue.popleft()), str(dataset), force, 1, spare))
 
         top_up()
         while queue or pending:
             if queue:
-                yield ingest_one(str(queue.popleft()), str(dataset), force, 1, behind)
+                yield ingest_one(str(queue.popleft()), str(dataset), force, 1, spare)
             done, pending = wait(pending, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
             for fut in done:
                 yield fut.result()
