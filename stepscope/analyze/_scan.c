@@ -119,6 +119,30 @@ static int read_hex4(const unsigned char *p, const unsigned char *end, unsigned 
     return 0;
 }
 
+/* Past the run of plain ASCII string bytes at p (none of '"', '\\', a control character or a byte >= 0x80),
+ * eight bytes at a time: the word tests below are exact about whether any byte of the word matches (a
+ * borrow can only mark bytes above a true match, so on a little-endian machine the lowest mark is the first
+ * match). Kernel and operator names run to hundreds of plain bytes. */
+static inline const unsigned char *plain_ascii_run(const unsigned char *p, const unsigned char *end) {
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    while (end - p >= 8) {
+        uint64_t x, quote, backslash;
+        memcpy(&x, p, 8);
+        quote = x ^ (ones * '"');
+        backslash = x ^ (ones * '\\');
+        uint64_t marks = (x | ((x - ones * 0x20) & ~x) | ((quote - ones) & ~quote) |
+                          ((backslash - ones) & ~backslash)) & highs;
+        if (marks) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            p += (unsigned)__builtin_ctzll(marks) >> 3;
+#endif
+            return p;
+        }
+        p += 8;
+    }
+    return p;
+}
+
 /* A string at s->p ('"'): validated (escapes, surrogate pairs, UTF-8, no control characters); on return
  * start and len cover the bytes between the quotes and s->p is past the closing quote. */
 static int scan_string(Scan *s, const unsigned char **start, size_t *len, int *esc) {
@@ -126,6 +150,8 @@ static int scan_string(Scan *s, const unsigned char **start, size_t *len, int *e
     *start = p;
     *esc = 0;
     while (p < end) {
+        p = plain_ascii_run(p, end);
+        if (p >= end) break;
         unsigned char c = *p;
         if (c == '"') {
             *len = (size_t)(p - *start);
@@ -235,12 +261,8 @@ static int scan_number(Scan *s, Number *n) {
 /* An integer Number's value; -1 when it does not fit int64. */
 static int number_int64(const Number *n, int64_t *out) {
     if (n->int_len > 19) return -1;
-    uint64_t v = 0;
-    for (size_t i = 0; i < n->int_len; i++) {
-        uint64_t d = (uint64_t)(n->int_start[i] - '0');
-        if (v > (UINT64_MAX - d) / 10) return -1;
-        v = v * 10 + d;
-    }
+    uint64_t v = 0; /* 19 digits stay below 10^19 < 2^64: no step can overflow */
+    for (size_t i = 0; i < n->int_len; i++) v = v * 10 + (uint64_t)(n->int_start[i] - '0');
     if (n->neg) {
         if (v > (uint64_t)INT64_MAX + 1) return -1;
         *out = (int64_t)(0 - v);

@@ -183,6 +183,32 @@ def test_a_number_beyond_a_double_in_typed_args_is_one_clear_error() -> None:
         decode_span(document, "t.json", 1)
 
 
+# what strings are made of, as written in the JSON text: read (the first group) or left to the Python path
+_STRING_PIECES_READ = [b'\\"', b"\\\\", b"\\n", b"\\u00e9", b"\\ud83d\\ude00", "\u00e9".encode(), "\u20ac".encode(),
+                       "\U0001f600".encode(), b"\x7f", b"~"]
+_STRING_PIECES_LEFT = [b"\x01", b"\x1f", b"\t", b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xe9", b"\\x", b"\\ud800"]
+
+
+@needs_scanner
+@pytest.mark.parametrize("piece", _STRING_PIECES_READ + _STRING_PIECES_LEFT)
+def test_strings_are_read_as_the_python_path_whatever_byte_of_a_word_holds_what(piece: bytes) -> None:
+    # GIVEN a name of plain bytes with one escape, non-ASCII character or forbidden byte, at every offset of
+    # the eight-byte words the scanner tests plain text in, and ending at every offset too
+    for length in range(0, 26):
+        for at in range(length + 1):
+            name = b"k" * at + piece + b"k" * (length - at)
+            document = b'[{"ph": "X", "cat": "cpu_op", "name": "' + name + b'", "ts": 1, "dur": 2}]'
+            scanned = _scan(document)
+            # THEN the scanner reads the name as JSON reads it, and leaves the rest to the Python path
+            if piece in _STRING_PIECES_LEFT:
+                assert scanned is None, (piece, length, at)
+            else:
+                assert scanned is not None, (piece, length, at)
+                offsets, data, _ = scanned[3]
+                end = int.from_bytes(bytes(offsets)[8:16], "little")
+                assert bytes(data)[:end].decode() == json.loads(b'"' + name + b'"'), (piece, length, at)
+
+
 @needs_scanner
 def test_every_truncation_of_a_span_is_left_to_the_python_path() -> None:
     document = _kineto_json()
