@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import attrgetter, itemgetter
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import msgspec
 import polars as pl
@@ -221,9 +221,10 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
 
     flows = base.filter(_IS_FLOW)
     flow_events = _pick(events, flows["event_id"].to_list())
-    flow_table = _flow_table(flows.with_columns(flow_id=_text_series([e.id for e in flow_events]),
-                                                binding_point=_text_series([e.bp for e in flow_events])))
-    evs, kind_counts = _with_kinds(base)
+    flow_table = _to_arrow(flows.with_columns(flow_id=_text_series([e.id for e in flow_events]),
+                                              binding_point=_text_series([e.bp for e in flow_events]))
+                           .select(FLOW_SCHEMA.names), FLOW_SCHEMA)
+    evs = _kinds(base)
 
     # args are decoded per group (each pays only for its keys), then rows go back to file order
     all_args = [e.args for e in events]
@@ -236,7 +237,7 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
         columns = _group_args(raw_args, group)
         pieces.append(rows.drop("group").with_columns(_raw_texts(raw_args).alias("args"), *columns))
     merged = pl.concat(pieces, how="diagonal_relaxed").sort("event_id") if pieces else evs.drop("group")
-    return _chunk(merged, flow_table, metadata, kind_counts, n)
+    return _chunk(_finished(merged.lazy(), merged.columns).collect(engine="in-memory"), flow_table, metadata, n)
 
 
 _IS_METADATA = pl.col("ph") == "M"
@@ -245,22 +246,21 @@ _IS_FLOW = pl.col("ph").is_in(["s", "t", "f"])
 _IS_TIMED = ~pl.col("ph").is_in(["M", "s", "t", "f"]).fill_null(False)
 
 
-def _flow_table(flows: pl.DataFrame) -> pa.Table:
-    return _to_arrow(flows.select(FLOW_SCHEMA.names), FLOW_SCHEMA)
+_Frame = TypeVar("_Frame", pl.DataFrame, pl.LazyFrame)
+_KIND_OF_CATEGORY = {k: v.value for k, v in KIND_BY_CATEGORY.items()}
+_GROUP_OF_KIND_VALUE = {k.value: _GROUP_CODE[g] for k, g in GROUP_OF_KIND.items()}
 
 
-def _with_kinds(base: pl.DataFrame) -> tuple[pl.DataFrame, Counter[str]]:
-    """The timed events (not M, s, t, f) with their `kind` and args `group` (its _GROUP_CODE), and the count
-    of each kind."""
-    evs = base.filter(_IS_TIMED).with_columns(
-        kind=pl.when(pl.col("name") == MEMORY_EVENT_NAME)
-        .then(pl.lit(Kind.MEMORY.value))
-        .otherwise(pl.col("cat").replace_strict({k: v.value for k, v in KIND_BY_CATEGORY.items()},
-                                                default=Kind.OTHER.value, return_dtype=pl.String))
-    )
-    kind_counts: Counter[str] = Counter(dict(evs["kind"].value_counts().iter_rows()))
-    group_map = {k.value: _GROUP_CODE[g] for k, g in GROUP_OF_KIND.items()}
-    return evs.with_columns(group=pl.col("kind").replace_strict(group_map, return_dtype=pl.UInt8)), kind_counts
+def _kinds(frame: _Frame) -> _Frame:
+    """The timed events (not M, s, t, f) with their `kind` and args `group` (its _GROUP_CODE)."""
+    return frame.filter(_IS_TIMED).with_columns(kind=_KIND).with_columns(group=_GROUP)
+
+
+# (polars expressions are immutable: built once, not for every span, whose fixed cost they were a fifth of)
+_KIND = (pl.when(pl.col("name") == MEMORY_EVENT_NAME)
+         .then(pl.lit(Kind.MEMORY.value))
+         .otherwise(pl.col("cat").replace_strict(_KIND_OF_CATEGORY, default=Kind.OTHER.value, return_dtype=pl.String)))
+_GROUP = pl.col("kind").replace_strict(_GROUP_OF_KIND_VALUE, return_dtype=pl.UInt8)
 
 
 # ----------------------------------------------------------------------------------------------- fast path
@@ -295,10 +295,9 @@ def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
         **{slot_names[i]: _scanned_slot(n, buffers, col.type) for i, col in enumerate(_SLOT_COLUMNS)
            if (buffers := slots[i]) is not None},
     })
-    metadata = [{"name": name, "pid": pid, "tid": tid, "args": msgspec.json.decode(margs) if margs else {}}
-                for name, pid, tid, margs in base.filter(_IS_METADATA).select("name", "pid", "tid", "args").iter_rows()]
-    flow_table = _flow_table(base.filter(_IS_FLOW))
-    evs, kind_counts = _with_kinds(base)
+    # one query for the three tables (a span's polars calls each cost a fixed 0.1-0.2 ms, and were fifteen)
+    lazy = base.lazy()
+    evs = _kinds(lazy)
     typed = []
     first = 0
     for col in ARG_COLUMNS:
@@ -306,14 +305,22 @@ def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
         first += len(col.keys)
         if present:
             value = present[0] if len(present) == 1 else pl.coalesce(present)
-            typed.append(pl.when(pl.col("group").is_in(_READ_BY[col.column])).then(value).alias(col.column))
-    scanned_only = ("group", "flow_id", "binding_point", *(c for c in slot_names if c in evs.columns))
-    evs = evs.with_columns(typed).drop(scanned_only)
-    return _chunk(evs, flow_table, metadata, kind_counts, n)
+            typed.append(pl.when(_READ_BY[col.column]).then(value).alias(col.column))
+    columns = [c for c in base.columns if c not in ("flow_id", "binding_point") and not c.startswith("_slot")]
+    columns += ["kind", *(t.meta.output_name() for t in typed)]
+    events, flows, meta = pl.collect_all([
+        _finished(evs.with_columns(typed), columns),
+        lazy.filter(_IS_FLOW).select(FLOW_SCHEMA.names),
+        lazy.filter(_IS_METADATA).select("name", "pid", "tid", "args"),
+    ], engine="in-memory")
+    metadata = [{"name": name, "pid": pid, "tid": tid, "args": msgspec.json.decode(margs) if margs else {}}
+                for name, pid, tid, margs in meta.iter_rows()]
+    return _chunk(events, _to_arrow(flows, FLOW_SCHEMA), metadata, n)
 
 
 _SLOT_COLUMNS = tuple(col for col in ARG_COLUMNS for _ in col.keys)
-_READ_BY = {col.column: [_GROUP_CODE[g] for g in col.groups] for col in ARG_COLUMNS}  # group codes
+#: whether an event's args group reads the column
+_READ_BY = {col.column: pl.col("group").is_in([_GROUP_CODE[g] for g in col.groups]) for col in ARG_COLUMNS}
 _Block: TypeAlias = Any  # a column buffer from _scan.c: a read-only object exporting memory the scanner filled
 
 
@@ -337,38 +344,42 @@ def _scanned_slot(n: int, buffers: Any, kind: ArgType) -> pl.Series:
     return _scanned_text(n, buffers)
 
 
-def _chunk(events: pl.DataFrame, flows: pa.Table, metadata: list[dict[str, Any]], kind_counts: Counter[str],
-           n_input: int) -> ChunkTables:
-    """The span's ChunkTables, with the figures meta.json sums over spans taken while the events are in polars."""
-    ts_min, end_max = events.select(lo=pl.col("ts_ns").min(),
-                                    hi=(pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max()).row(0)
-    others = events.filter((pl.col("kind") == Kind.OTHER.value) & pl.col("cat").is_not_null())["cat"]
-    return ChunkTables(events=_finish_events(events), flows=flows, metadata=metadata, kind_counts=kind_counts,
-                       n_input=n_input, ts_min_ns=ts_min, end_max_ns=end_max,
-                       unknown_categories=Counter(dict(others.value_counts().iter_rows())))
+def _chunk(events: pl.DataFrame, flows: pa.Table, metadata: list[dict[str, Any]], n_input: int) -> ChunkTables:
+    """The span's ChunkTables from its finished events (see _finished), with the figures meta.json sums over
+    spans taken while the events are in polars, in one call."""
+    other = (pl.col("kind") == Kind.OTHER.value) & pl.col("cat").is_not_null()
+    ts_min, end_max, kinds, others = events.select(
+        lo=pl.col("ts_ns").min(),
+        hi=(pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max(),
+        kinds=pl.col("kind").value_counts().implode(),
+        others=pl.col("cat").filter(other).value_counts().implode(),
+    ).row(0)
+    return ChunkTables(events=_to_arrow(events, pa.schema([EVENT_SCHEMA.field(name) for name in events.columns])),
+                       flows=flows, metadata=metadata, n_input=n_input, ts_min_ns=ts_min, end_max_ns=end_max,
+                       kind_counts=Counter({k["kind"]: k["count"] for k in kinds}),
+                       unknown_categories=Counter({c["cat"]: c["count"] for c in others}))
 
 
-def _finish_events(frame: pl.DataFrame) -> pa.Table:
-    """Fold device/stream sources into the derived columns; EVENT_SCHEMA's columns that this span has.
+def _finished(frame: pl.LazyFrame, columns: list[str]) -> pl.LazyFrame:
+    """The events (of these `columns`) with device/stream sources folded into the derived columns, and
+    EVENT_SCHEMA's columns that this span has, in its order.
 
     Columns no event of the span has are left out (see `conform`): a span of CPU ops would otherwise carry
     some thirty columns of nulls to the process that writes it.
     """
-    frame = frame.with_columns(pl.lit(None, _NULL_COLUMNS[name]).alias(name) for name in _DERIVED_FROM
-                               if name not in frame.columns)
-    is_gpu = pl.col("kind").is_in(_GPU_KIND_VALUES)
-    frame = frame.with_columns(
-        device=pl.when(is_gpu)
-        .then(pl.coalesce(pl.col("arg_device"), pl.col("pid").cast(pl.Int64, strict=False)))
-        .when((pl.col("kind") == Kind.MEMORY.value) & (pl.col("device_id") >= 0))
-        .then(pl.col("device_id"))
-        .otherwise(None),
-        stream=pl.when(is_gpu)
-        .then(pl.coalesce(pl.col("arg_stream"), pl.col("tid").cast(pl.Int64, strict=False)))
-        .otherwise(pl.col("arg_stream")),
-    )
-    present = [name for name in EVENT_SCHEMA.names if name in frame.columns]
-    return _to_arrow(frame.select(present), pa.schema([EVENT_SCHEMA.field(name) for name in present]))
+    frame = frame.with_columns(_NULLS[name] for name in _DERIVED_FROM if name not in columns)
+    have = {*columns, *_DERIVED_FROM, "device", "stream"}
+    return frame.with_columns(device=_DEVICE, stream=_STREAM).select(
+        name for name in EVENT_SCHEMA.names if name in have)
+
+
+_NULLS = {name: pl.lit(None, _NULL_COLUMNS[name]).alias(name) for name in _DERIVED_FROM}
+_IS_GPU = pl.col("kind").is_in(_GPU_KIND_VALUES)
+_DEVICE = (pl.when(_IS_GPU).then(pl.coalesce(pl.col("arg_device"), pl.col("pid").cast(pl.Int64, strict=False)))
+           .when((pl.col("kind") == Kind.MEMORY.value) & (pl.col("device_id") >= 0)).then(pl.col("device_id"))
+           .otherwise(None))
+_STREAM = (pl.when(_IS_GPU).then(pl.coalesce(pl.col("arg_stream"), pl.col("tid").cast(pl.Int64, strict=False)))
+           .otherwise(pl.col("arg_stream")))
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
