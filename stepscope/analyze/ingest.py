@@ -250,8 +250,9 @@ def iter_chunk_tables(data: Document, start: int, end: int, path: Path, *, chunk
     scanner releases the GIL) or, given `source` (the trace's uncompressed JSON file), processes that read
     them from the file, spans go to the workers in order, two in flight per worker, once `pool_ready` is set
     (until then this process decodes spans alone rather than wait for the workers to start), and whenever the
-    next span to yield is not ready this process decodes the next unassigned one itself; results wait in order, so
-    memory stays bounded. A span whose cut fell inside a string is merged with the next one and rebuilt here.
+    next span to yield is not ready this process decodes the next unassigned one itself, or once all are assigned
+    takes back one still queued for a worker (so the last spans are not left to one worker in turn); results
+    wait in order, so memory stays bounded. A span whose cut fell inside a string is merged with the next one and rebuilt here.
     A span decoded ahead of its turn keeps its error until its turn (it may be merged into the one before,
     its error void). When the document was not validated whole (`certain` False: see _read.locate_events),
     the first span that fails has it validated first (_verify).
@@ -282,6 +283,9 @@ def iter_chunk_tables(data: Document, start: int, end: int, path: Path, *, chunk
             done[assigned] = _decoded_here(data, a, b, path)
             assigned += 1
             continue
+        if i not in done and i in in_flight and not in_flight[i].done() and (j := _take_back(in_flight)) is not None:
+            done[j] = _decoded_here(data, *spans[j], path)  # rather than wait, decode a span still queued here
+            continue
         if i not in done:
             done[i] = _outcome(in_flight.pop(i)) if i in in_flight else _decoded_here(data, *spans[i], path)
             assigned = max(assigned, i + 1)
@@ -303,6 +307,16 @@ def iter_chunk_tables(data: Document, start: int, end: int, path: Path, *, chunk
 
 
 _Outcome: TypeAlias = ChunkTables | None | TraceFormatError  # a span's tables, None for a bad cut, or its error
+
+
+def _take_back(in_flight: dict[int, Future[ChunkTables | None]]) -> int | None:
+    """The latest span submitted that no worker has started, withdrawn from the pool (at the end of the file a
+    worker's queue would otherwise hold the last spans while this thread waits), or None."""
+    for j in sorted(in_flight, reverse=True):
+        if in_flight[j].cancel():
+            del in_flight[j]
+            return j
+    return None
 
 
 def _decoded_here(data: Document, a: int, b: int, path: Path) -> _Outcome:

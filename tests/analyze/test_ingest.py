@@ -473,6 +473,38 @@ def test_a_span_decoded_ahead_keeps_its_error_until_its_turn(tmp_path: Path) -> 
     assert [c.events.to_pydict() for c in ahead] == [c.events.to_pydict() for c in plain]
 
 
+class _QueuedFuture(Future):  # type: ignore[type-arg]
+    def result(self, timeout: float | None = None) -> Any:
+        raise AssertionError("waited for a span that no worker has started")
+
+
+class _StalledPool(Executor):
+    """Queues every span submitted and never starts one (a worker busy with something else)."""
+
+    def __init__(self) -> None:
+        self.futures: list[Future] = []  # type: ignore[type-arg]
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future:  # type: ignore[type-arg]
+        self.futures.append(_QueuedFuture())
+        return self.futures[-1]
+
+
+def test_spans_still_queued_for_a_worker_are_taken_back_rather_than_waited_for(tmp_path: Path) -> None:
+    # GIVEN a trace cut into many spans, and a worker that never gets to the spans queued for it
+    events = [{"ph": "X", "cat": "cpu_op", "ts": i * 10, "dur": 5, "pid": 1, "tid": 1, "name": f"op{i}"}
+              for i in range(200)]
+    path = write_trace(tmp_path, {"traceEvents": events}, "t.json")
+    data = bytearray(path.read_bytes())
+    start, end, _ = split_document(data, path)
+    pool = _StalledPool()
+    # WHEN its spans are decoded THEN this thread withdraws each queued span and decodes it itself (no wait,
+    # which would never end), and the tables are those of a plain in-order read
+    taken = list(iter_chunk_tables(data, start, end, path, chunk_bytes=300, pool=pool, jobs=2))
+    plain = list(iter_chunk_tables(data, start, end, path, chunk_bytes=300))
+    assert len(pool.futures) > 4 and all(f.cancelled() for f in pool.futures)
+    assert [c.events.to_pydict() for c in taken] == [c.events.to_pydict() for c in plain]
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="pipe capacity is a Linux fcntl")
 def test_span_workers_hand_results_back_through_a_wide_pipe() -> None:
     import fcntl
