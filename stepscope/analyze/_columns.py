@@ -282,16 +282,16 @@ def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
     slot_names = [f"_slot{i}" for i in range(len(slots))]
     base = pl.DataFrame({
         "event_id": pl.int_range(0, n, dtype=pl.Int64, eager=True),
-        "ph": _scanned_text(n, ph),
-        "cat": _scanned_text(n, cat),
-        "name": _scanned_text(n, name),
-        "pid": _scanned_text(n, pid),
-        "tid": _scanned_text(n, tid),
+        "ph": _scanned_views(n, ph),
+        "cat": _scanned_views(n, cat),
+        "name": _scanned_views(n, name),
+        "pid": _scanned_views(n, pid),
+        "tid": _scanned_views(n, tid),
         "ts_ns": _scanned_numbers(n, ts, pa.int64()),
         "dur_ns": _scanned_numbers(n, dur, pa.int64()),
-        "flow_id": _scanned_text(n, flow_id),
-        "binding_point": _scanned_text(n, bp),
-        "args": _scanned_text(n, args),
+        "flow_id": _scanned_views(n, flow_id),
+        "binding_point": _scanned_views(n, bp),
+        "args": _scanned_views(n, args),
         **{slot_names[i]: _scanned_slot(n, buffers, col.type) for i, col in enumerate(_SLOT_COLUMNS)
            if (buffers := slots[i]) is not None},
     })
@@ -331,6 +331,16 @@ def _scanned_text(n: int, buffers: tuple[_Block, _Block, _Block] | None) -> pl.S
     offsets, data, valid = buffers
     return to_series(pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data),
                                                       pa.py_buffer(valid)))
+
+
+def _scanned_views(n: int, buffers: tuple[_Block, _Block, _Block] | None) -> pl.Series:
+    """A base field's text column from (string views, UTF-8 data, validity bitmap), polars' own layout, which
+    it takes without a copy; None: every row null."""
+    if buffers is None:
+        return pl.repeat(None, n, dtype=pl.String, eager=True)
+    views, data, valid = buffers
+    return to_series(pa.Array.from_buffers(pa.string_view(), n, [pa.py_buffer(valid), pa.py_buffer(views),
+                                                                 pa.py_buffer(data)]))
 
 
 def _scanned_numbers(n: int, buffers: tuple[_Block, _Block], dtype: pa.DataType) -> pl.Series:

@@ -20,7 +20,8 @@
  *
  * Output, all little-endian Arrow buffers, each a read-only buffer object (validity: one bit per row, 1 = present):
  *   (n, ph, cat, name, pid, tid, id, bp, args, ts_ns, dur_ns, slots)
- *   text column: None (no row has a value) or (offsets int64[n + 1], data, validity)
+ *   text column: None (no row has a value) or (offsets int64[n + 1], data, validity); the base fields (ph ...
+ *   args) as Arrow string views instead: (views [n] of 16 bytes, data, validity)
  *   ts_ns/dur_ns: (values int64[n], validity)
  *   slots: one entry per key: None, or for int/float keys (values int64/float64[n], validity),
  *          for str/json keys a text column as above.
@@ -380,11 +381,16 @@ static int skip_value(Scan *s) {
 
 /* A base field's text column (ph ... args), built as the span is read: an event has at most one value of each,
  * so the value's bytes (escapes decoded) go straight after the row before's, while they are in the cache.
- * int64 offsets (one more than rows), UTF-8 data, one validity byte per row. Nothing until the field's first
- * value (then the rows before it are null), so a field no event of the span has (flow ids) costs nothing. */
+ * Arrow's string view layout, which polars holds text in (so it takes the column as it is, where int64 offsets
+ * cost it a copy of every value): a 16-byte view per row, the length then the bytes themselves up to 12 of
+ * them, else the first 4 and the value's offset in the data; one validity byte per row. Nothing until the
+ * field's first value (then the rows before it are null), so a field no event of the span has (flow ids)
+ * costs nothing. */
 typedef struct {
-    Buf offsets, data, valid;
-    int64_t last_row; /* the row of the latest value; -1 before the first */
+    Buf views, data, valid;
+    int started;
+    int64_t last_row;   /* the row of the latest value; -1 before the first */
+    size_t value_start; /* where the latest value's bytes begin in data */
 } Text;
 
 typedef struct {
@@ -412,17 +418,19 @@ static size_t unescape(const unsigned char *p, size_t len, char *out);
 
 /* Row `row`'s value of a base field. */
 static int text_put(Text *t, int64_t row, const unsigned char *src, size_t len, int esc) {
-    if (!t->offsets.len) { /* the field's first value: the rows before it are null */
-        if (buf_grow(&t->offsets, (size_t)(row + 1) * 8) || buf_grow(&t->valid, (size_t)row + 1)) return NOMEM;
-        memset(t->offsets.p, 0, (size_t)(row + 1) * 8);
-        t->offsets.len = (size_t)(row + 1) * 8;
+    if (!t->started) { /* the field's first value: the rows before it are null */
+        if (buf_grow(&t->views, (size_t)(row + 1) * 16) || buf_grow(&t->valid, (size_t)row + 1)) return NOMEM;
+        memset(t->views.p, 0, (size_t)row * 16);
+        t->views.len = (size_t)row * 16;
         memset(t->valid.p, 0, (size_t)row);
         t->valid.len = (size_t)row;
+        t->started = 1;
     }
     if (buf_grow(&t->data, len)) return NOMEM;
+    t->value_start = t->data.len;
     if (esc) {
         t->data.len += unescape(src, len, t->data.p + t->data.len);
-    } else {
+    } else if (len) { /* (an empty value may meet data not yet allocated) */
         memcpy(t->data.p + t->data.len, src, len);
         t->data.len += len;
     }
@@ -430,14 +438,31 @@ static int text_put(Text *t, int64_t row, const unsigned char *src, size_t len, 
     return OK;
 }
 
-/* Close row `row` of a base field (after its event is read). */
+/* Close row `row` of a base field (after its event is read): its view. A value of up to 12 bytes moves into
+ * its view (its bytes leave the data); a longer one beyond 2 GiB of data (int32 offsets) is left to the
+ * Python path. */
 static int text_end_row(Text *t, int64_t row) {
-    if (!t->offsets.len) return OK;
-    if (buf_grow(&t->offsets, 8) || buf_grow(&t->valid, 1)) return NOMEM;
-    int64_t end = (int64_t)t->data.len;
-    memcpy(t->offsets.p + t->offsets.len, &end, 8);
-    t->offsets.len += 8;
-    t->valid.p[t->valid.len++] = (char)(t->last_row == row);
+    if (!t->started) return OK;
+    if (buf_grow(&t->views, 16) || buf_grow(&t->valid, 1)) return NOMEM;
+    unsigned char *view = (unsigned char *)t->views.p + t->views.len;
+    memset(view, 0, 16);
+    int present = t->last_row == row;
+    if (present) {
+        size_t len = t->data.len - t->value_start;
+        const char *bytes = t->data.p + t->value_start;
+        if (len > INT32_MAX || t->value_start > INT32_MAX) return BAIL;
+        int32_t head[4] = {(int32_t)len, 0, 0, (int32_t)t->value_start}; /* length, prefix, buffer 0, offset */
+        if (len <= 12) {
+            memcpy(view, head, 4);
+            if (len) memcpy(view + 4, bytes, len);
+            t->data.len = t->value_start;
+        } else {
+            memcpy(&head[1], bytes, 4);
+            memcpy(view, head, 16);
+        }
+    }
+    t->views.len += 16;
+    t->valid.p[t->valid.len++] = (char)present;
     return OK;
 }
 
@@ -705,7 +730,7 @@ static int scan_array(Scan *s, State *st, int bare) {
     }
     for (;;) {
         int r = scan_event(s, st, seen);
-        for (int f = 0; !r && f < N_TEXT; f++) r = text_end_row(&st->text[f], st->row) ? NOMEM : OK;
+        for (int f = 0; !r && f < N_TEXT; f++) r = text_end_row(&st->text[f], st->row);
         if (r) return r;
         st->row++;
         ws(s);
@@ -879,10 +904,10 @@ static PyObject *dense_object(Dense *d, int type) {
     return Py_BuildValue("(NNN)", as_block(&d->a), as_block(&d->b), as_block(&d->c));
 }
 
-/* A base field's column: (offsets, data, validity bits), or None when no event of the span has it. */
+/* A base field's column: (views, data, validity bits), or None when no event of the span has it. */
 static PyObject *text_object(Text *t, Buf *bits) {
-    if (!t->offsets.len) Py_RETURN_NONE;
-    return Py_BuildValue("(NNN)", as_block(&t->offsets), as_block(&t->data), as_block(bits));
+    if (!t->started) Py_RETURN_NONE;
+    return Py_BuildValue("(NNN)", as_block(&t->views), as_block(&t->data), as_block(bits));
 }
 
 static void free_buf(Buf *b) {
@@ -958,7 +983,7 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     n = st.row;
     if (status == OK && n == 0) status = BAIL;
     for (int f = 0; status == OK && f < N_TEXT; f++)
-        if (st.text[f].offsets.len) status = dense_bits(&st.text[f].valid, n, &text_bits[f]);
+        if (st.text[f].started) status = dense_bits(&st.text[f].valid, n, &text_bits[f]);
     for (int k = 0; status == OK && k < st.nslots; k++) status = densify(&slots[k], s.base, n, &dslots[k]);
     if (status == OK) status = dense_bits(&st.ts_valid, n, &ts_bits);
     if (status == OK) status = dense_bits(&st.dur_valid, n, &dur_bits);
@@ -994,7 +1019,7 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
         }
     }
     for (int f = 0; f < N_TEXT; f++) {
-        free_buf(&st.text[f].offsets);
+        free_buf(&st.text[f].views);
         free_buf(&st.text[f].data);
         free_buf(&st.text[f].valid);
         free_buf(&text_bits[f]);

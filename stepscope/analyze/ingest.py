@@ -250,12 +250,12 @@ def iter_chunk_tables(data: Document, start: int, end: int, path: Path, *, chunk
     scanner releases the GIL) or, given `source` (the trace's uncompressed JSON file), processes that read
     them from the file, spans go to the workers in order, two in flight per worker, once `pool_ready` is set
     (until then this process decodes spans alone rather than wait for the workers to start), and whenever the
-    next span to yield is not ready this process decodes the next unassigned one itself, or once all are assigned
-    takes back one still queued for a worker (so the last spans are not left to one worker in turn); results
-    wait in order, so memory stays bounded. A span whose cut fell inside a string is merged with the next one and rebuilt here.
-    A span decoded ahead of its turn keeps its error until its turn (it may be merged into the one before,
-    its error void). When the document was not validated whole (`certain` False: see _read.locate_events),
-    the first span that fails has it validated first (_verify).
+    next span to yield is not ready this process decodes the next unassigned one itself, or once all are
+    assigned takes back one still queued for a worker (so the last spans are not left to one worker in
+    turn); results wait in order, so memory stays bounded. A span whose cut fell inside a string is merged
+    with the next one and rebuilt here. A span decoded ahead of its turn keeps its error until its turn (it
+    may be merged into the one before, its error void). When the document was not validated whole
+    (`certain` False: see _read.locate_events), the first span that fails has it validated first (_verify).
 
         workers: span 0, 1, 4 …   this process: span 2, 3 …   yielded: 0, 1, 2, 3, 4 …
     """

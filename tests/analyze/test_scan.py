@@ -204,9 +204,8 @@ def test_strings_are_read_as_the_python_path_whatever_byte_of_a_word_holds_what(
                 assert scanned is None, (piece, length, at)
             else:
                 assert scanned is not None, (piece, length, at)
-                offsets, data, _ = scanned[3]
-                end = int.from_bytes(bytes(offsets)[8:16], "little")
-                assert bytes(data)[:end].decode() == json.loads(b'"' + name + b'"'), (piece, length, at)
+                name_column = _columns._scanned_views(1, scanned[3])
+                assert name_column.item() == json.loads(b'"' + name + b'"'), (piece, length, at)
 
 
 @needs_scanner
