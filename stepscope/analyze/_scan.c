@@ -617,8 +617,12 @@ static int read_numeric_text(Scan *s, Column *c, int64_t row) {
 }
 
 static int find_key(State *st, const unsigned char *k, size_t len) {
+    /* (the first and last bytes before memcmp: keys of one length are many, and most keys are not ours) */
     for (int i = st->bucket[len & 63]; i >= 0; i = st->key_next[i])
-        if (st->key_len[i] == len && memcmp(st->key_text[i], k, len) == 0) return i;
+        if (st->key_len[i] == len && (!len || ((unsigned char)st->key_text[i][0] == k[0] &&
+                                               (unsigned char)st->key_text[i][len - 1] == k[len - 1])) &&
+            memcmp(st->key_text[i], k, len) == 0)
+            return i;
     return -1;
 }
 
@@ -645,25 +649,30 @@ static int scan_args(Scan *s, State *st, int64_t row, unsigned char *seen) {
 }
 
 static int field_of(const unsigned char *k, size_t len) {
+    /* byte by byte: the compiler called memcmp for these */
+#define IS2(a, b) (k[0] == (a) && k[1] == (b))
+#define IS3(a, b, c) (IS2(a, b) && k[2] == (c))
     switch (len) {
     case 2:
-        if (!memcmp(k, "ph", 2)) return F_PH;
-        if (!memcmp(k, "id", 2)) return F_ID;
-        if (!memcmp(k, "bp", 2)) return F_BP;
-        if (!memcmp(k, "ts", 2)) return F_TS;
+        if (IS2('p', 'h')) return F_PH;
+        if (IS2('i', 'd')) return F_ID;
+        if (IS2('b', 'p')) return F_BP;
+        if (IS2('t', 's')) return F_TS;
         return -1;
     case 3:
-        if (!memcmp(k, "cat", 3)) return F_CAT;
-        if (!memcmp(k, "pid", 3)) return F_PID;
-        if (!memcmp(k, "tid", 3)) return F_TID;
-        if (!memcmp(k, "dur", 3)) return F_DUR;
+        if (IS3('c', 'a', 't')) return F_CAT;
+        if (IS3('p', 'i', 'd')) return F_PID;
+        if (IS3('t', 'i', 'd')) return F_TID;
+        if (IS3('d', 'u', 'r')) return F_DUR;
         return -1;
     case 4:
-        if (!memcmp(k, "name", 4)) return F_NAME;
-        if (!memcmp(k, "args", 4)) return F_ARGS;
+        if (IS3('n', 'a', 'm') && k[3] == 'e') return F_NAME;
+        if (IS3('a', 'r', 'g') && k[3] == 's') return F_ARGS;
         return -1;
     default: return -1;
     }
+#undef IS2
+#undef IS3
 }
 
 static int scan_event(Scan *s, State *st, unsigned char *seen) {
