@@ -8,7 +8,8 @@ Both traces are ingested as `stepscope ingest FILE` does by default (on every co
 Each measurement runs in a fresh child process, so wall time and peak RSS (ru_maxrss) are its own; the runs
 of the tools compared are interleaved, and each figure is the fastest of --repeat runs (this machine's
 neighbours make single runs vary by 30% and more):
-  stepscope  read + decode + build columns + write events/flows Parquet + meta.json (end to end)
+  stepscope  read + decode + build columns + write events/flows Parquet + meta.json (end to end), with
+             pyarrow's system allocator, as the `stepscope` command runs it (see stepscope.prefer_system_allocator)
   json.load  the stdlib parsing the same uncompressed JSON (parse only; the file is pre-read)
   HTA        holistictraceanalysis' TraceAnalysis loading the trace (when `pip install .[bench]` added it)
 The batch rows ingest every corpus trace as `stepscope ingest DIR` does: with --jobs 1 held to one core (the
@@ -36,6 +37,9 @@ CHILD = r"""
 import json, os, resource, sys, time, gzip
 from pathlib import Path
 mode, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+if mode in ("stepscope", "batch", "serial"):  # pyarrow's allocator as the `stepscope` command sets it
+    import stepscope
+    stepscope.prefer_system_allocator()
 jobs = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 if len(sys.argv) > 5:  # run on these cores only (before polars sizes its thread pool)
     os.sched_setaffinity(0, {int(c) for c in sys.argv[5].split(",")})
