@@ -55,10 +55,10 @@ import numpy as np
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
+from stepscope.analyze.blame import innermost, is_sync_runtime, short_name, source_frames
+from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.schema import Kind
-from stepscope.analyze.trace import Trace
-from stepscope.analyze.window import WindowKind, analysis_window, step_windows
+from stepscope.analyze.window import WindowKind, with_step
 
 
 class GapCause(str, enum.Enum):
@@ -80,17 +80,6 @@ COMMUNICATION = r"(?i)(nccl|rccl|c10d::|record_param_comms|all_reduce|allreduce|
 BACK_TO_BACK_NS = 2_000
 HISTOGRAM_EDGES_NS = (1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000)
 HISTOGRAM_LABELS = ("< 1 µs", "1–10 µs", "10–100 µs", "0.1–1 ms", "1–10 ms", "10–100 ms", ">= 100 ms")
-
-
-def is_sync_runtime(name: pl.Expr) -> pl.Expr:
-    """True for a runtime/driver call that blocks the host until the GPU catches up.
-
-        cudaStreamSynchronize, hipDeviceSynchronize, cuCtxSynchronize, cudaMemcpy, hipMemcpyWithStream -> True
-        cudaMemcpyAsync, cudaStreamWaitEvent (a GPU-side wait), cudaLaunchKernel                          -> False
-    """
-    name = name.fill_null("")
-    return name.str.contains("(?i)synchronize") | (
-        name.str.contains("(?i)^(cuda|hip|cu)memcpy") & ~name.str.contains("(?i)async"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,56 +106,9 @@ class GapsResult:
     histogram: pl.DataFrame
 
 
-def short_name(name: pl.Expr) -> pl.Expr:
-    """A kernel's name without return type, template arguments and parameter list, for tables.
-
-        void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>, …>(int, …)
-        -> at::native::vectorized_elementwise_kernel
-    """
-    cpp = name.str.contains("::") | name.str.starts_with("void ")
-    return pl.when(cpp).then(name.str.replace(r"^void ", "").str.replace(r"[<(].*$", "")).otherwise(name)
-
-
-def innermost(frame: pl.LazyFrame, points: pl.DataFrame) -> pl.DataFrame:
-    """name, event_id of the innermost event of `frame` enclosing each point (pid, tid, ts_ns); nulls where none.
-
-    One row per point, in the points' order. Only events that enclose some point take part (found by an
-    as-of join: the first point at or after an event's start lies before its end); an enclosing event's
-    ancestors enclose the point too, so the nesting among those is the full nesting. The nesting walk is
-    nesting.py's (one place, measured there).
-    """
-    empty = pl.DataFrame({"name": [None] * points.height, "event_id": [None] * points.height},
-                         schema={"name": pl.String, "event_id": pl.Int64})
-    if points.height == 0:
-        return empty
-    marks = points.select("pid", "tid", p_ts="ts_ns").drop_nulls().sort("p_ts")
-    iv = (
-        frame.filter(pl.col("dur_ns").is_not_null())
-        .select("pid", "tid", "ts_ns", "dur_ns", "name", "event_id").sort("ts_ns")
-        .join_asof(marks.lazy(), left_on="ts_ns", right_on="p_ts", by=["pid", "tid"], strategy="forward",
-                   check_sortedness=False)
-        .filter(pl.col("p_ts") <= pl.col("ts_ns") + pl.col("dur_ns")).drop("p_ts").collect()
-    )
-    if iv.height == 0:
-        return empty
-    iv = sort_for_nesting(iv)
-    parent, _ = parent_index(iv)
-    rows = innermost_enclosing(iv.with_columns(parent=pl.Series(parent)), points)
-    return pl.DataFrame({"name": iv["name"].gather(rows), "event_id": iv["event_id"].gather(rows)})
-
-
-def source_frames(trace: Trace) -> pl.LazyFrame:
-    """Python frames that name a source line (``model.py(42): forward``), not C builtins.
-
-        <built-in method copy_ of Tensor object at 0x7f…>   -> skipped (it says nothing about where)
-        train.py(88): train_step                            -> kept
-    """
-    return trace.python.filter(pl.col("name").str.contains(r"\(\d+\): "))
-
-
-def _gpu(trace: Trace, device: int | None) -> pl.DataFrame:
+def _gpu(frames: TraceFrames, device: int | None) -> pl.DataFrame:
     gpu = (
-        trace.launches()
+        frames.launches.lazy()
         .filter(pl.col("device").is_not_null() & pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())
         .select("kind", "name", "device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
                 launch_ts_ns="launch_ts_ns", launch_pid="launch_pid", launch_tid="launch_tid",
@@ -192,11 +134,11 @@ def _neighbours(gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _blame(trace: Trace, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
+def _blame(frames: TraceFrames, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     """Add next/prev GPU event, the blamed thread, its innermost op / Python frame / runtime call, cause."""
+    trace = frames.trace
     g = _neighbours(gaps, gpu)
-    main = trace.steps.group_by("pid", "tid").agg(n=pl.len()).sort("n", descending=True).head(1).collect()
-    main_pid, main_tid = (main["pid"][0], main["tid"][0]) if main.height else (None, None)
+    main_pid, main_tid = frames.main_thread or (None, None)
     g = g.with_columns(
         pid=pl.coalesce("launch_pid", pl.lit(main_pid, pl.String)),
         tid=pl.coalesce("launch_tid", pl.lit(main_tid, pl.String)),
@@ -246,16 +188,6 @@ def _blame(trace: Trace, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     return g.with_columns(cause=cause).drop("gap", "mid_ns", "next_launch_ts_ns", "next_kind", "blamed_op_id")
 
 
-def _with_step(gaps: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """The step whose (disjoint) window contains the gap's start; null outside every step."""
-    if steps.height == 0:
-        return gaps.with_columns(step=pl.lit(None, pl.Int64))
-    w = steps.select("step", w_start="start_ns", w_end="end_ns").sort("w_start")
-    return (gaps.sort("start_ns").join_asof(w, left_on="start_ns", right_on="w_start", strategy="backward")
-            .with_columns(step=pl.when(pl.col("start_ns") < pl.col("w_end")).then("step"))
-            .drop("w_start", "w_end"))
-
-
 def _histogram(dur_ns: pl.Series) -> pl.DataFrame:
     """Gap count and idle time per log-10 length bin (bucket, gaps, idle_ns)."""
     values = dur_ns.to_numpy().astype(np.int64)
@@ -266,15 +198,16 @@ def _histogram(dur_ns: pl.Series) -> pl.DataFrame:
                          "idle_ns": np.bincount(bins, weights=values, minlength=n).astype(np.int64)})
 
 
-def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps", device: int | None = None,
+def gpu_gaps(source: Source, *, min_gap_ns: int = 0, window: WindowKind = "steps", device: int | None = None,
              top: int | None = None) -> GapsResult:
     """Busy, window, utilization and idle gaps (with blame and cause) per device. See the module docstring.
 
     `min_gap_ns` and `top` only trim the `gaps` table (longest first); every total counts every gap.
     """
-    gpu = _gpu(trace, device)
-    steps = step_windows(trace).collect()
-    windows = analysis_window(trace, window=window, steps=steps).collect()
+    frames = frames_of(source)
+    gpu = _gpu(frames, device)
+    steps = frames.step_windows
+    windows = frames.analysis_window(window)
     if device is not None:
         windows = windows.filter(pl.col("device") == device)
     busy = intervals.clip(intervals.union(gpu.lazy(), by=["device"], start="start_ns", end="end_ns"),
@@ -284,8 +217,8 @@ def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps",
     text = [pl.lit(None, pl.String).alias(c) for c in ("prev_kernel", "next_kernel", "launch_pid", "launch_tid",
                                                         "pid", "tid", "blamed_op", "blamed_python",
                                                         "blamed_runtime", "cause")]
-    gaps = _blame(trace, gaps, gpu) if gaps.height else gaps.with_columns(text)
-    gaps = _with_step(gaps, steps)
+    gaps = _blame(frames, gaps, gpu) if gaps.height else gaps.with_columns(text)
+    gaps = with_step(gaps, steps)
 
     def total(frame: pl.DataFrame, name: str) -> pl.DataFrame:
         return frame.group_by("device").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias(name))
@@ -331,5 +264,4 @@ def gpu_gaps(trace: Trace, *, min_gap_ns: int = 0, window: WindowKind = "steps",
     )
 
 
-__all__ = ["BACK_TO_BACK_NS", "GapCause", "GapsResult", "gpu_gaps", "innermost", "is_sync_runtime", "short_name",
-           "source_frames"]
+__all__ = ["BACK_TO_BACK_NS", "GapCause", "GapsResult", "gpu_gaps"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import polars as pl
 
+from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
 
@@ -75,14 +77,29 @@ def profiler_options(trace: Trace) -> dict[str, bool]:
     }
 
 
-def trace_warnings(trace: Trace) -> pl.DataFrame:
+_Add = Callable[[str, int, str], None]
+
+
+def trace_warnings(source: Source) -> pl.DataFrame:
     """Oddities a reader should know before trusting the numbers: one row per finding (code, count, detail)."""
+    frames = frames_of(source)
     rows: list[dict[str, object]] = []
 
     def add(code: str, count: int, detail: str) -> None:
         if count:
             rows.append({"code": code, "count": count, "detail": detail})
 
+    _event_warnings(frames.trace, add)
+    _launch_and_flow_warnings(frames, add)
+    _step_warnings(frames, add)
+    unknown = frames.trace.meta.get("unknown_categories") or {}
+    add("unknown_categories", sum(unknown.values()),
+        "events of categories stepscope does not know, kept as kind 'other': " + ", ".join(sorted(unknown)))
+    return pl.DataFrame(rows, schema={"code": pl.String, "count": pl.Int64, "detail": pl.String})
+
+
+def _event_warnings(trace: Trace, add: _Add) -> None:
+    """Overlapping kernels on a stream, negative or missing times, a span of more than a day."""
     gpu = trace.gpu.select("device", "stream", "ts_ns", "dur_ns", "kind")
     overlaps = (
         gpu.filter(pl.col("kind") == Kind.KERNEL.value)
@@ -112,9 +129,13 @@ def trace_warnings(trace: Trace) -> pl.DataFrame:
     if bad["span"] is not None and bad["span"] > _DAY_NS:
         add("clock_span", 1, "events span more than a day: mixed clocks or a corrupt timestamp")
 
+
+def _launch_and_flow_warnings(frames: TraceFrames, add: _Add) -> None:
+    """GPU work that starts before its launch call, flows with only one end."""
+    trace = frames.trace
     launched_before = (
-        trace.launches().filter(pl.col("launch_ts_ns").is_not_null() & (pl.col("ts_ns") < pl.col("launch_ts_ns")))
-        .select(pl.len()).collect().item()
+        frames.launches.filter(pl.col("launch_ts_ns").is_not_null() & (pl.col("ts_ns") < pl.col("launch_ts_ns")))
+        .height
     )
     add("gpu_before_launch", int(launched_before),
         "GPU events that start before the runtime call that launched them (CPU and GPU clocks disagree)")
@@ -131,7 +152,11 @@ def trace_warnings(trace: Trace) -> pl.DataFrame:
     add("dangling_flow_finishes", int(dangling["finishes_only"] or 0),
         "flow finishes with no start")
 
-    steps = trace.steps.collect()
+
+def _step_warnings(frames: TraceFrames, add: _Add) -> None:
+    """GPU work outside the ProfilerStep spans, step numbers that skip."""
+    steps = frames.profiler_steps
+    gpu = frames.trace.gpu.select("ts_ns", "dur_ns")
     if steps.height:
         last_end = int(steps["end_ns"].max())  # type: ignore[arg-type]
         first_start = int(steps["ts_ns"].min())  # type: ignore[arg-type]
@@ -144,14 +169,12 @@ def trace_warnings(trace: Trace) -> pl.DataFrame:
         numbers = steps["step"].sort().to_list()
         gaps = [b for a, b in zip(numbers, numbers[1:], strict=False) if b != a + 1]
         add("missing_steps", len(gaps), "ProfilerStep numbers are not consecutive")
-    unknown = trace.meta.get("unknown_categories") or {}
-    add("unknown_categories", sum(unknown.values()),
-        "events of categories stepscope does not know, kept as kind 'other': " + ", ".join(sorted(unknown)))
-    return pl.DataFrame(rows, schema={"code": pl.String, "count": pl.Int64, "detail": pl.String})
 
 
-def trace_info(trace: Trace) -> TraceInfo:
+def trace_info(source: Source) -> TraceInfo:
     """Devices, ranks, versions, time span, steps, counts by kind, profiler options, warnings."""
+    frames = frames_of(source)
+    trace = frames.trace
     meta = trace.meta
     counts = (
         trace.events.group_by("kind").agg(events=pl.len(), total_dur_ns=pl.col("dur_ns").sum())
@@ -168,14 +191,14 @@ def trace_info(trace: Trace) -> TraceInfo:
     ).rename({"id": "device"})
     devices = used.join(props, on="device", how="left").sort("device") if used.height else props.with_columns(
         gpu_events=pl.lit(0, pl.UInt32)).filter(pl.lit(False))
-    steps = trace.steps.select("step").collect()["step"].sort().to_list()
-    source = meta.get("source", {})
+    steps = frames.profiler_steps["step"].sort().to_list()
+    origin = meta.get("source", {})
     versions = {k: str(v) for k, v in (meta.get("versions") or {}).items()}
     return TraceInfo(
         trace_id=trace.trace_id,
-        source=str(source.get("path", "")),
-        source_size_bytes=int(source.get("size_bytes", 0)),
-        sha256=str(source.get("sha256", "")),
+        source=str(origin.get("path", "")),
+        source_size_bytes=int(origin.get("size_bytes", 0)),
+        sha256=str(origin.get("sha256", "")),
         rank=meta.get("rank"),
         world_size=meta.get("world_size"),
         rank_source=meta.get("rank_source"),
@@ -190,5 +213,5 @@ def trace_info(trace: Trace) -> TraceInfo:
         profiler_options=profiler_options(trace),
         counts_by_kind=counts,
         devices=devices,
-        warnings=trace_warnings(trace),
+        warnings=trace_warnings(frames),
     )

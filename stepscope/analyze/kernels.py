@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
+from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.schema import Kind
-from stepscope.analyze.trace import Trace
 
 
 class KernelCategory(enum.Enum):
@@ -122,10 +122,10 @@ _BY_NAME_SCHEMA = {
 }
 
 
-def kernel_summary(trace: Trace, *, top: int | None = None) -> KernelsResult:
+def kernel_summary(source: Source, *, top: int | None = None) -> KernelsResult:
     """Time per kernel name (count, total/mean/min/max, busy share, most common grid/block, occupancy)
     and per category (count, total, time_share of all GPU event time). `top` keeps the N longest names."""
-    gpu = trace.gpu.filter(pl.col("dur_ns").is_not_null()).with_columns(category=category_expr())
+    gpu = frames_of(source).trace.gpu.filter(pl.col("dur_ns").is_not_null()).with_columns(category=category_expr())
     ends = gpu.select("device", "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
     busy = int(intervals.union_length(ends, by=["device"]).select(pl.col("length_ns").sum()).collect().item() or 0)
     by_name = (

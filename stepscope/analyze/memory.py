@@ -23,9 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting, subtree_sum
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.window import with_step
 
 MIB = 1024 * 1024
 MODULE_PREFIX = "nn.Module: "
@@ -99,24 +101,17 @@ def _ops_with_parents(trace: Trace) -> pl.DataFrame:
     return ops.with_columns(parent=pl.Series(parent), depth=pl.Series(depth))
 
 
-def _with_step(frame: pl.DataFrame, trace: Trace) -> pl.DataFrame:
-    steps = trace.steps.select("ts_ns", "end_ns", step="step").collect()
-    if steps.height == 0:
-        return frame.with_columns(step=pl.lit(None, pl.Int64))
-    keyed = frame.with_row_index("_row").sort("ts_ns")
-    joined = keyed.join_asof(steps.sort("ts_ns"), on="ts_ns", strategy="backward").with_columns(
-        step=pl.when(pl.col("ts_ns") <= pl.col("end_ns")).then("step"))
-    return joined.sort("_row").drop("_row", "end_ns")
-
-
-def _attributed(trace: Trace) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The memory series with op_row (innermost enclosing cpu_op on the same thread), op name and step."""
+def _attributed(frames: TraceFrames) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The memory series with op_row (innermost enclosing cpu_op on the same thread), op name and step (the
+    step whose window, `window.step_windows`, holds the event), in the series' order."""
+    trace = frames.trace
     series = memory_series(trace)
     ops = _ops_with_parents(trace)
     names = ops.select(op_row=pl.int_range(pl.len(), dtype=pl.Int64), op="name")
     series = series.with_columns(op_row=innermost_enclosing(ops, series)).join(
         names, on="op_row", how="left", maintain_order="left")
-    return _with_step(series, trace), ops
+    stepped = with_step(series.with_row_index("_row"), frames.step_windows, at="ts_ns")
+    return stepped.sort("_row").drop("_row"), ops
 
 
 def _mem_ops(series: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
@@ -166,9 +161,11 @@ def _with_free(series: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def memory_timeline(trace: Trace, *, buckets: int = 100, top: int = 20) -> MemoryTimeline:
+def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> MemoryTimeline:
     """Allocated/reserved over time per device, the peak (time, step, op), mem_ops, leak candidates."""
-    series, ops = _attributed(trace)
+    frames = frames_of(source)
+    trace = frames.trace
+    series, ops = _attributed(frames)
     origin = trace.events.select(pl.col("ts_ns").min()).collect().item() or 0
     series = series.with_columns(offset_ns=pl.col("ts_ns") - origin)
     allocs = _with_free(series)
@@ -222,9 +219,9 @@ def memory_timeline(trace: Trace, *, buckets: int = 100, top: int = 20) -> Memor
     )
 
 
-def mem_ops(trace: Trace, n: int = 20) -> pl.DataFrame:
+def mem_ops(source: Source, n: int = 20) -> pl.DataFrame:
     """The n ops that allocate the most device memory (then CPU memory), in MiB: see MemoryTimeline.mem_ops."""
-    series, ops = _attributed(trace)
+    series, ops = _attributed(frames_of(source))
     return _mem_ops(series, ops).head(n)
 
 
@@ -248,7 +245,7 @@ class ActivationMemory:
     layers: pl.DataFrame
 
 
-def activation_memory(trace: Trace) -> ActivationMemory:
+def activation_memory(source: Source) -> ActivationMemory:
     """Activations by layer at the memory peak (needs with_stack + with_modules: `nn.Module: X_n` frames).
 
     An activation is a block allocated inside an nn.Module frame that is still live at the peak of the
@@ -260,7 +257,9 @@ def activation_memory(trace: Trace) -> ActivationMemory:
         Linear_0 2 MiB, Linear_1 4 MiB live at the peak  ->  activations 6 MiB, largest Linear_1,
                                                              checkpointing saves at most 2 MiB
     """
-    tl = memory_timeline(trace, top=1)
+    frames = frames_of(source)
+    trace = frames.trace
+    tl = memory_timeline(frames, top=1)
     device = tl.peak_device
     series = memory_series(trace)
     on_device = series.filter(pl.col("device_name") == device) if device is not None else series.clear()

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
+from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.nesting import children_sum, collapse_repeated, parent_index, sort_for_nesting, subtree_sum
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
@@ -151,13 +152,15 @@ def _inside_any(
     return out
 
 
-def op_rows(trace: Trace) -> pl.DataFrame:
+def op_rows(source: Source) -> pl.DataFrame:
     """One row per event as torch's FunctionEvent list holds it, before grouping (see the module docstring).
 
     Columns: event_id, name, kind, pid, tid, ts_ns, input_shapes, flops, cpu_total_ns, self_cpu_ns,
     device_total_ns, self_device_ns, cpu_mem_bytes, self_cpu_mem_bytes, device_mem_bytes, self_device_mem_bytes,
     parent_event_id (the CPU parent after torch's merge; null at top level).
     """
+    frames = frames_of(source)
+    trace = frames.trace
     cpu = sort_for_nesting(
         trace.events.filter(
             pl.col("kind").is_in([k.value for k in CPU_ROW_KINDS]) & pl.col("dur_ns").is_not_null()
@@ -169,8 +172,8 @@ def op_rows(trace: Trace) -> pl.DataFrame:
     parent, _ = parent_index(cpu)
     kernels_ns = (
         cpu.select("event_id")
-        .join(trace.launches().filter(pl.col("op_event_id").is_not_null())
-              .group_by("op_event_id").agg(k=pl.col("dur_ns").sum()).collect(),
+        .join(frames.launches.filter(pl.col("op_event_id").is_not_null())
+              .group_by("op_event_id").agg(k=pl.col("dur_ns").sum()),
               left_on="event_id", right_on="op_event_id", how="left", maintain_order="left")["k"]
         .fill_null(0).to_numpy().astype(np.int64)
     )
@@ -218,7 +221,7 @@ def op_rows(trace: Trace) -> pl.DataFrame:
     return pl.concat([cpu_rows, mem_rows, dev_rows], how="vertical_relaxed")
 
 
-def op_table(trace: Trace, *, group_by_shape: bool = False, sort_by: str = "auto", top: int | None = None,
+def op_table(source: Source, *, group_by_shape: bool = False, sort_by: str = "auto", top: int | None = None,
              kinds: Sequence[str] | None = None) -> OpTable:
     """key_averages() from the trace: per op name (and input shapes), calls, CPU/device times, memory, FLOPs.
 
@@ -226,7 +229,9 @@ def op_table(trace: Trace, *, group_by_shape: bool = False, sort_by: str = "auto
     trace has any, else self CPU; `top` keeps the first N rows and `kinds` only rows of those kinds (e.g.
     cpu_op, kernel); percentages and totals stay of the whole table, as torch's do.
     """
-    rows = op_rows(trace)
+    frames = frames_of(source)
+    trace = frames.trace
+    rows = op_rows(frames)
     keys = ["name", "kind"] + (["input_shapes"] if group_by_shape else [])
     grouped = rows.group_by(keys, maintain_order=True).agg(
         pl.len().alias("calls"), *[pl.col(c).sum() for c in _SUMS],
@@ -267,11 +272,11 @@ def op_table(trace: Trace, *, group_by_shape: bool = False, sort_by: str = "auto
     )
 
 
-def top_ops(trace: Trace, n: int = 10) -> list[dict[str, Any]]:
+def top_ops(source: Source, n: int = 10) -> list[dict[str, Any]]:
     """The n operators (cpu_op rows, ProfilerStep spans excluded) that cost most: by self device time when
     the trace has GPU work, else by self CPU time. Each entry: name, calls, cpu_time_us (CPU total),
     self_cpu_time_us, cuda_time_us (device total), self_cuda_time_us."""
-    table = op_table(trace).ops.filter(
+    table = op_table(source).ops.filter(
         (pl.col("kind") == Kind.CPU_OP.value) & ~pl.col("name").str.starts_with("ProfilerStep#"))
     key = "self_device_ns" if bool((table["self_device_ns"] > 0).any()) else "self_cpu_ns"
     return [

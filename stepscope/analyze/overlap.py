@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.gaps import innermost, is_sync_runtime, source_frames
-from stepscope.analyze.trace import Trace
-from stepscope.analyze.window import analysis_window
+from stepscope.analyze.blame import innermost, is_sync_runtime, source_frames
+from stepscope.analyze.frames import Source, frames_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,12 +51,14 @@ def _clip(frame: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
     return intervals.clip(frame.lazy(), window.lazy()).collect()
 
 
-def cpu_gpu_overlap(trace: Trace) -> OverlapResult:
+def cpu_gpu_overlap(source: Source) -> OverlapResult:
     """Utilization, CPU busy, overlap, launch latency per stream, queue depth per stream, sync calls."""
-    launches = trace.launches().collect()
+    frames = frames_of(source)
+    trace = frames.trace
+    launches = frames.launches
     gpu = launches.select("device", "stream", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
                           launch_ns="launch_ts_ns", pid="launch_pid", tid="launch_tid")
-    window = _union(analysis_window(trace).select("start_ns", "end_ns").collect())
+    window = _union(frames.analysis_window().select("start_ns", "end_ns"))
     if window.height == 0:  # CPU-only trace: the CPU's own span
         window = trace.cpu.select(start_ns=pl.col("ts_ns").min(),
                                   end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect().drop_nulls()
@@ -65,7 +66,7 @@ def cpu_gpu_overlap(trace: Trace) -> OverlapResult:
     gpu_busy = _clip(gpu.select("start_ns", "end_ns").drop_nulls(), window)
     threads = gpu.select("pid", "tid").drop_nulls().unique()
     if threads.height == 0:
-        threads = trace.steps.select("pid", "tid").unique().collect()
+        threads = frames.profiler_steps.select("pid", "tid").unique()
     if threads.height == 0:  # no launches and no steps (a CPU-only capture): every thread with ops
         threads = trace.cpu_ops.select("pid", "tid").unique().collect()
     cpu = (trace.cpu_ops.select("pid", "tid", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))

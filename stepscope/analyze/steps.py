@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import polars as pl
 
 from stepscope.analyze import intervals
+from stepscope.analyze.frames import Source, frames_of
+from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
-
-if TYPE_CHECKING:  # gaps imports window, which imports this module: gaps is imported where it is used
-    from stepscope.analyze.gaps import GapsResult
 
 DATALOADER_PATTERN = r"^enumerate\(DataLoader\)#"
 OPTIMIZER_PATTERN = r"^Optimizer\.(step|zero_grad)#"
@@ -73,42 +71,6 @@ class StepsResult:
 def _merge(frame: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
     """`intervals.union` on (by..., s, e) columns: disjoint merged intervals, same column names."""
     return intervals.union(frame, by=by, start="s", end="e").rename({"start_ns": "s", "end_ns": "e"})
-
-
-def step_windows(trace: Trace) -> pl.DataFrame:
-    """step, start_ns, cpu_end_ns, end_ns, wall_ns, cpu_ns, pid, tid (see the module docstring)."""
-    steps = trace.steps.collect()
-    if steps.height == 0:
-        return pl.DataFrame(schema={"step": pl.Int64, "start_ns": pl.Int64, "cpu_start_ns": pl.Int64,
-                                    "cpu_end_ns": pl.Int64,
-                                    "end_ns": pl.Int64, "wall_ns": pl.Int64, "cpu_ns": pl.Int64,
-                                    "pid": pl.String, "tid": pl.String})
-    launched = gpu_by_step(trace, steps).group_by("step").agg(gpu_end=(pl.col("ts_ns") + pl.col("dur_ns")).max())
-    w = (
-        steps.join(launched, on="step", how="left")
-        .with_columns(end_ns=pl.max_horizontal("end_ns", "gpu_end"))
-        .with_columns(start_ns=pl.max_horizontal("ts_ns", pl.col("end_ns").shift(1)))
-        .with_columns(end_ns=pl.max_horizontal("end_ns", "start_ns"))
-    )
-    return w.select(
-        "step", "start_ns", cpu_start_ns="ts_ns", cpu_end_ns=pl.col("ts_ns") + pl.col("dur_ns"), end_ns="end_ns",
-        wall_ns=pl.col("end_ns") - pl.col("start_ns"), cpu_ns="dur_ns", pid="pid", tid="tid",
-    )
-
-
-def gpu_by_step(trace: Trace, steps: pl.DataFrame) -> pl.DataFrame:
-    """GPU events (kind, ts_ns, dur_ns, launch_tid, launch_ts_ns) with the step that launched them."""
-    spans = steps.select("step", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).sort("s")
-    gpu = trace.launches().filter(pl.col("dur_ns").is_not_null()).select(
-        "gpu_event_id", "kind", "name", "ts_ns", "dur_ns", "launch_ts_ns", "launch_tid", "launch_pid",
-    ).collect()
-    key = pl.coalesce("launch_ts_ns", "ts_ns").alias("key")
-    return (
-        gpu.with_columns(key).sort("key")
-        .join_asof(spans, left_on="key", right_on="s", strategy="backward")
-        .filter(pl.col("key") < pl.col("e"))
-        .drop("key", "s", "e")
-    )
 
 
 def _covered_length(windows: pl.DataFrame, ivs: pl.DataFrame) -> pl.DataFrame:
@@ -216,17 +178,18 @@ def outliers(wall_ns: pl.Series) -> pl.Series:
     return (dev > OUTLIER_MADS * 1.4826 * mad) & (dev > OUTLIER_MIN_REL * med)
 
 
-def module_times(trace: Trace, *, top: int = 20) -> pl.DataFrame:
+def module_times(source: Source, *, top: int = 20) -> pl.DataFrame:
     """Per `nn.Module: …` python frame name: calls, inclusive CPU time and GPU time of the work launched
     under it (launch call inside the frame, same thread); empty when the trace has no such frames."""
     schema = {"module": pl.String, "calls": pl.UInt32, "cpu_ns": pl.Int64, "gpu_ns": pl.Int64}
-    mods = trace.python.filter(pl.col("name").str.starts_with("nn.Module: ") & pl.col("dur_ns").is_not_null())
+    frames = frames_of(source)
+    mods = frames.trace.python.filter(pl.col("name").str.starts_with("nn.Module: ") & pl.col("dur_ns").is_not_null())
     mods_df = mods.select("name", "pid", "tid", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect()
     if mods_df.height == 0:
         return pl.DataFrame(schema=schema)
     launches = (
-        trace.launches().filter(pl.col("launch_ts_ns").is_not_null())
-        .select(pid="launch_pid", tid="launch_tid", t="launch_ts_ns", d="dur_ns").collect()
+        frames.launches.filter(pl.col("launch_ts_ns").is_not_null())
+        .select(pid="launch_pid", tid="launch_tid", t="launch_ts_ns", d="dur_ns")
         .sort("t").with_columns(cum=pl.col("d").fill_null(0).cum_sum().over("pid", "tid"))
     )
     # GPU time launched in [s, e) = cumulative sum at the last launch before e - at the last before s.
@@ -262,8 +225,6 @@ def idle_by_cause(gaps: GapsResult, windows: pl.DataFrame) -> pl.DataFrame:
         step 1 [0, 100), step 2 [100, 200); gap [70, 150) data_loading, gap [170, 200) other
         -> step 1: idle_data_loading_ns 30; step 2: idle_data_loading_ns 50, idle_other_ns 30
     """
-    from stepscope.analyze.gaps import GapCause
-
     if gaps.gaps.height != gaps.gaps_total:
         raise ValueError("idle_by_cause needs every gap: call gpu_gaps without min_gap_ns or top")
     cols = [f"idle_{c.value}_ns" for c in GapCause]
@@ -285,19 +246,20 @@ def idle_by_cause(gaps: GapsResult, windows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def step_breakdown(trace: Trace, *, gaps: GapsResult | None = None) -> StepsResult:
+def step_breakdown(source: Source, *, gaps: GapsResult | None = None) -> StepsResult:
     """Per ProfilerStep: window and CPU span, GPU busy/idle, kernel/memcpy/memset time, CPU phases
     (data loading, forward, backward, optimizer, other), exposed data loading, GPU idle by cause; stats and
     outliers. `gaps` is `gaps.gpu_gaps(trace)` when the caller already has it (every gap, default window)."""
-    windows = step_windows(trace)
-    modules = module_times(trace)
+    frames = frames_of(source)
+    trace = frames.trace
+    windows = frames.step_windows
+    modules = module_times(frames)
     if windows.height == 0:
         return StepsResult(steps_found=0, mean_wall_ns=None, mean_gpu_busy_fraction=None, mean_data_loading_ns=None,
                            mean_data_loading_exposed_ns=None,
                            outlier_steps=[], steps=pl.DataFrame(), stats=pl.DataFrame(),
                            idle_by_cause=pl.DataFrame(), modules=modules)
-    steps_df = trace.steps.collect()
-    gpu = gpu_by_step(trace, steps_df)
+    gpu = frames.gpu_by_step
     by_kind = (
         gpu.group_by("step").agg(
             kernel_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value).sum(),
@@ -338,9 +300,7 @@ def step_breakdown(trace: Trace, *, gaps: GapsResult | None = None) -> StepsResu
         gpu_cols = ("gpu_busy_ns", "gpu_idle_ns", "gpu_busy_fraction", "kernel_ns", "memcpy_ns", "memset_ns")
         out = out.with_columns(pl.lit(None, out.schema[c]).alias(c) for c in gpu_cols)
     if gaps is None:
-        from stepscope.analyze.gaps import gpu_gaps
-
-        gaps = gpu_gaps(trace)
+        gaps = gpu_gaps(frames)
     wall_total, busy_total = int(out["wall_ns"].sum()), int(out["gpu_busy_ns"].sum() or 0)
     mean_frac = busy_total / wall_total if wall_total and has_gpu else None
     return StepsResult(

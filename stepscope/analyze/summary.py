@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps, short_name
-from stepscope.analyze.kernels import kernel_summary
+from stepscope.analyze.blame import short_name
+from stepscope.analyze.frames import Source, TraceFrames, frames_of
+from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
+from stepscope.analyze.kernels import KernelsResult, kernel_summary
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.steps import DATALOADER_PATTERN, StepsResult, step_breakdown
 from stepscope.analyze.trace import Trace
@@ -136,10 +138,8 @@ def _sync_calls(trace: Trace) -> pl.DataFrame:
         "name", "ts_ns", "dur_ns", "external_id").collect()
 
 
-def _per_step(trace: Trace, steps: pl.DataFrame, syncs: pl.DataFrame) -> pl.DataFrame:
-    from stepscope.analyze.steps import gpu_by_step
-
-    gpu = gpu_by_step(trace, trace.steps.collect())
+def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> pl.DataFrame:
+    gpu = frames.gpu_by_step
     extra = gpu.group_by("step").agg(
         gpu_events=pl.len(),
         pageable_ns=pl.col("dur_ns").filter((pl.col("kind") == Kind.MEMCPY.value)
@@ -179,8 +179,10 @@ def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy:
     }
 
 
-def _places(trace: Trace, verdict: Verdict, syncs: pl.DataFrame, gaps: GapsResult) -> pl.DataFrame:
+def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: GapsResult,
+            kernels: KernelsResult | None) -> pl.DataFrame:
     """Top three places to look for this verdict: (what, name, total_ns, count)."""
+    trace = frames.trace
     ops = trace.cpu_ops.select("name", "ts_ns", "dur_ns", "external_id", "pid", "tid")
     if verdict is Verdict.DATA_LOADING_BOUND:
         loaders = trace.cpu.filter(pl.col("name").str.contains(DATALOADER_PATTERN)).select(
@@ -209,23 +211,23 @@ def _places(trace: Trace, verdict: Verdict, syncs: pl.DataFrame, gaps: GapsResul
         out = pl.concat([behind.sort("total_ns", descending=True).head(2), calls.sort("total_ns", descending=True)],
                         how="diagonal_relaxed")
     elif verdict is Verdict.TRANSFER_BOUND:
-        out = (trace.launches().filter(pl.col("kind") == Kind.MEMCPY.value)
+        out = (frames.launches.filter(pl.col("kind") == Kind.MEMCPY.value)
                .group_by(name=pl.coalesce("op_name", "name")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len())
-               .with_columns(what=pl.lit("memcpy (op)")).collect())
+               .with_columns(what=pl.lit("memcpy (op)")))
     elif verdict is Verdict.LAUNCH_BOUND:
         # where the GPU waited for the CPU to launch (Python line, else op), then the op launching the most work
         late = gaps.gaps.filter(pl.col("cause") == GapCause.LAUNCH_OVERHEAD.value).group_by(
             name=pl.coalesce("blamed_python", "blamed_op")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
             .drop_nulls("name").with_columns(what=pl.lit("GPU idle, launch late at"))
-        launches = (trace.launches().filter(pl.col("launch_dur_ns").is_not_null())
+        launches = (frames.launches.filter(pl.col("launch_dur_ns").is_not_null())
                     .group_by(name=pl.coalesce("op_name", "runtime_name"))
                     .agg(count=pl.len(), total_ns=pl.col("launch_dur_ns").sum())
-                    .with_columns(what=pl.lit("op (launches, launch time)")).collect())
+                    .with_columns(what=pl.lit("op (launches, launch time)")))
         out = pl.concat([late.sort("total_ns", descending=True).head(2),
                          launches.sort("count", descending=True).head(3)], how="diagonal_relaxed")
     elif verdict is Verdict.GPU_BOUND:
         # by short name: template instances of one kernel (elementwise_kernel<…Add…>, <…Mul…>) are one place
-        k = kernel_summary(trace).by_name
+        k = (kernel_summary(trace) if kernels is None else kernels).by_name
         out = (k.group_by(name=short_name(pl.col("name"))).agg(pl.col("total_ns", "count").sum())
                .with_columns(what=pl.lit("kernel")))
     else:
@@ -241,20 +243,23 @@ def _idle(frame: pl.DataFrame) -> dict[str, int]:
     return {c.value: int(frame[f"idle_{c.value}_ns"].sum() or 0) if frame.height else 0 for c in GapCause}
 
 
-def verdict(trace: Trace, *, gaps: GapsResult | None = None, steps: StepsResult | None = None) -> SummaryResult:
+def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResult | None = None,
+            kernels: KernelsResult | None = None) -> SummaryResult:
     """The overall and per-step verdict (rule table `RULES`), its evidence and the top three places.
 
     With ProfilerSteps the fractions are of the step windows (per step, and summed over steps for the overall
     verdict); without, of the analysis window of `stepscope gaps` (first to last GPU event per device).
-    `gaps` (`gpu_gaps(trace)`, every gap) and `steps` (`step_breakdown(trace)`) save recomputing them where
-    the caller (a report) already has them.
+    `gaps` (`gpu_gaps`, every gap), `steps` (`step_breakdown`) and `kernels` (`kernel_summary`) save
+    recomputing them where the caller (the bundle, `stepscope.analyze.bundle`) already has them.
     """
-    gaps = gpu_gaps(trace) if gaps is None else gaps
-    br = step_breakdown(trace, gaps=gaps) if steps is None else steps
+    frames = frames_of(source)
+    trace = frames.trace
+    gaps = gpu_gaps(frames) if gaps is None else gaps
+    br = step_breakdown(frames, gaps=gaps) if steps is None else steps
     syncs = _sync_calls(trace)
     gpu_events = int(trace.gpu.select(pl.len()).collect().item())
     if br.steps_found:
-        per = _per_step(trace, br.steps, syncs)
+        per = _per_step(frames, br.steps, syncs)
         idle_by_step = br.idle_by_cause
         rows = []
         for r in per.iter_rows(named=True):  # one row per step: a handful, not per event
@@ -295,5 +300,5 @@ def verdict(trace: Trace, *, gaps: GapsResult | None = None, steps: StepsResult 
         pageable_memcpy_fraction=ev["pageable_memcpy_fraction"], sync_idle_fraction=ev["sync_idle_fraction"],
         memcpy_idle_fraction=ev["memcpy_idle_fraction"], launch_idle_fraction=ev["launch_idle_fraction"],
         tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
-        places=_places(trace, rule.verdict, syncs, gaps), rules=rules,
+        places=_places(frames, rule.verdict, syncs, gaps, kernels), rules=rules,
     )

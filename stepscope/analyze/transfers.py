@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.gaps import innermost, is_sync_runtime, source_frames
+from stepscope.analyze.blame import innermost, is_sync_runtime, source_frames
+from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.schema import Kind
-from stepscope.analyze.trace import Trace
-from stepscope.analyze.window import step_windows
+from stepscope.analyze.window import with_step
 
 DIRECTION = r"(HtoD|DtoH|DtoD|HtoH|PtoP|DtoA|AtoD|HtoA|AtoH)"
 
@@ -62,10 +62,12 @@ def covered_ns(spans: pl.DataFrame, busy: pl.DataFrame) -> pl.Series:
     return (f("end_ns") - f("start_ns")).alias("covered_ns")
 
 
-def transfers(trace: Trace, *, top: int = 10) -> TransfersResult:
+def transfers(source: Source, *, top: int = 10) -> TransfersResult:
     """All copies with bandwidth, pinned/pageable, sync/async, exposed stall and CPU time blocked."""
+    frames = frames_of(source)
+    trace = frames.trace
     copies = (
-        trace.launches().filter(pl.col("kind") == Kind.MEMCPY.value)
+        frames.launches.lazy().filter(pl.col("kind") == Kind.MEMCPY.value)
         .join(trace.memcpy.select(gpu_event_id="event_id", bytes="bytes"), on="gpu_event_id", how="left")
         .collect()
     )
@@ -84,9 +86,7 @@ def transfers(trace: Trace, *, top: int = 10) -> TransfersResult:
     points = copies.select(pid=pl.col("launch_pid").fill_null(""), tid=pl.col("launch_tid").fill_null(""),
                            ts_ns=pl.col("launch_ts_ns").fill_null(0))
     copies = copies.with_columns(python_line=innermost(source_frames(trace), points)["name"])
-    windows = step_windows(trace).select("step", w_start="start_ns", w_end="end_ns").collect().sort("w_start")
-    copies = (copies.sort("start_ns").join_asof(windows, left_on="start_ns", right_on="w_start", strategy="backward")
-              .with_columns(step=pl.when(pl.col("start_ns") < pl.col("w_end")).then("step")))
+    copies = with_step(copies, frames.step_windows)
     copies = copies.with_columns(pl.col("bytes").cast(pl.Int64))
     table = copies.select(
         "device", "stream", "step", "direction", size_bytes="bytes", dur_ns="dur_ns",

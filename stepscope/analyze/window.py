@@ -1,12 +1,19 @@
-"""The analysis window: where GPU idle time counts.
+"""The one step-window rule, and the analysis window built on it: where GPU idle time counts.
 
-With ``ProfilerStep#N`` spans the window is the union of the steps, each extended to the end of the GPU
-work launched inside it (a GPU event whose launching runtime call starts inside the step); this is what
-``reference_figures.py``'s ``step_busy_us`` clips to. Without steps (or with ``window="trace"``) it is the
-first to the last GPU event of each device.
+Every analysis that asks "which step is this in?" or "over which span is this a share?" takes its answer
+from here: steps, gaps, overlap, transfers, summary and the timeline figure alike.
+
+**Step window** (tb_plugin's rule): a step starts where its ``ProfilerStep#N`` span starts (or where the
+previous step's window ended, if later) and ends at the later of its CPU end and the end of the last GPU
+work it launched. GPU work belongs to the step whose CPU span holds its launch (runtime call); GPU work with
+no launch link belongs to the step whose CPU span holds its start. This is what ``reference_figures.py``'s
+``step_busy_us`` clips to.
 
     step 1 CPU [0, 100), its last kernel ends at 130; step 2 CPU [100, 200)
       -> windows [0, 130) and [130, 200)   (a step starts no earlier than the previous one ends)
+
+**Analysis window** (``window="steps"``, the default): the union of the step windows, the same for every
+device; without steps (or with ``window="trace"``) a device's first to last GPU event.
 """
 
 from __future__ import annotations
@@ -16,37 +23,80 @@ from typing import Literal
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.steps import step_windows as _step_windows
 from stepscope.analyze.trace import Trace
 
 WindowKind = Literal["steps", "trace"]
 
+STEP_WINDOW_SCHEMA: dict[str, pl.DataType] = {
+    "step": pl.Int64(), "start_ns": pl.Int64(), "cpu_start_ns": pl.Int64(), "cpu_end_ns": pl.Int64(),
+    "end_ns": pl.Int64(), "wall_ns": pl.Int64(), "cpu_ns": pl.Int64(), "pid": pl.String(), "tid": pl.String(),
+}
 
-def step_windows(trace: Trace) -> pl.LazyFrame:
-    """step, start_ns, cpu_end_ns, end_ns, dur_ns: one row per ProfilerStep (none when the trace has none).
 
-    Windows are disjoint and sorted; `cpu_end_ns` is where the step's CPU span ended, `end_ns` where the
-    GPU work it launched ended (never before `cpu_end_ns`).
+def gpu_by_step(launches: pl.DataFrame, profiler_steps: pl.DataFrame) -> pl.DataFrame:
+    """GPU events (`Trace.launches()` rows with a duration) with the step whose CPU span launched them.
+
+    `profiler_steps` is `Trace.steps` collected. The key is the launch call's start, else the GPU event's
+    own start; events outside every step's CPU span are dropped.
     """
-    return _step_windows(trace).lazy().select("step", "start_ns", "cpu_end_ns", "end_ns",
-                                              dur_ns=pl.col("end_ns") - pl.col("start_ns"))
+    spans = profiler_steps.select("step", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).sort("s")
+    gpu = launches.filter(pl.col("dur_ns").is_not_null()).select(
+        "gpu_event_id", "kind", "name", "ts_ns", "dur_ns", "launch_ts_ns", "launch_tid", "launch_pid")
+    key = pl.coalesce("launch_ts_ns", "ts_ns").alias("key")
+    return (
+        gpu.with_columns(key).sort("key")
+        .join_asof(spans, left_on="key", right_on="s", strategy="backward")
+        .filter(pl.col("key") < pl.col("e"))
+        .drop("key", "s", "e")
+    )
 
 
-def analysis_window(trace: Trace, *, window: WindowKind = "steps",
-                    steps: pl.DataFrame | None = None) -> pl.LazyFrame:
+def step_windows(profiler_steps: pl.DataFrame, launched: pl.DataFrame) -> pl.DataFrame:
+    """step, start_ns, cpu_start_ns, cpu_end_ns, end_ns, wall_ns, cpu_ns, pid, tid: one row per ProfilerStep.
+
+    `profiler_steps` is `Trace.steps` collected, `launched` is `gpu_by_step(...)` of the same trace. Windows
+    are disjoint and sorted; `end_ns` is never before `cpu_end_ns`. No rows when the trace has no steps.
+    """
+    if profiler_steps.height == 0:
+        return pl.DataFrame(schema=STEP_WINDOW_SCHEMA)
+    gpu_end = launched.group_by("step").agg(gpu_end=(pl.col("ts_ns") + pl.col("dur_ns")).max())
+    w = (
+        profiler_steps.join(gpu_end, on="step", how="left")
+        .with_columns(end_ns=pl.max_horizontal("end_ns", "gpu_end"))
+        .with_columns(start_ns=pl.max_horizontal("ts_ns", pl.col("end_ns").shift(1)))
+        .with_columns(end_ns=pl.max_horizontal("end_ns", "start_ns"))
+    )
+    return w.select(
+        "step", "start_ns", cpu_start_ns="ts_ns", cpu_end_ns=pl.col("ts_ns") + pl.col("dur_ns"), end_ns="end_ns",
+        wall_ns=pl.col("end_ns") - pl.col("start_ns"), cpu_ns="dur_ns", pid="pid", tid="tid",
+    ).cast(STEP_WINDOW_SCHEMA)  # type: ignore[arg-type]
+
+
+def with_step(frame: pl.DataFrame, windows: pl.DataFrame, *, at: str = "start_ns") -> pl.DataFrame:
+    """`frame` plus a `step` column: the step whose (disjoint) window holds `frame[at]`; null outside all.
+
+        windows [0, 130) step 1, [130, 200) step 2; at = 120, 150, 250  ->  step 1, 2, null
+    """
+    if windows.height == 0:
+        return frame.with_columns(step=pl.lit(None, pl.Int64))
+    w = windows.select("step", _w_start="start_ns", _w_end="end_ns").sort("_w_start")
+    return (frame.sort(at).join_asof(w, left_on=at, right_on="_w_start", strategy="backward")
+            .with_columns(step=pl.when(pl.col(at) < pl.col("_w_end")).then("step"))
+            .drop("_w_start", "_w_end"))
+
+
+def analysis_window(trace: Trace, windows: pl.DataFrame, *, window: WindowKind = "steps") -> pl.LazyFrame:
     """device, start_ns, end_ns: disjoint window pieces per GPU device (no rows for a CPU-only trace).
 
-    `window="steps"`: every device gets the union of the step windows when the trace has steps, otherwise
-    its own first GPU event start to last GPU event end; `window="trace"`: always the latter. `steps` is
-    `step_windows(trace).collect()` when the caller already has it.
+    `windows` is `step_windows(...)` of the trace. `window="steps"`: every device gets the union of the step
+    windows when the trace has steps, otherwise its own first GPU event start to last GPU event end;
+    `window="trace"`: always the latter.
     """
     gpu = trace.gpu.filter(pl.col("device").is_not_null() & pl.col("dur_ns").is_not_null()).select(
         "device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
-    if window == "steps":
-        steps = step_windows(trace).collect() if steps is None else steps
-        if steps.height:
-            merged = intervals.union(steps.lazy(), start="start_ns", end="end_ns")
-            return (gpu.select("device").unique().join(merged, how="cross")
-                    .select("device", "start_ns", "end_ns").sort("device", "start_ns"))
+    if window == "steps" and windows.height:
+        merged = intervals.union(windows.lazy(), start="start_ns", end="end_ns")
+        return (gpu.select("device").unique().join(merged, how="cross")
+                .select("device", "start_ns", "end_ns").sort("device", "start_ns"))
     return (gpu.group_by("device").agg(start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max())
             .sort("device"))

@@ -1,0 +1,71 @@
+"""A trace's derived frames, computed once: the launch links, the ProfilerStep spans, the step windows.
+
+Every analysis below the verdict needs some of these, and each is a join or a sort over the whole trace
+(`Trace.launches()` alone is three joins). `TraceFrames` computes each on first use and keeps it, so an
+analysis run after another (as in a report, or the bundle in `stepscope.analyze.bundle`) reuses them. An
+analysis takes `Trace | TraceFrames` (`Source`) and calls `frames_of` first, so the Python API still
+accepts a plain `Trace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import polars as pl
+
+from stepscope.analyze import window as _window
+from stepscope.analyze.trace import Trace
+from stepscope.analyze.window import WindowKind
+
+
+@dataclass(frozen=True, eq=False)
+class TraceFrames:
+    """One trace plus its derived frames, each collected on first use and kept."""
+
+    trace: Trace
+    _analysis_windows: dict[str, pl.DataFrame] = field(default_factory=dict, init=False, repr=False)
+
+    @cached_property
+    def launches(self) -> pl.DataFrame:
+        """`Trace.launches()`, collected: every GPU event with its launch call and issuing op."""
+        return self.trace.launches().collect()
+
+    @cached_property
+    def profiler_steps(self) -> pl.DataFrame:
+        """`Trace.steps`, collected: step, ts_ns, dur_ns, end_ns, pid, tid, event_id (CPU spans, by start)."""
+        return self.trace.steps.collect()
+
+    @cached_property
+    def gpu_by_step(self) -> pl.DataFrame:
+        """GPU events with the step whose CPU span launched them (`window.gpu_by_step`)."""
+        return _window.gpu_by_step(self.launches, self.profiler_steps)
+
+    @cached_property
+    def step_windows(self) -> pl.DataFrame:
+        """The step windows (`window.step_windows`): the one rule every analysis uses."""
+        return _window.step_windows(self.profiler_steps, self.gpu_by_step)
+
+    def analysis_window(self, window: WindowKind = "steps") -> pl.DataFrame:
+        """device, start_ns, end_ns: where GPU idle time counts (`window.analysis_window`)."""
+        if window not in self._analysis_windows:
+            self._analysis_windows[window] = _window.analysis_window(
+                self.trace, self.step_windows, window=window).collect()
+        return self._analysis_windows[window]
+
+    @cached_property
+    def main_thread(self) -> tuple[str, str] | None:
+        """(pid, tid) of the thread holding the most ProfilerStep spans; None without steps."""
+        steps = self.profiler_steps
+        if steps.height == 0:
+            return None
+        top = steps.group_by("pid", "tid").agg(n=pl.len()).sort("n", "pid", "tid", descending=[True, False, False])
+        return str(top["pid"][0]), str(top["tid"][0])
+
+
+Source = Trace | TraceFrames
+
+
+def frames_of(source: Source) -> TraceFrames:
+    """The derived frames of `source`: itself when it already is a `TraceFrames`, else new ones."""
+    return source if isinstance(source, TraceFrames) else TraceFrames(source)
