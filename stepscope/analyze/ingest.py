@@ -52,7 +52,7 @@ from stepscope.analyze._columns import (
     to_series,
     warm_up,
 )
-from stepscope.analyze._io import atomic_dir
+from stepscope._io import atomic_dir
 from stepscope.analyze._read import (
     LARGE_BUFFER_BYTES,
     Document,

@@ -43,7 +43,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from stepscope.analyze._io import atomic_write_text
+from stepscope._io import atomic_write_text
 
 MANIFEST_VERSION = 1
 

@@ -47,7 +47,7 @@ def emit(text: str, output: Path | None) -> None:
     if output is None:
         click.echo(text, nl=not text.endswith("\n"))
         return
-    from stepscope.analyze._io import atomic_write_text
+    from stepscope._io import atomic_write_text
 
     atomic_write_text(output, text)
     click.echo(f"wrote {output}", err=True)

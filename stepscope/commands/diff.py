@@ -26,7 +26,7 @@ def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool
     result = diff_traces(load(before), load(after), top=top)
     emit(render(result, "json" if as_json else "table"), None)
     if out is not None:
-        from stepscope.analyze._io import atomic_dir
+        from stepscope._io import atomic_dir
         from stepscope.reports.html import diff_report
 
         page = diff_report(result, reproduce=[f"stepscope diff {before} {after} -o {out}"])

@@ -25,7 +25,7 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     kernels (GPU time by category, top kernels), ops (top ops by self CPU and device time), memory
     (allocated/reserved over time, peak marked; by category for an export_memory_timeline file) or
     snapshot (a CUDA memory snapshot .pickle as TRACE) or transfers (copy time and bytes per step)."""
-    from stepscope.analyze._io import atomic_write_bytes
+    from stepscope._io import atomic_write_bytes
     from stepscope.reports import figures
 
     png: bytes | None

@@ -19,7 +19,7 @@ import click
 import polars as pl
 
 from stepscope.analyze import Trace, load
-from stepscope.analyze._io import atomic_dir
+from stepscope._io import atomic_dir
 from stepscope.reports.html import (
     Cell,
     Figure,
