@@ -47,7 +47,7 @@ def analyses() -> dict[str, Callable[[Any], Any]]:
 def bench(path: Path, cache: Path, fns: dict[str, Callable[[Any], Any]]) -> tuple[int, dict[str, float]]:
     """Ingest (untimed), then time each analysis on a fresh Trace; returns (events + flows, seconds by name)."""
     trace = load(path, cache_dir=cache)
-    events = int(trace.meta["counts"]["events"]) + int(trace.meta["counts"]["flows"])
+    events = trace.meta.counts.events + trace.meta.counts.flows
     times = {}
     for name, fn in fns.items():
         fresh = load(trace.directory)

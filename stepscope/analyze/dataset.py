@@ -15,7 +15,6 @@ Ingest is a per-file map (`ingest_one`), so it runs unchanged under any executor
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections import deque
@@ -27,6 +26,7 @@ from pathlib import Path
 from stepscope.analyze._read import json_size
 from stepscope.analyze._workers import mark_import_threads, usable_cores, worker_context
 from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested, trace_id_for
+from stepscope.analyze.meta import read_meta
 from stepscope.errors import StepscopeError
 
 mark_import_threads()  # polars, pyarrow and stepscope are loaded: see worker_context
@@ -84,13 +84,13 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, sp
         trace_id = trace_id_for(src, sha)
         done = existing_partition(root, trace_id)
         if done is not None and not force and is_ingested(done, sha):
-            meta = json.loads((done / "meta.json").read_text(encoding="utf-8"))
+            meta = read_meta(done)
             return FileOutcome(source=source, trace_id=trace_id, out_dir=str(done), status="skipped",
-                               n_events=meta["counts"]["events"], seconds=0.0, error=None)
+                               n_events=meta.counts.events, seconds=0.0, error=None)
         staging = root / f".staging-{trace_id}-{os.getpid()}"
         result = ingest_trace(src, staging, force=True, jobs=jobs, sha256=sha, spare_core=spare_core)
-        meta = json.loads((staging / "meta.json").read_text(encoding="utf-8"))
-        target = _partition_dir(root, trace_id, meta.get("rank"))
+        meta = read_meta(staging)
+        target = _partition_dir(root, trace_id, meta.rank)
         if target.exists():
             shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ def profiler_options(trace: Trace) -> dict[str, bool]:
         modules=(pl.col("name").str.starts_with("nn.Module:") | pl.col("module_hierarchy").fill_null("").ne("")).any(),
         flops=pl.col("flops").is_not_null().any(),
     ).collect().row(0, named=True)
-    declared = trace.meta.get("profiler_options") or {}
+    declared = trace.meta.profiler_options
 
     def flag(key: str, seen: bool) -> bool:
         value = declared.get(key)
@@ -92,7 +92,7 @@ def trace_warnings(source: Source) -> pl.DataFrame:
     _event_warnings(frames.trace, add)
     _launch_and_flow_warnings(frames, add)
     _step_warnings(frames, add)
-    unknown = frames.trace.meta.get("unknown_categories") or {}
+    unknown = frames.trace.meta.unknown_categories
     add("unknown_categories", sum(unknown.values()),
         "events of categories stepscope does not know, kept as kind 'other': " + ", ".join(sorted(unknown)))
     return pl.DataFrame(rows, schema={"code": pl.String, "count": pl.Int64, "detail": pl.String})
@@ -184,32 +184,32 @@ def trace_info(source: Source) -> TraceInfo:
     lo, hi = gpu_span.row(0)
     used = trace.gpu.group_by("device").agg(gpu_events=pl.len()).collect()
     props = pl.DataFrame(
-        [{k: d.get(k) for k in ("id", "name", "total_memory_bytes", "num_sms", "compute_capability")}
-         for d in meta.get("devices") or []],
+        [{"id": d.id, "name": d.name, "total_memory_bytes": d.total_memory_bytes, "num_sms": d.num_sms,
+          "compute_capability": d.compute_capability} for d in meta.devices],
         schema={"id": pl.Int64, "name": pl.String, "total_memory_bytes": pl.Int64, "num_sms": pl.Int64,
                 "compute_capability": pl.String},
     ).rename({"id": "device"})
     devices = used.join(props, on="device", how="left").sort("device") if used.height else props.with_columns(
         gpu_events=pl.lit(0, pl.UInt32)).filter(pl.lit(False))
     steps = frames.profiler_steps["step"].sort().to_list()
-    origin = meta.get("source", {})
-    versions = {k: str(v) for k, v in (meta.get("versions") or {}).items()}
+    origin = meta.source
+    versions = {k: str(v) for k, v in meta.versions.items()}
     return TraceInfo(
         trace_id=trace.trace_id,
-        source=str(origin.get("path", "")),
-        source_size_bytes=int(origin.get("size_bytes", 0)),
-        sha256=str(origin.get("sha256", "")),
-        rank=meta.get("rank"),
-        world_size=meta.get("world_size"),
-        rank_source=meta.get("rank_source"),
-        trace_schema_version=meta.get("trace_schema_version"),
+        source=origin.path,
+        source_size_bytes=origin.size_bytes or 0,
+        sha256=origin.sha256,
+        rank=meta.rank,
+        world_size=meta.world_size,
+        rank_source=meta.rank_source,
+        trace_schema_version=meta.trace_schema_version,
         versions=versions,
-        span_ns=(meta.get("time") or {}).get("span_ns"),
+        span_ns=meta.time.span_ns,
         gpu_span_ns=(hi - lo) if lo is not None and hi is not None else None,
         steps_found=len(steps),
         step_numbers=_step_range(steps),
-        events=int(meta["counts"]["events"]),
-        flows=int(meta["counts"]["flows"]),
+        events=meta.counts.events,
+        flows=meta.counts.flows,
         profiler_options=profiler_options(trace),
         counts_by_kind=counts,
         devices=devices,

@@ -7,17 +7,16 @@ and never see JSON.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
 from stepscope.analyze._workers import usable_cores
 from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested
+from stepscope.analyze.meta import TraceMeta, read_meta
 from stepscope.analyze.schema import CPU_KINDS, GPU_KINDS, Kind
 from stepscope.errors import InputError, UsageError
 
@@ -35,27 +34,26 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Trace:
-    """An ingested trace: `meta` (meta.json as a dict) and lazy frames over events.parquet / flows.parquet."""
+    """An ingested trace: `meta` (meta.json, typed) and lazy frames over events.parquet / flows.parquet."""
 
     directory: Path
-    meta: dict[str, Any] = field(repr=False)
+    meta: TraceMeta = field(repr=False)
 
     # ------------------------------------------------------------------ identity
     @property
     def trace_id(self) -> str:
         """Readable stable id: file stem + 8 hex digits of the file's sha256."""
-        return str(self.meta.get("trace_id", self.directory.name))
+        return self.meta.trace_id or self.directory.name
 
     @property
     def source_name(self) -> str:
         """The original trace file's name."""
-        return str(self.meta.get("source", {}).get("name", self.directory.name))
+        return self.meta.source.name or self.directory.name
 
     @property
     def rank(self) -> int | None:
         """Rank from distributedInfo (or the file name), None when unknown."""
-        rank = self.meta.get("rank")
-        return rank if isinstance(rank, int) else None
+        return self.meta.rank
 
     # ------------------------------------------------------------------ frames
     @property
@@ -226,17 +224,7 @@ class Trace:
     @cached_property
     def thread_names(self) -> dict[tuple[str, str], str]:
         """(pid, tid) -> thread name from the trace's metadata events."""
-        out: dict[tuple[str, str], str] = {}
-        for key, value in (self.meta.get("threads") or {}).items():
-            pid, _, tid = key.partition("/")
-            if isinstance(value, dict) and value.get("name"):
-                out[(pid, tid)] = str(value["name"])
-        return out
-
-
-def _read_meta(directory: Path) -> dict[str, Any]:
-    meta: dict[str, Any] = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-    return meta
+        return self.meta.thread_names
 
 
 def load(path: str | Path, *, cache_dir: Path | None = None) -> Trace:
@@ -249,10 +237,10 @@ def load(path: str | Path, *, cache_dir: Path | None = None) -> Trace:
         raise InputError("no such file or directory", path=path)
     if path.is_dir():
         if is_ingested(path):
-            return Trace(directory=path, meta=_read_meta(path))
+            return Trace(directory=path, meta=read_meta(path))
         ingested = sorted(p.parent for p in path.rglob("meta.json") if is_ingested(p.parent))
         if len(ingested) == 1:
-            return Trace(directory=ingested[0], meta=_read_meta(ingested[0]))
+            return Trace(directory=ingested[0], meta=read_meta(ingested[0]))
         raw = find_trace_files([path])
         if len(raw) == 1 and not ingested:
             return load(raw[0], cache_dir=cache_dir)
@@ -264,4 +252,4 @@ def load(path: str | Path, *, cache_dir: Path | None = None) -> Trace:
     target = (cache_dir or default_cache_dir()) / sha[:2] / sha
     if not is_ingested(target, sha):  # the cache is keyed by content: a hit needs no read of the trace
         ingest_trace(path, target, jobs=usable_cores(), sha256=sha)
-    return Trace(directory=target, meta=_read_meta(target))
+    return Trace(directory=target, meta=read_meta(target))

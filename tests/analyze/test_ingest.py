@@ -37,6 +37,7 @@ from stepscope.analyze._columns import decode_span, parse_time_ns
 from stepscope.analyze._read import iter_chunks, locate_events, split_document
 from stepscope.analyze._workers import widen_result_pipe, worker_context
 from stepscope.analyze.ingest import ingest_trace, iter_chunk_tables
+from stepscope.analyze.meta import Counts
 from stepscope.analyze.schema import EVENT_SCHEMA, Kind
 from stepscope.errors import TraceFormatError
 
@@ -67,9 +68,9 @@ def test_todays_format_maps_kinds_args_and_links(tmp_path: Path) -> None:
     # THEN every timed event is a row with the normalized kind, and flows/metadata are kept apart
     assert ev["kind"].to_list() == ["user_annotation", "cpu_op", "runtime", "kernel", "memcpy", "memory"]
     assert t.flows.collect().height == 2
-    assert t.meta["counts"] == {"events": 6, "flows": 2, "metadata_events": 1,
-                               "by_kind": {"cpu_op": 1, "kernel": 1, "memcpy": 1, "memory": 1, "runtime": 1,
-                                           "user_annotation": 1}}
+    assert t.meta.counts == Counts(events=6, flows=2, metadata_events=1,
+                                   by_kind={"cpu_op": 1, "kernel": 1, "memcpy": 1, "memory": 1, "runtime": 1,
+                                            "user_annotation": 1})
     k = ev.filter(pl.col("kind") == "kernel").row(0, named=True)
     assert (k["ts_ns"], k["dur_ns"], k["device"], k["stream"], k["correlation"]) == (30_000, 10_000, 0, 7, 7)
     assert k["grid"] == "[4, 1, 1]" and k["block"] == "[128, 1, 1]"  # JSON text as written
@@ -129,7 +130,7 @@ def test_epoch_scale_fractional_timestamps_keep_nanoseconds(tmp_path: Path) -> N
     ev = _events(t)
     assert ev["ts_ns"].to_list() == [1712195495519689047, 4458676522690655]
     assert ev["dur_ns"].to_list() == [63813, 1000]
-    assert t.meta["display_time_unit"] == "ns" and t.meta["base_time_ns"] == 17
+    assert t.meta.display_time_unit == "ns" and t.meta.base_time_ns == 17
 
 
 def test_odd_values_are_coerced_or_null_never_fatal(tmp_path: Path) -> None:
@@ -151,7 +152,7 @@ def test_odd_values_are_coerced_or_null_never_fatal(tmp_path: Path) -> None:
     assert op["external_id"] is None  # above 2**63: unknown, not wrapped around
     assert json.loads(op["args"])["Comms Id"] == 10159970886766084423  # the raw args keep it exactly
     assert op["process_group_ranks"] == "[0, 1]"
-    assert t.meta["unknown_categories"] == {"some_new_category": 1}
+    assert t.meta.unknown_categories == {"some_new_category": 1}
 
 
 def test_an_event_without_a_phase_is_kept_as_its_category_says(tmp_path: Path) -> None:
@@ -361,7 +362,7 @@ def _corpus_traces() -> list[Path]:
 def test_every_corpus_trace_ingests_with_every_event(path: Path, tmp_path: Path) -> None:
     t = load(path, cache_dir=tmp_path)
     expected = _json_counts(path)
-    got = t.meta["counts"]
+    got = t.meta.raw["counts"]
     assert {k: got[k] for k in expected} == expected
     assert t.events.select(pl.len()).collect().item() == expected["events"]
     assert t.events.filter(pl.col("ts_ns").is_null()).select(pl.len()).collect().item() == 0
@@ -370,13 +371,13 @@ def test_every_corpus_trace_ingests_with_every_event(path: Path, tmp_path: Path)
 def test_corpus_spot_checks(corpus: Path, tmp_path: Path) -> None:
     resnet = corpus / "traces/kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
     t = load(resnet, cache_dir=tmp_path)
-    counts = t.meta["counts"]["by_kind"]
+    counts = t.meta.counts.by_kind
     assert counts["kernel"] == 8772 and counts["memcpy"] == 12
-    assert t.meta["devices"][0]["name"] == "Tesla V100-DGXS-32GB"
+    assert t.meta.devices[0].name == "Tesla V100-DGXS-32GB"
     first = t.events.filter(pl.col("kind") == "memcpy").sort("ts_ns").collect().row(0, named=True)
     assert first["name"].startswith("Memcpy HtoD") and first["bytes"] == 19267584
     nccl = load(corpus / "traces/hta/nccl_parser_config/nccl_data.json.gz", cache_dir=tmp_path)
-    assert nccl.meta["rank"] == 0 and nccl.meta["world_size"] == 2 and nccl.meta["rank_source"] == "distributedInfo"
+    assert nccl.meta.rank == 0 and nccl.meta.world_size == 2 and nccl.meta.rank_source == "distributedInfo"
     nccl_kernels = nccl.kernels.filter(pl.col("name").str.starts_with("ncclKernel")).sort("dur_ns").collect()
     longest = nccl_kernels.row(-1, named=True)
     assert longest["collective_name"] == "allreduce" and longest["process_group_ranks"] == "[0, 1]"
@@ -385,11 +386,11 @@ def test_corpus_spot_checks(corpus: Path, tmp_path: Path) -> None:
     assert amd.runtime.filter(pl.col("name").str.starts_with("hip")).select(pl.len()).collect().item() > 0
     hta = corpus / "traces/hta"
     cpu_only = load(hta / "cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", cache_dir=tmp_path)
-    assert cpu_only.gpu.select(pl.len()).collect().item() == 0 and cpu_only.meta["rank"] == 34
+    assert cpu_only.gpu.select(pl.len()).collect().item() == 0 and cpu_only.meta.rank == 34
     ns = load(hta / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", cache_dir=tmp_path)
     assert ns.events.sort("event_id").select("ts_ns").collect().item(0, 0) == 1712195495519689047
     big = load(hta / "large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz", cache_dir=tmp_path)
-    assert big.meta["rank"] == 70 and big.events.select(pl.len()).collect().item() == 2
+    assert big.meta.rank == 70 and big.events.select(pl.len()).collect().item() == 2
     graph = load(corpus / "traces/kineto/docs/after_fix_trace.json", cache_dir=tmp_path)
     assert graph.kernels.collect()["correlation"].null_count() == 0
 
@@ -543,7 +544,7 @@ def test_load_and_batch_ingest_hash_each_file_once(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(read_module.hashlib, "sha256", no_second_hash)
     # WHEN they ingest THEN the hash they computed is the one recorded, and the file is not hashed again
-    assert load(path, cache_dir=tmp_path / "cache").meta["source"]["sha256"] == sha
+    assert load(path, cache_dir=tmp_path / "cache").meta.source.sha256 == sha
     outcome = ingest_many([path], tmp_path / "ds").outcomes[0]
     assert outcome.status == "ingested"
     assert json.loads((Path(outcome.out_dir) / "meta.json").read_text())["source"]["sha256"] == sha  # type: ignore[arg-type]
