@@ -43,6 +43,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stepscope._io import atomic_dir
 from stepscope.analyze._columns import (
     ChunkTables,
     conform,
@@ -52,7 +53,6 @@ from stepscope.analyze._columns import (
     to_series,
     warm_up,
 )
-from stepscope._io import atomic_dir
 from stepscope.analyze._read import (
     LARGE_BUFFER_BYTES,
     Document,
