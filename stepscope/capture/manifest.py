@@ -41,11 +41,13 @@ import os
 import platform
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from stepscope._io import atomic_write_text
 
 MANIFEST_VERSION = 1
+
+FileKind = Literal["trace", "memory_snapshot", "memory_timeline"]
 
 
 def _int_env(*names: str) -> int | None:
@@ -142,7 +144,7 @@ def device_info(torch: Any, cuda: bool) -> dict[str, Any]:
     return info
 
 
-def file_kind(path: Path) -> str:
+def file_kind(path: Path) -> FileKind:
     """The kind of a file the capture wrote, from its name."""
     name = path.name
     if name.endswith(".pt.trace.json.gz"):

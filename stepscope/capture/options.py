@@ -8,6 +8,7 @@ from typing import Literal
 from stepscope.errors import CaptureError
 
 Phase = Literal["skip", "baseline", "wait", "warmup", "active", "done"]
+Device = Literal["cuda", "cpu"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +43,7 @@ class CaptureOptions:
     snapshot_max_entries: int = 100_000  # caps the snapshot's history (and so its size)
     memory_timeline: bool = True  # export_memory_timeline raw data; needs record_shapes, profile_memory, with_stack
     batch_size: int | None = None  # samples per step, for samples/s in the manifest
-    device: Literal["cuda", "cpu"] | None = None  # None: cuda when torch sees a GPU
+    device: Device | None = None  # None: cuda when torch sees a GPU
 
     def __post_init__(self) -> None:
         for name in ("skip_first", "baseline", "wait", "warmup"):

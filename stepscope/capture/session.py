@@ -46,7 +46,7 @@ from stepscope.capture.manifest import (
     worker_name,
 )
 from stepscope.capture.manifest import write_manifest as _write_manifest
-from stepscope.capture.options import CaptureOptions
+from stepscope.capture.options import CaptureOptions, Device
 from stepscope.capture.timing import StepClock, step_stats
 from stepscope.errors import CaptureError
 
@@ -97,7 +97,7 @@ class ProfileSession:
     # ------------------------------------------------------------------ public
     def __enter__(self) -> ProfileSession:
         torch = self._torch = import_torch()
-        wanted = self.options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        wanted: Device = self.options.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if wanted == "cuda" and not torch.cuda.is_available():
             raise CaptureError("device cuda was asked for but torch sees no CUDA device")
         self._cuda = wanted == "cuda"

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any
+from typing import Any, Literal
+
+TimingMethod = Literal["cuda_event", "perf_counter_ns"]
 
 
 class StepClock:
@@ -20,7 +22,7 @@ class StepClock:
         self._torch = torch
         self._cuda = cuda
         self._marks: dict[int, Any] = {}
-        self.method = "cuda_event" if cuda else "perf_counter_ns"
+        self.method: TimingMethod = "cuda_event" if cuda else "perf_counter_ns"
 
     def mark(self, boundary: int) -> None:
         """Record the boundary before 0-based step `boundary` (= after `boundary` steps)."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import click
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 OutputFormat = Literal["table", "json", "csv"]
+_OUTPUT_FORMATS: dict[str, OutputFormat] = {name: name for name in get_args(OutputFormat)}
 
 
 def trace_argument(func: F) -> F:
@@ -27,7 +28,7 @@ def format_options(func: F) -> F:
     func = click.option("--csv", "as_csv", is_flag=True, help="Shortcut for --format csv.")(func)
     func = click.option("--json", "as_json", is_flag=True, help="Shortcut for --format json.")(func)
     func = click.option(
-        "--format", "fmt", type=click.Choice(["table", "json", "csv"]), default=None,
+        "--format", "fmt", type=click.Choice(list(_OUTPUT_FORMATS)), default=None,
         help="Output format (default: table).",
     )(func)
     return func
@@ -38,8 +39,7 @@ def resolve_format(fmt: str | None, as_json: bool, as_csv: bool) -> OutputFormat
     chosen = {c for c in (fmt, "json" if as_json else None, "csv" if as_csv else None) if c}
     if len(chosen) > 1:
         raise click.UsageError(f"conflicting output formats: {', '.join(sorted(chosen))}")
-    value = chosen.pop() if chosen else "table"
-    return value  # type: ignore[return-value]
+    return _OUTPUT_FORMATS[chosen.pop()] if chosen else "table"
 
 
 def emit(text: str, output: Path | None) -> None:

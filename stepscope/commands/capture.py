@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -37,7 +38,7 @@ import click
 def command(out_dir: Path, overwrite: bool, skip_first: int, baseline: int, wait: int, warmup: int, active: int,
             repeat: int, step_on: str | None, step_on_annotation: str | None, batch_size: int | None,
             no_shapes: bool, no_memory: bool, no_stack: bool, no_modules: bool, flops: bool, no_snapshot: bool,
-            snapshot_max_entries: int, device: str | None, command: tuple[str, ...]) -> None:
+            snapshot_max_entries: int, device: Literal["cuda", "cpu"] | None, command: tuple[str, ...]) -> None:
     """Run COMMAND (python train.py ARGS, python -m module ARGS, or train.py ARGS) in this process with the
     profiler armed, advancing on each optimizer step.
 
@@ -53,7 +54,7 @@ def command(out_dir: Path, overwrite: bool, skip_first: int, baseline: int, wait
                              repeat=repeat, record_shapes=not no_shapes, profile_memory=not no_memory,
                              with_stack=not no_stack, with_modules=not no_modules, with_flops=flops,
                              memory_snapshot=not no_snapshot, snapshot_max_entries=snapshot_max_entries,
-                             batch_size=batch_size, device=device)  # type: ignore[arg-type]
+                             batch_size=batch_size, device=device)
     session = run_script(parse_target(command), out_dir, options, step_on=step_on,
                          step_on_annotation=step_on_annotation, command=list(command), overwrite=overwrite)
     traces = sum(1 for p in session.files if p.name.endswith(".pt.trace.json.gz"))
