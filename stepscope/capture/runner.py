@@ -99,7 +99,8 @@ def _on_optimizer_steps(on_step: Callable[[], None]) -> Undo:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     handle = register_optimizer_step_post_hook(lambda *_: on_step())
-    return handle.remove
+    undo: Undo = handle.remove  # typed here: without torch installed, mypy sees `handle` as Any
+    return undo
 
 
 def _on_returns_of(spec: str, on_step: Callable[[], None]) -> Undo:
@@ -168,7 +169,8 @@ def _on_annotation(name: str, on_step: Callable[[], None]) -> Undo:
             on_step()
         return result
 
-    record_function.__exit__ = __exit__  # type: ignore[method-assign]
+    # (unused-ignore: without torch installed, mypy sees record_function as Any and needs no ignore)
+    record_function.__exit__ = __exit__  # type: ignore[method-assign, unused-ignore]
     return lambda: setattr(record_function, "__exit__", original)
 
 

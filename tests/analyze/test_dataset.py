@@ -46,8 +46,8 @@ def test_batch_ingest_writes_a_hive_dataset_every_reader_sees_as_one_table(tmp_p
     assert table.height == 2 + 3 + 4 + 1
     assert sorted(table.filter(pl.col("rank").is_not_null())["rank"].unique().to_list()) == [0, 1, 2]
     assert table.filter(pl.col("name") == "solo")["rank"].to_list() == [None]
-    n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/ds/*/*/events.parquet', hive_partitioning=true)"
-                   ).fetchall()
+    n = duckdb.execute(f"SELECT count(*) FROM read_parquet('{tmp_path}/ds/*/*/events.parquet', hive_partitioning=true)"
+                       ).fetchall()
     assert n == [(10,)]
     arrow = ds.dataset(str(tmp_path / "ds"), format="parquet", partitioning="hive",
                        exclude_invalid_files=True).to_table(columns=["name"])

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -19,7 +20,7 @@ from stepscope.analyze.gaps import BACK_TO_BACK_NS, gpu_gaps
 
 
 def _launched(name: str, *, at: float, gpu_at: float, dur: float, corr: int, kind: str = "kernel",
-              op: str | None = None) -> list[dict]:
+              op: str | None = None) -> list[dict[str, Any]]:
     """A runtime launch at `at` (inside an op, when named) and its GPU event at gpu_at."""
     events = [runtime("cudaMemcpyAsync" if kind == "memcpy" else "cudaLaunchKernel", ts=at, dur=2,
                       correlation=corr, external_id=corr)]
@@ -58,7 +59,7 @@ def test_item_sync_gap_is_host_sync_and_blamed_on_the_op_and_python_line(tmp_pat
     ([], "memcpy", "memcpy_wait"),
     ([], "kernel", "launch_overhead"),
 ])
-def test_each_cause_rule(tmp_path: Path, extra: list, next_kind: str, cause: str) -> None:
+def test_each_cause_rule(tmp_path: Path, extra: list[dict[str, Any]], next_kind: str, cause: str) -> None:
     doc = trace(step(1, ts=-5, dur=190), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1), *extra,
                 *_launched("ncclKernel_x" if cause == "communication_wait" else "B", at=180, gpu_at=185, dur=10,
                            corr=2, kind=next_kind))
@@ -94,13 +95,13 @@ def test_cpu_only_trace_has_no_gpu_work(tmp_path: Path) -> None:
     assert result.devices_with_gpu_work == 0 and result.gaps.height == 0 and result.busy_fraction is None
 
 
-def _sync_event(name: str, ts: float, dur: float) -> dict:
+def _sync_event(name: str, ts: float, dur: float) -> dict[str, Any]:
     """A cuda_sync event as Kineto writes it on the GPU's row."""
     return {"ph": "X", "cat": "cuda_sync", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
             "args": {"device": 0, "stream": 7}}
 
 
-def _middle_cause(tmp_path: Path, *events: dict) -> str:
+def _middle_cause(tmp_path: Path, *events: dict[str, Any]) -> str:
     """Cause of the gap after kernel A: step [-5, 185), A [0, 100), then `events`."""
     doc = trace(step(1, ts=-5, dur=190), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1), *events)
     causes = gpu_gaps(load_events(tmp_path, doc)).gaps.filter(pl.col("start_ns") == 100_000)["cause"].to_list()
@@ -130,7 +131,7 @@ def test_a_copy_op_is_blamed_by_the_direction_it_copied(tmp_path: Path, directio
         runtime("cudaLaunchKernel", ts=90, dur=2, correlation=3),
         kernel("C", ts=140, dur=5, stream=9, correlation=3),
         memcpy(direction, ts=145, dur=10, nbytes=4096, correlation=2,
-               **({"src": "Device", "dst": "Pageable"} if direction == "DtoH" else {})),
+               **({"src": "Device", "dst": "Pageable"} if direction == "DtoH" else {})),  # type: ignore[arg-type]
     ]
     # THEN a copy to the host is a host sync (.cpu() waits), a copy from it a memcpy wait
     assert _middle_cause(tmp_path, *events) == cause

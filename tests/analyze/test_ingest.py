@@ -31,12 +31,14 @@ from builders import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepscope.analyze import _read, load
+from stepscope.analyze import Trace, _read, load
 from stepscope.analyze import ingest as ingest_module
-from stepscope.analyze._columns import decode_span, parse_time_ns
+from stepscope.analyze._coerce import parse_time_ns
+from stepscope.analyze._columns import decode_span
 from stepscope.analyze._read import iter_chunks, locate_events, split_document
+from stepscope.analyze._spans import iter_chunk_tables
 from stepscope.analyze._workers import widen_result_pipe, worker_context
-from stepscope.analyze.ingest import ingest_trace, iter_chunk_tables
+from stepscope.analyze.ingest import ingest_trace
 from stepscope.analyze.meta import Counts
 from stepscope.analyze.schema import EVENT_SCHEMA, Kind
 from stepscope.errors import TraceFormatError
@@ -44,7 +46,7 @@ from stepscope.errors import TraceFormatError
 CORPUS_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "traces"
 
 
-def _events(t) -> pl.DataFrame:  # type: ignore[no-untyped-def]
+def _events(t: Trace) -> pl.DataFrame:
     return t.events.sort("event_id").collect()
 
 
@@ -188,7 +190,7 @@ def test_chunked_decode_equals_single_chunk_even_when_a_cut_lands_in_a_string(tm
 
 def test_ingest_never_imports_pyarrow_compute(tmp_path: Path) -> None:
     """Importing pyarrow.compute costs 30-50 ms of Python per process (and pandas, where installed, comes with
-    it): ingest keeps its arrays out of the pyarrow APIs that import it (see _columns.to_series)."""
+    it): ingest keeps its arrays out of the pyarrow APIs that import it (see _arrow.to_series)."""
     events = [e for i in range(200) for e in (cpu_op(f"op{i}", ts=i * 10, dur=5, external_id=i),
                                               flow(i, "s", i * 10 + 1, pid=1, tid=1),
                                               kernel(f"k{i}", ts=i * 10 + 2, dur=3, correlation=i))]
@@ -411,7 +413,6 @@ def test_kind_enum_covers_every_kind_ingest_writes() -> None:
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
 def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gz: bool) -> None:
     # workers read their spans from the file itself, or from the gzip trace's JSON spilled to a temporary file
-    import stepscope.analyze.ingest as ingest_module
 
     events = []
     for i in range(400):
@@ -459,7 +460,7 @@ def test_a_span_decoded_ahead_keeps_its_error_until_its_turn(tmp_path: Path) -> 
     path = write_trace(tmp_path, {"traceEvents": events}, "t.json")
     data = bytearray(path.read_bytes())
     start, end, _ = split_document(data, path)
-    alone = []
+    alone: list[bool | str] = []
     for a, b in iter_chunks(data, start, end, 150):
         try:
             alone.append(decode_span(b"[" + data[a:b] + b"]", str(path), a) is not None)
@@ -542,24 +543,9 @@ def test_load_and_batch_ingest_hash_each_file_once(tmp_path: Path, monkeypatch: 
     def no_second_hash(*_: Any) -> None:
         raise AssertionError("the file was hashed a second time")
 
-    monkeypatch.setattr(read_module.hashlib, "sha256", no_second_hash)
+    monkeypatch.setattr(read_module.hashlib, "sha256", no_second_hash)  # type: ignore[attr-defined]
     # WHEN they ingest THEN the hash they computed is the one recorded, and the file is not hashed again
     assert load(path, cache_dir=tmp_path / "cache").meta.source.sha256 == sha
     outcome = ingest_many([path], tmp_path / "ds").outcomes[0]
     assert outcome.status == "ingested"
     assert json.loads((Path(outcome.out_dir) / "meta.json").read_text())["source"]["sha256"] == sha  # type: ignore[arg-type]
-
-
-def test_ingest_goes_on_where_malloc_cannot_be_tuned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # GIVEN a C library that cannot be loaded by name (not glibc: mallopt is a glibc tuning)
-    def no_library(name: object) -> None:
-        raise OSError("no C library by that name")
-
-    monkeypatch.setattr(ingest_module.ctypes, "CDLL", no_library)
-    ingest_module.keep_freed_memory.cache_clear()
-    try:
-        # WHEN a trace is ingested THEN it is, the tuning skipped
-        path = write_trace(tmp_path, trace(kernel("k", ts=1, dur=2)), "t.json")
-        assert ingest_trace(path, tmp_path / "out", force=True).n_events == 1
-    finally:
-        ingest_module.keep_freed_memory.cache_clear()

@@ -163,4 +163,5 @@ def test_which_layers_activations_dominate_a_real_capture(tmp_path: Path) -> Non
     assert r.largest_layer == "Linear_1" and layers["Linear_1"] == 256 * 2048 * 4
     assert layers["Linear_0"] == 256 * 128 * 4
     assert r.checkpoint_saving_estimate_bytes == r.activations_bytes - 256 * 2048 * 4
+    assert r.activations_of_peak_fraction is not None
     assert 0 < r.activations_of_peak_fraction < 1  # weights and gradients are the rest of the peak

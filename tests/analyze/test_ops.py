@@ -99,8 +99,9 @@ def test_device_time_goes_to_the_innermost_launching_op_and_up_to_its_parents(tm
 def test_group_by_shape_uses_torchs_shape_text(tmp_path: Path) -> None:
     dims_a, dims_b = [[4, 3], []], [[8, 3], []]
     t = load_events(tmp_path, trace(
-        cpu_op("aten::relu", 0, 1, **{"Input Dims": dims_a}), cpu_op("aten::relu", 2, 1, **{"Input Dims": dims_a}),
-        cpu_op("aten::relu", 4, 1, **{"Input Dims": dims_b}),
+        cpu_op("aten::relu", 0, 1, **{"Input Dims": dims_a}),  # type: ignore[arg-type]
+        cpu_op("aten::relu", 2, 1, **{"Input Dims": dims_a}),  # type: ignore[arg-type]
+        cpu_op("aten::relu", 4, 1, **{"Input Dims": dims_b}),  # type: ignore[arg-type]
     ))
     ops = op_table(t, group_by_shape=True).ops
     assert sorted(zip(ops["input_shapes"], ops["calls"], strict=True)) == [("[[4, 3], []]", 2), ("[[8, 3], []]", 1)]

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope.analyze import _columns
-from stepscope.analyze._columns import ChunkTables, conform, decode_range, decode_span, scanner_available
+from stepscope.analyze._arrow import conform
+from stepscope.analyze._columns import ChunkTables, decode_range, decode_span, scanner_available
 from stepscope.analyze.schema import ARG_COLUMNS, EVENT_SCHEMA
 from stepscope.errors import TraceFormatError
 
@@ -25,7 +26,8 @@ needs_scanner = pytest.mark.skipif(not scanner_available(),
 
 
 def _scan(document: bytes, *span: int) -> Any:
-    return _columns._scan.scan_events(document, _columns._SLOT_KEYS, _columns._SLOT_TYPES, *span)
+    return _columns._scan.scan_events(  # type: ignore[attr-defined]
+        document, _columns._SLOT_KEYS, _columns._SLOT_TYPES, *span)
 
 
 def _python(document: bytes) -> ChunkTables | None:
@@ -336,8 +338,8 @@ def test_threads_read_spans_of_one_buffer_at_once() -> None:
     spans = [(bounds[i], bounds[i + 100] - 1) for i in range(0, len(pieces), 100)]
     want = [decode_range(data, a, b, "t.json") for a, b in spans]
     got: dict[int, ChunkTables | None] = {}
-    threads = [threading.Thread(target=lambda i=i, ab=ab: got.__setitem__(i, decode_range(data, *ab, "t.json")))
-               for i, ab in enumerate(spans)]
+    threads = [threading.Thread(target=lambda i=i, a=a, b=b: got.__setitem__(i, decode_range(data, a, b, "t.json")))
+               for i, (a, b) in enumerate(spans)]
     for t in threads:
         t.start()
     for t in threads:

@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -30,7 +31,7 @@ from stepscope.errors import SnapshotFormatError, UsageError
 MB = 1 << 20
 
 
-def _snapshot() -> dict:
+def _snapshot() -> dict[str, Any]:
     # GIVEN a history: weights (10 MB, never freed, before forward), two forward activations, a temporary,
     # a pre-history block freed late, and a block alive at dump that the history never mentions
     weights = frames((10, "__init__"))

@@ -33,6 +33,8 @@ def _oracle(path: Path) -> SnapshotTables:
     """The tables the old reader made: unpickle everything, then convert the lists."""
     with open(path, "rb") as fh:
         data = _PlainOnly(fh).load()
+    traces: list[Any]
+    settings_: dict[str, Any]
     if isinstance(data, list):
         fmt, segments, traces, settings_ = "legacy segment list", data, [], {}
     else:
@@ -49,12 +51,13 @@ def _oracle(path: Path) -> SnapshotTables:
 
 def _streamed(path: Path, **options: Any) -> SnapshotTables:
     """read_snapshot with reader options (piece size, fast path on or off)."""
-    original = snapshot.read_traces
-    snapshot.read_traces = lambda fh, p, stack_of: read_traces(fh, p, stack_of, **options)  # type: ignore[assignment]
+    original = snapshot.read_traces  # type: ignore[attr-defined]
+    snapshot.read_traces = lambda fh, p, stack_of: read_traces(  # type: ignore[attr-defined,assignment,misc]
+        fh, p, stack_of, **options)
     try:
         return read_snapshot(path)
     finally:
-        snapshot.read_traces = original  # type: ignore[assignment]
+        snapshot.read_traces = original  # type: ignore[attr-defined]
 
 
 def _assert_same(got: SnapshotTables, expected: SnapshotTables) -> None:
@@ -129,7 +132,7 @@ def snapshots(draw: st.DrawFn) -> dict[str, Any]:
             if draw(st.integers(0, 19)) == 0:
                 del e["time_us"]
             trace.append(e)
-        traces.append(trace if trace or draw(st.booleans()) else None)
+        traces.append(trace if bool(trace) or draw(st.booleans()) else None)
     blocks = [block(64 * k, 64, draw(st.sampled_from(["active_allocated", "inactive"])), shared[k % 3])
               for k in range(draw(st.integers(0, 4)))]
     return {"segments": [segment(0, blocks)] if blocks else [], "device_traces": traces,
