@@ -18,8 +18,8 @@ from typing import Any
 import click
 import polars as pl
 
-from stepscope.analyze import Trace, load
 from stepscope._io import atomic_dir
+from stepscope.analyze import Trace, load
 from stepscope.reports.html import (
     Cell,
     Figure,
