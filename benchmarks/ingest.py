@@ -9,7 +9,8 @@ Each measurement runs in a fresh child process, so wall time and peak RSS (ru_ma
 of the tools compared are interleaved, and each figure is the fastest of --repeat runs (this machine's
 neighbours make single runs vary by 30% and more):
   stepscope  read + decode + build columns + write events/flows Parquet + meta.json (end to end), with
-             pyarrow's system allocator, as the `stepscope` command runs it (see stepscope.prefer_system_allocator)
+             pyarrow's system allocator and malloc tuned, as the `stepscope` command runs it (see
+             stepscope.prefer_system_allocator and stepscope.keep_freed_memory)
   json.load  the stdlib parsing the same uncompressed JSON (parse only; the file is pre-read)
   HTA        holistictraceanalysis' TraceAnalysis loading the trace (when `pip install .[bench]` added it)
 The batch rows ingest every corpus trace as `stepscope ingest DIR` does: with --jobs 1 held to one core (the
@@ -37,9 +38,10 @@ CHILD = r"""
 import json, os, resource, sys, time, gzip
 from pathlib import Path
 mode, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-if mode in ("stepscope", "batch", "serial"):  # pyarrow's allocator as the `stepscope` command sets it
+if mode in ("stepscope", "batch", "serial"):  # pyarrow's allocator and malloc as the `stepscope` command sets them
     import stepscope
     stepscope.prefer_system_allocator()
+    stepscope.keep_freed_memory()
 jobs = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 if len(sys.argv) > 5:  # run on these cores only (before polars sizes its thread pool)
     os.sched_setaffinity(0, {int(c) for c in sys.argv[5].split(",")})
@@ -75,7 +77,8 @@ elif mode == "batch":  # as `stepscope ingest DIR -o OUT --jobs N --force` runs 
     wall = time.perf_counter() - t
     extra = {"files": len(r.outcomes), "failed": r.failed}
 elif mode == "serial":  # every trace one after the other in this process (one of a pair run at once)
-    from stepscope.analyze.ingest import find_trace_files, ingest_trace
+    from stepscope.analyze.ingest import ingest_trace
+    from stepscope.analyze.inputs import find_trace_files
     files = find_trace_files([src])
     t = time.perf_counter()
     for f in files:

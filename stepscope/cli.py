@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from stepscope import __version__, prefer_system_allocator
+from stepscope import __version__, keep_freed_memory, prefer_system_allocator
 from stepscope.errors import StepscopeError
 
 # command name -> module under stepscope.commands that defines `command: click.Command`
@@ -44,8 +44,9 @@ class _LazyGroup(click.Group):
         module_name = COMMANDS.get(cmd_name)
         if module_name is None:
             return None
-        if cmd_name != "capture":  # (capture runs the user's program, which inherits this environment)
+        if cmd_name != "capture":  # (capture runs the user's program: in this process, with this environment)
             prefer_system_allocator()
+            keep_freed_memory()
         module = importlib.import_module(f"stepscope.commands.{module_name}")
         command: click.Command = module.command
         return command

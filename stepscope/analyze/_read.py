@@ -32,7 +32,7 @@ import msgspec
 
 from stepscope.errors import InputError, TraceFormatError
 
-_inflate: ModuleType  # ISA-L's inflate: the same bytes as zlib's in 60% of the time (df_index: 51 ms, not 80)
+_inflate: ModuleType  # ISA-L's inflate: the same bytes as zlib's, in less time
 try:
     from isal import isal_zlib as _inflate
 except ImportError:  # pragma: no cover - isal is a dependency; a Python without it falls back on zlib
@@ -103,7 +103,7 @@ _READ_PIECE = 8 << 20
 def _read_into(fh: Any, buffer: Document, *, hashing: bool, helpers: bool) -> tuple[int, str]:
     """Fill `buffer` from the file; the bytes read and, when `hashing`, their sha256 ("" otherwise). With
     `helpers`, a large file is read in pieces, each hashed in a helper thread while the next is read, so the
-    hash costs little time of its own (607 MB: 0.35 s to read and hash, against 0.10 s and 0.34 s in turn)."""
+    hash costs little time of its own."""
     if len(buffer) < 2 * _READ_PIECE or not helpers:
         got: int = fh.readinto(buffer)
         return got, hashlib.sha256(memoryview(buffer)[:got]).hexdigest() if hashing else ""
@@ -147,9 +147,9 @@ def _gunzip(stored: Document, helpers: bool = True) -> Document:
 
 
 # From this size malloc serves a buffer from fresh pages whatever is done (glibc's largest mmap threshold, which
-# ingest sets: see ingest.keep_freed_memory): such a buffer has its pages faulted in ahead by a helper thread.
-# A smaller one comes from malloc's heap, whose pages a batch reuses file after file (fresh mappings for
-# them made the corpus batch 5% slower, with twice the system time).
+# the `stepscope` command sets: see stepscope.keep_freed_memory): such a buffer has its pages faulted in ahead by
+# a helper thread. A smaller one comes from malloc's heap, whose pages a batch reuses file after file (fresh
+# mappings for them cost a batch time, most of it in the kernel).
 LARGE_BUFFER_BYTES = 32 << 20
 _PREFAULT_MIN = LARGE_BUFFER_BYTES
 _PREFAULT_STEP = 2 << 20
@@ -161,13 +161,13 @@ def _prefaulted(size: int, helpers: bool = True) -> Iterator[Document]:
     """A zeroed buffer of `size` bytes for the caller to fill from the front. A large one is an anonymous
     mapping whose pages a helper thread faults in ahead of the filling (MADV_POPULATE_WRITE, which leaves
     what is written alone), on another core: a fresh page costs microseconds on a virtual machine, and
-    df_index's 54 MB are 13,000 of them (its gunzip: 33 ms instead of 51); a bytearray would also be zeroed
-    by hand before it is filled (the 607 MB trace: 0.3 s). Where the advice is unknown (another OS, an older
-    kernel), and without `helpers` (no core to spare), the filler faults the pages in itself."""
+    a trace's tens of MB are thousands of them; a bytearray would also be zeroed by hand before it is
+    filled. Where the advice is unknown (another OS, an older kernel), and without `helpers` (no core to
+    spare), the filler faults the pages in itself."""
     if size < _PREFAULT_MIN or os.name != "posix":
         yield bytearray(size)
         return
-    # private: anonymous shared memory would be shmem, whose pages cost a fifth more to fault in
+    # private: anonymous shared memory would be shmem, whose pages cost more to fault in
     buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # (zeroed as first touched)
     if not helpers:
         yield buffer
@@ -233,11 +233,6 @@ def _inflate_into(stored: Document, out: Document) -> None:
         raise _NotAsStated
 
 
-def read_trace_bytes(path: Path) -> Document:
-    """The uncompressed JSON bytes of a trace file."""
-    return read_trace(path)[0]
-
-
 def _decode_error(exc: Exception, data: bytes | Document, path: Path, base: int = 0) -> TraceFormatError:
     text = str(exc)
     if isinstance(exc, UnicodeDecodeError):
@@ -296,7 +291,7 @@ _NO_TOP = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
 def locate_events(data: bytes | Document, path: Path) -> tuple[int, int, dict[str, Any], bool]:
-    """split_document without reading through traceEvents (1 s of the 608 MB trace's ingest): the span of
+    """split_document without reading through traceEvents (a large part of a large trace's ingest): the span of
     the array and the other top-level keys, and whether the span is certain.
 
     The text before the first ``"traceEvents": [`` must read as the head of an object, and the text after

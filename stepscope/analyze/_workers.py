@@ -7,6 +7,8 @@ import multiprocessing.context
 import os
 from concurrent.futures import ProcessPoolExecutor
 
+import stepscope
+
 _F_SETPIPE_SZ = 1031  # Linux fcntl: set a pipe's capacity
 
 
@@ -40,6 +42,18 @@ def worker_context(*, fork_if_fresh: bool = False) -> multiprocessing.context.Ba
     return context
 
 
+def worker_pool(max_workers: int, *, fork_if_fresh: bool = False) -> ProcessPoolExecutor:
+    """A pool of ingest worker processes (see worker_context) whose malloc is tuned as this process's is: a
+    worker forked from the fork server does not inherit it (see stepscope.keep_freed_memory)."""
+    return ProcessPoolExecutor(max_workers=max_workers, mp_context=worker_context(fork_if_fresh=fork_if_fresh),
+                               initializer=_start_worker, initargs=(stepscope.freed_memory_kept(),))
+
+
+def _start_worker(keep_freed_memory: bool) -> None:
+    if keep_freed_memory:
+        stepscope.keep_freed_memory()
+
+
 def _os_threads() -> frozenset[str] | None:
     """The ids of this process's OS threads; None where they cannot be listed (not Linux)."""
     try:
@@ -67,8 +81,8 @@ def widen_result_pipe(pool: ProcessPoolExecutor, size: int = 1 << 20) -> None:
     """Give the pool's result pipe `size` bytes (Linux's default unprivileged maximum) instead of 64 KiB.
 
     A span's tables are tens of MB, and this process reads them 64 KiB at a time, each read needing the
-    GIL, which the thread decoding spans here holds for long stretches: a worker waited about 0.1 s per
-    result to hand it over (a tenth of its time on the 608 MB trace). Best effort: it reaches into the
+    GIL, which the thread decoding spans here holds for long stretches: a worker waited long for each
+    result to be taken. Best effort: it reaches into the
     executor's result queue, and where that or the fcntl is not there, nothing changes.
     """
     try:

@@ -19,13 +19,14 @@ import os
 import shutil
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 from stepscope.analyze._read import json_size
-from stepscope.analyze._workers import mark_import_threads, usable_cores, worker_context
-from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested, trace_id_for
+from stepscope.analyze._workers import mark_import_threads, usable_cores, worker_pool
+from stepscope.analyze.ingest import ingest_trace
+from stepscope.analyze.inputs import file_sha256, find_trace_files, is_ingested, trace_id_for
 from stepscope.analyze.meta import read_meta
 from stepscope.errors import StepscopeError
 
@@ -152,7 +153,7 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -
     queue = deque(sorted(files, key=json_size, reverse=True))
     workers = processes - 1
     # (with fork, the first submit forks every worker before this process starts a thread)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(fork_if_fresh=fork)) as pool:
+    with worker_pool(workers, fork_if_fresh=fork) as pool:
         pending: set[Future[FileOutcome]] = set()
 
         def top_up() -> None:

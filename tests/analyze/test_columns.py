@@ -13,7 +13,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope.analyze._columns import conform, decode_span
+from stepscope.analyze._arrow import conform
+from stepscope.analyze._columns import decode_span
 from stepscope.analyze.schema import (
     ARG_COLUMNS,
     EVENT_SCHEMA,
