@@ -15,7 +15,8 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.analyze._workers import usable_cores
-from stepscope.analyze.ingest import file_sha256, find_trace_files, ingest_trace, is_ingested
+from stepscope.analyze.ingest import ingest_trace
+from stepscope.analyze.inputs import file_sha256, find_trace_files, is_ingested
 from stepscope.analyze.meta import TraceMeta, read_meta
 from stepscope.analyze.schema import CPU_KINDS, GPU_KINDS, Kind
 from stepscope.errors import InputError, UsageError

@@ -29,7 +29,7 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
     Query it directly: pl.scan_parquet("DATASET/**/events.parquet", hive_partitioning=True).
     A bad file is reported with its reason and the rest go on; the exit code is 1 if any failed.
     """
-    from stepscope.analyze.ingest import find_trace_files
+    from stepscope.analyze.inputs import find_trace_files
 
     total = len(find_trace_files(list(paths)))
     show = not quiet and not as_json

@@ -178,7 +178,7 @@ def _report_one(path: Path, out: Path, name: str, *, source: str, step: int | No
 
 
 def _run_traces(run_dir: Path) -> list[Path]:
-    from stepscope.analyze.ingest import find_trace_files
+    from stepscope.analyze.inputs import find_trace_files
 
     return [p for p in find_trace_files([run_dir]) if "memory_timeline" not in p.name]
 
@@ -235,7 +235,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
     path = Path(path)
     mode = detect_mode(path, batch)
     if mode == "trace" and path.is_dir():
-        from stepscope.analyze.ingest import find_trace_files, is_ingested
+        from stepscope.analyze.inputs import find_trace_files, is_ingested
 
         if not is_ingested(path) and len(find_trace_files([path])) > 1:
             from stepscope.errors import UsageError
@@ -253,7 +253,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
             inputs = [(p.parent, _slug(f"{p.parent.parent.name[6:]}_{p.parent.name}"))
                       for p in sorted(path.glob("trace=*/rank=*/meta.json"))]
         else:
-            from stepscope.analyze.ingest import find_trace_files
+            from stepscope.analyze.inputs import find_trace_files
 
             inputs = [(p, _slug(p.name.removesuffix(".gz").removesuffix(".json"))) for p in find_trace_files([path])]
         rows: list[dict[str, Any]] = []

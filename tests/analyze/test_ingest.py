@@ -534,7 +534,7 @@ def test_load_and_batch_ingest_hash_each_file_once(tmp_path: Path, monkeypatch: 
     # GIVEN callers that key their output by the file's sha256 (load's cache, the dataset's trace ids)
     import stepscope.analyze._read as read_module
     from stepscope.analyze.dataset import ingest_many
-    from stepscope.analyze.ingest import file_sha256
+    from stepscope.analyze.inputs import file_sha256
 
     path = write_trace(tmp_path, trace(kernel("k", ts=1, dur=2)), "t.json", gz=True)
     sha = file_sha256(path)
