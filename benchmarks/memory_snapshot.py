@@ -73,7 +73,8 @@ with open(sys.argv[1], "wb") as fh:
 
 MEASURE = r"""
 import gc, json, pickle, resource, sys, time
-from stepscope.analyze.snapshot import analyze_snapshot, read_snapshot
+from stepscope.analyze.snapshot import analyze_snapshot
+from stepscope.analyze.snapshot_read import read_snapshot
 
 class PlainOnly(pickle.Unpickler):
     def find_class(self, module, name):

@@ -1,11 +1,6 @@
 """CUDA caching-allocator snapshots (`torch.cuda.memory._dump_snapshot` pickles): what held memory at the peak.
 
-Formats read: the legacy bare list of segments; dicts with `segments` and `device_traces` (one list of
-actions per device), with or without `time_us`, `allocator_settings`, `external_annotations`, frames.
-The pickle is read by a streaming plain-data interpreter (`_unpickle.py`, refusing anything that would run
-code) that turns device-trace entries into columns as it reads them (`_snapshot_stream.py`): no Python dict
-per entry is ever built, and frame text is interned (one row per distinct frame), so what stays in memory
-is a few numeric columns plus the small rest of the snapshot (segments, blocks).
+The tables come from `snapshot_read.read_snapshot`.
 
 Definitions:
 - **allocated** over the trace: `alloc` adds the block size, `free_completed` subtracts it. The value at
@@ -17,9 +12,7 @@ Definitions:
   never), blocks freed after the peak whose allocation predates the recorded history, and blocks alive
   at dump that the history never mentions. The history records requested sizes and the dump rounded
   block sizes, so one more row, the rounding of blocks alive at dump, makes them add up to the peak exactly.
-- **user frame**: the innermost stack frame of the user's own code (outside torch, Python's standard
-  library, `<frozen …>`, C++ and site-packages), else the innermost library frame outside torch: where
-  the user's code asked for the memory, e.g. `model.py:54 forward` rather than `einops/_backends.py`.
+- **user frame**: the frame a block is charged to (see snapshot_read).
 
       alloc A 100 (seq 0), alloc B 50 (1), free_completed A (3)  -> allocated 100, 150, 150, 50; peak 150
       at seq 1, live at the peak: A and B
@@ -27,287 +20,16 @@ Definitions:
 
 from __future__ import annotations
 
-import gc
-import re
-import sys
 from dataclasses import dataclass
-from itertools import repeat
-from pathlib import Path
-from typing import Any
 
 import polars as pl
 
-from stepscope.analyze._snapshot_stream import EVENT_COLUMNS, DeviceTrace, ResolvedFrames, read_traces
-from stepscope.analyze._unpickle import check_binary_pickle, open_pickle
-from stepscope.errors import SnapshotFormatError, UsageError
+from stepscope.analyze.snapshot_read import SnapshotTables
+from stepscope.errors import UsageError
 
-ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-           "segment_unmap", "snapshot", "oom")
 PRE_HISTORY = "(allocated before the recorded history)"
 NO_FRAME = "(no Python frame recorded)"
 ROUNDING = "(block rounding: size at dump minus the size the history recorded)"
-
-_NOT_USER = re.compile(
-    r"([\\/]torch[\\/]|[\\/]stepscope[\\/]|^<frozen|^<string>|^\?\?$|\.(cpp|cc|h|hpp|cu)$|"
-    r"[\\/]lib[\\/]python3\.\d+[\\/](?!site-packages|dist-packages)|[\\/]Lib[\\/](?!site-packages))",
-)
-_LIBRARY = re.compile(r"[\\/](site|dist)-packages[\\/]")
-_CHUNK = 65_536  # trace entries converted (and released) at a time
-_STACK_CACHE_LIMIT = 200_000  # torch shares one frames list per distinct traceback; bound the cache anyway
-
-
-_STDLIB_UNDER_LIB = re.compile(r"[\\/][Ll]ib[\\/]([A-Za-z_][A-Za-z0-9_]*)(?:\.py$|[\\/])")
-
-
-def is_user_frame(filename: str) -> bool:
-    """Whether a frame's file is the user's code (not torch, the stdlib, frozen modules or C++).
-
-    The stdlib is recognised by its usual paths (`lib/python3.11/…`, `Lib\\…`) and, for interpreters laid
-    out otherwise (uv's `…\\cpython-3.10.19-windows-x86_64-none\\lib\\copy.py`), by a standard module
-    name right under a `lib` folder.
-    """
-    if not filename or _NOT_USER.search(filename) is not None:
-        return False
-    stdlib = _STDLIB_UNDER_LIB.search(filename)
-    return stdlib is None or stdlib.group(1) not in sys.stdlib_module_names
-
-
-def _frame_rank(filename: str) -> int:
-    """2: the user's own code; 1: a library outside torch (site-packages); 0: not a user frame."""
-    if not is_user_frame(filename):
-        return 0
-    return 1 if _LIBRARY.search(filename) else 2
-
-
-@dataclass(frozen=True, kw_only=True)
-class SnapshotTables:
-    """A snapshot as tables. `frames` maps frame_id -> 'file:line function'; `events` has one row per trace
-    entry in (device, seq) order (the analysis relies on it)."""
-
-    source: str
-    format: str
-    events: pl.DataFrame
-    blocks: pl.DataFrame
-    segments: pl.DataFrame
-    frames: pl.DataFrame
-    allocator_settings: dict[str, Any]
-
-
-class _Interner:
-    """One id per distinct (file, line, function), so frames shared by thousands of entries are stored once.
-
-    `stack(frames)` returns (user frame id, forward frame id) for one stack, cached by the identity of the
-    frames list: torch writes one shared list per distinct traceback, so most lookups are cache hits.
-    """
-
-    def __init__(self) -> None:
-        self.ids: dict[tuple[str, int, str], int] = {}
-        self._rank: dict[str, int] = {}
-        self._stacks: dict[int, tuple[Any, int | None, int | None]] = {}
-
-    def stack(self, frames: Any) -> tuple[int | None, int | None]:
-        if isinstance(frames, ResolvedFrames):  # a frames list the stream reader already interned
-            return frames.user, frames.forward
-        if not frames:
-            return None, None
-        hit = self._stacks.get(id(frames))
-        if hit is not None and hit[0] is frames:
-            return hit[1], hit[2]
-        user, forward = self._scan(frames)
-        if len(self._stacks) >= _STACK_CACHE_LIMIT:
-            self._stacks.clear()
-        self._stacks[id(frames)] = (frames, user, forward)  # holding `frames` keeps its id from being reused
-        return user, forward
-
-    def resolve(self, frames: Any) -> tuple[int | None, int | None]:
-        """`stack` without remembering the list: for the stream reader, which keeps each result itself (and
-        would otherwise keep every traceback written out in full alive here)."""
-        if isinstance(frames, ResolvedFrames):
-            return frames.user, frames.forward
-        if not frames:
-            return None, None
-        return self._scan(frames)
-
-    def _scan(self, frames: Any) -> tuple[int | None, int | None]:
-        """The user frame (own code first, else the innermost library frame) and the innermost user forward."""
-        own: int | None = None
-        library: int | None = None
-        forward: int | None = None
-        for f in frames:
-            filename = str(f.get("filename", ""))
-            rank = self._rank.get(filename)
-            if rank is None:
-                rank = self._rank[filename] = _frame_rank(filename)
-            if rank == 0:
-                continue
-            if forward is None and f.get("name") == "forward":
-                forward = self._id(filename, f.get("line"), "forward")
-            if rank == 2 and own is None:
-                own = self._id(filename, f.get("line"), f.get("name"))
-            elif rank == 1 and library is None:
-                library = self._id(filename, f.get("line"), f.get("name"))
-            if own is not None and forward is not None:
-                break
-        return (own if own is not None else library), forward
-
-    def _id(self, filename: str, line: Any, name: Any) -> int:
-        key = (filename, int(line) if isinstance(line, int) else 0, str(name))
-        found = self.ids.get(key)
-        if found is None:
-            found = self.ids[key] = len(self.ids)
-        return found
-
-    def table(self) -> pl.DataFrame:
-        rows = [(i, f"{Path(f.replace(chr(92), '/')).name}:{line} {name}", f, line, name)
-                for (f, line, name), i in self.ids.items()]
-        return pl.DataFrame(rows, schema={"frame_id": pl.Int64, "frame": pl.String, "file": pl.String,
-                                          "line": pl.Int64, "function": pl.String}, orient="row")
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def read_snapshot(path: str | Path) -> SnapshotTables:
-    """Load a snapshot pickle safely and convert it to tables, streaming the device traces into columns.
-
-    Peak memory is about the final tables plus a memo slot (8 bytes) per pickled object, not the Python
-    objects a full unpickle would build (~460 bytes per trace entry).
-    """
-    path = Path(path)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # many fresh acyclic objects (segments, blocks, frames): the cyclic collector would only rescan them
-    try:
-        return _read_snapshot(path)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-
-
-def _read_snapshot(path: Path) -> SnapshotTables:
-    interner = _Interner()
-    with open_pickle(path) as fh:
-        check_binary_pickle(fh, path)
-        data = read_traces(fh, path, interner.resolve)
-    traces: Any
-    settings: Any
-    if isinstance(data, list):
-        fmt, segments, traces, settings = "legacy segment list", data, [], {}
-    elif isinstance(data, dict) and ("segments" in data or "device_traces" in data):
-        fmt = "snapshot dict"
-        segments = data.get("segments") or []
-        traces = data.get("device_traces") or []
-        settings = data.get("allocator_settings") or {}
-    else:
-        raise SnapshotFormatError("not a CUDA memory snapshot (expected segments / device_traces)", path=path)
-    if not isinstance(segments, list) or not isinstance(traces, list) or \
-            not all(isinstance(t, (list, DeviceTrace)) or t is None for t in traces):
-        raise SnapshotFormatError("malformed snapshot: segments and device_traces must be lists", path=path)
-    del data  # the lists below are now the only references: emptying them frees the entries
-    try:
-        events = _events_table(traces, interner)
-        blocks, segs = _segment_tables(segments, interner)
-    except (AttributeError, TypeError) as exc:
-        raise SnapshotFormatError(f"malformed snapshot entry ({exc})", path=path) from None
-    del segments, traces
-    return SnapshotTables(source=str(path), format=fmt, events=events, blocks=blocks, segments=segs,
-                          frames=interner.table(),
-                          allocator_settings={k: v for k, v in settings.items() if isinstance(v, (int, float, str,
-                                                                                                   bool))}
-                          if isinstance(settings, dict) else {})
-
-
-_EVENT_SCHEMA = {"device": pl.Int64, "seq": pl.Int64, "action": pl.Categorical, "addr": pl.Int64, "size": pl.Int64,
-                 "stream": pl.Int64, "time_us": pl.Int64, "frame_id": pl.Int64, "forward_frame_id": pl.Int64,
-                 "device_free": pl.Int64}
-
-
-def _events_table(traces: list[Any], interner: _Interner) -> pl.DataFrame:
-    """All devices' trace rows in one table. A streamed trace's columns are used as they are; only several
-    devices (or a trace the reader did not stream) cost a copy, one column at a time."""
-    parts: list[dict[str, pl.Series]] = []
-    rows: list[tuple[int, int]] = []  # (device, entries)
-    streamed: set[int] = set()
-    for device, trace in enumerate(traces):
-        if isinstance(trace, DeviceTrace):
-            if id(trace) in streamed:  # the same list twice: the second holds nothing, as when lists were emptied
-                continue
-            streamed.add(id(trace))
-            parts.append(trace.columns())
-            rows.append((device, trace.rows))
-            continue
-        count = 0
-        while trace:  # a plain list (a trace the reader did not stream, e.g. one shared by reference)
-            chunk = trace[:_CHUNK]
-            parts.append(dict(zip(EVENT_COLUMNS, _entries_frame(chunk, interner).get_columns(), strict=True)))
-            count += len(chunk)
-            del chunk, trace[:_CHUNK]  # release these entries before converting the next chunk
-        rows.append((device, count))
-    columns = [
-        pl.concat([pl.repeat(d, n, dtype=pl.Int64, eager=True) for d, n in rows if n]
-                  or [pl.Series([], dtype=pl.Int64)]).alias("device"),
-        pl.concat([pl.int_range(0, n, dtype=pl.Int64, eager=True) for _, n in rows if n]
-                  or [pl.Series([], dtype=pl.Int64)]).alias("seq"),
-    ]
-    for name in EVENT_COLUMNS:
-        pieces = [part.pop(name) for part in parts]
-        columns.append(pieces[0] if len(pieces) == 1 else pl.concat(pieces, rechunk=True) if pieces
-                       else pl.Series(name, [], dtype=_EVENT_SCHEMA[name]))
-        del pieces
-    return pl.DataFrame(columns).select(list(_EVENT_SCHEMA))
-
-
-def _entries_frame(chunk: list[Any], interner: _Interner) -> pl.DataFrame:
-    """One chunk of a device trace as columns (one pass per column: cheaper than one loop of appends)."""
-    n = len(chunk)
-
-    def values(key: str) -> list[Any]:  # map(dict.get, …) runs in C: no bytecode per entry
-        return list(map(dict.get, chunk, repeat(key, n)))
-
-    def ints(key: str) -> pl.Series:  # strict=False: a value that is not an integer becomes null
-        return pl.Series(key, values(key), dtype=pl.Int64, strict=False)
-
-    stacks = list(map(interner.stack, values("frames")))
-
-    return pl.DataFrame({
-        "action": pl.Series("action", values("action"), dtype=pl.String, strict=False).cast(pl.Categorical),
-        "addr": ints("addr"), "size": ints("size"), "stream": ints("stream"), "time_us": ints("time_us"),
-        "frame_id": pl.Series("frame_id", [s[0] for s in stacks], dtype=pl.Int64),
-        "forward_frame_id": pl.Series("forward_frame_id", [s[1] for s in stacks], dtype=pl.Int64),
-        "device_free": ints("device_free"),
-    })
-
-
-def _segment_tables(segments: list[Any], interner: _Interner) -> tuple[pl.DataFrame, pl.DataFrame]:
-    seg_rows: list[tuple[Any, ...]] = []
-    block_rows: list[tuple[Any, ...]] = []
-    for s in segments:
-        device = _int(s.get("device")) or 0
-        address = _int(s.get("address"))
-        seg_rows.append((device, address, _int(s.get("total_size")), _int(s.get("allocated_size")),
-                         _int(s.get("active_size")), _int(s.get("stream")), str(s.get("segment_type", "")),
-                         bool(s.get("is_expandable", False))))
-        offset = address or 0
-        for b in s.get("blocks") or []:
-            frames = b.get("frames")
-            if not frames and b.get("history"):  # older snapshots keep the allocation stack in history
-                frames = (b["history"][-1] or {}).get("frames")
-            size = _int(b.get("size")) or 0
-            user, forward = interner.stack(frames)
-            block_rows.append((device, address, _int(b.get("address")) or offset, size,
-                               _int(b.get("requested_size")), str(b.get("state", "")), user, forward))
-            offset += size
-    segs = pl.DataFrame(seg_rows, schema={"device": pl.Int64, "address": pl.Int64, "total_bytes": pl.Int64,
-                                          "allocated_bytes": pl.Int64, "active_bytes": pl.Int64,
-                                          "stream": pl.Int64, "segment_type": pl.String,
-                                          "is_expandable": pl.Boolean}, orient="row")
-    blocks = pl.DataFrame(block_rows, schema={"device": pl.Int64, "segment_address": pl.Int64, "address": pl.Int64,
-                                              "size": pl.Int64, "requested_size": pl.Int64, "state": pl.String,
-                                              "frame_id": pl.Int64, "forward_frame_id": pl.Int64}, orient="row")
-    return blocks, segs
-
-
-# ----------------------------------------------------------------------------------------------- analysis
 
 NO_HISTORY = "no allocation history (_record_memory_history was off): peak = allocated at dump, no timeline"
 ESTIMATE_RULE = "live at peak and allocated inside a forward(); saving = all layers but the largest (upper bound)"
@@ -560,51 +282,15 @@ def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | Non
     reserved_peaks = series.group_by("device").agg(peak_reserved_bytes=pl.col("reserved_bytes").max())
     timeline = _bucketed(series, buckets)
     del series
-    at_dump = _at_dump(tables)
     frames = tables.frames.select("frame_id", "frame")
     life = lifetimes(tables)
-    live_by_frame = (
-        live_blocks_at_peak(tables, peaks, life=life).join(frames, on="frame_id", how="left")
-        .with_columns(frame=pl.when(pl.col("origin") == PRE_HISTORY).then(pl.lit(PRE_HISTORY))
-                      .otherwise(pl.col("frame").fill_null(NO_FRAME)))
-        .group_by("device", "frame").agg(live_bytes=pl.col("size").sum(), blocks=pl.len())
-    )
-    rounding = (
-        rounding_bytes(tables, life=life)
-        .join(peaks.filter(pl.col("peak_seq").is_not_null()).select("device"), on="device")
-        .filter(pl.col("rounding_bytes") != 0)
-        .select("device", frame=pl.lit(ROUNDING), live_bytes="rounding_bytes", blocks=pl.lit(None, pl.UInt32))
-    )
-    live_by_frame = (
-        pl.concat([live_by_frame, rounding])
-        .join(peaks.select("device", "peak_allocated_bytes"), on="device", how="left")
-        .with_columns(share_fraction=pl.col("live_bytes") / pl.col("peak_allocated_bytes"))
-        .drop("peak_allocated_bytes").sort("live_bytes", "frame", descending=[True, False])
-    )
-    starts = peaks.select("device", "trace_start_time_us")
+    live_by_frame = _live_by_frame(tables, peaks, life, frames)
     allocs = life.filter(pl.col("action") == "alloc")
     del life
-    allocs = allocs.top_k(top, by=["size", "seq"], reverse=[False, True]) if top else allocs
-    largest = (
-        allocs.sort("size", "seq", descending=[True, False]).join(frames, on="frame_id", how="left")
-        .join(starts, on="device", how="left")
-        .select("device", size_bytes="size",
-                since_start_ns=(pl.col("time_us") - pl.col("trace_start_time_us")) * 1000,
-                lifetime_ns=(pl.col("next_free_time_us") - pl.col("time_us")) * 1000,
-                freed=pl.col("next_free_seq").is_not_null(), frame=pl.col("frame").fill_null(NO_FRAME))
-    )
+    largest = _largest_allocations(allocs, peaks, frames, top)
     del allocs
     segments = _segment_summary(tables)
-    devices = (
-        at_dump.join(peaks, on="device", how="full", coalesce=True)
-        .join(_starts(tables).select("device", "trace_entries", "oom_events").join(reserved_peaks, on="device"),
-              on="device", how="left")
-        .with_columns(pl.col("trace_entries", "oom_events").fill_null(0),
-                      pl.col("peak_reserved_bytes").fill_null(pl.col("reserved_at_dump_bytes")))
-        .select("device", "trace_entries", "trace_start_time_us", "allocated_at_dump_bytes", "reserved_at_dump_bytes",
-                "peak_allocated_bytes", "peak_since_start_ns", "peak_reserved_bytes", "oom_events")
-        .sort("device")
-    )
+    devices = _devices(tables, peaks, reserved_peaks)
     busiest = devices.sort("peak_allocated_bytes", "device", descending=[True, False]).head(1)
     head = busiest.row(0, named=True) if busiest.height else {}
     dev_segments = segments.filter(pl.col("device") == head["device"]) if head else segments.clear()
@@ -630,6 +316,58 @@ def analyze_snapshot(tables: SnapshotTables, *, top: int = 15, device: int | Non
         segments=segments.head(top) if top else segments,
         ooms=ooms,
         timeline=timeline,
+    )
+
+
+def _live_by_frame(tables: SnapshotTables, peaks: pl.DataFrame, life: pl.DataFrame,
+                   frames: pl.DataFrame) -> pl.DataFrame:
+    """Bytes and blocks live at each device's peak by frame, with the rounding row, largest first."""
+    live_by_frame = (
+        live_blocks_at_peak(tables, peaks, life=life).join(frames, on="frame_id", how="left")
+        .with_columns(frame=pl.when(pl.col("origin") == PRE_HISTORY).then(pl.lit(PRE_HISTORY))
+                      .otherwise(pl.col("frame").fill_null(NO_FRAME)))
+        .group_by("device", "frame").agg(live_bytes=pl.col("size").sum(), blocks=pl.len())
+    )
+    rounding = (
+        rounding_bytes(tables, life=life)
+        .join(peaks.filter(pl.col("peak_seq").is_not_null()).select("device"), on="device")
+        .filter(pl.col("rounding_bytes") != 0)
+        .select("device", frame=pl.lit(ROUNDING), live_bytes="rounding_bytes", blocks=pl.lit(None, pl.UInt32))
+    )
+    return (
+        pl.concat([live_by_frame, rounding])
+        .join(peaks.select("device", "peak_allocated_bytes"), on="device", how="left")
+        .with_columns(share_fraction=pl.col("live_bytes") / pl.col("peak_allocated_bytes"))
+        .drop("peak_allocated_bytes").sort("live_bytes", "frame", descending=[True, False])
+    )
+
+
+def _largest_allocations(allocs: pl.DataFrame, peaks: pl.DataFrame, frames: pl.DataFrame,
+                         top: int) -> pl.DataFrame:
+    """The `top` largest allocations (0: all) of the history: size, when, how long they lived, their frame."""
+    starts = peaks.select("device", "trace_start_time_us")
+    allocs = allocs.top_k(top, by=["size", "seq"], reverse=[False, True]) if top else allocs
+    return (
+        allocs.sort("size", "seq", descending=[True, False]).join(frames, on="frame_id", how="left")
+        .join(starts, on="device", how="left")
+        .select("device", size_bytes="size",
+                since_start_ns=(pl.col("time_us") - pl.col("trace_start_time_us")) * 1000,
+                lifetime_ns=(pl.col("next_free_time_us") - pl.col("time_us")) * 1000,
+                freed=pl.col("next_free_seq").is_not_null(), frame=pl.col("frame").fill_null(NO_FRAME))
+    )
+
+
+def _devices(tables: SnapshotTables, peaks: pl.DataFrame, reserved_peaks: pl.DataFrame) -> pl.DataFrame:
+    """One row per device: trace entries, start, at dump, peaks and OOMs."""
+    return (
+        _at_dump(tables).join(peaks, on="device", how="full", coalesce=True)
+        .join(_starts(tables).select("device", "trace_entries", "oom_events").join(reserved_peaks, on="device"),
+              on="device", how="left")
+        .with_columns(pl.col("trace_entries", "oom_events").fill_null(0),
+                      pl.col("peak_reserved_bytes").fill_null(pl.col("reserved_at_dump_bytes")))
+        .select("device", "trace_entries", "trace_start_time_us", "allocated_at_dump_bytes", "reserved_at_dump_bytes",
+                "peak_allocated_bytes", "peak_since_start_ns", "peak_reserved_bytes", "oom_events")
+        .sort("device")
     )
 
 

@@ -31,7 +31,8 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     png: bytes | None
     if kind == "snapshot" or (kind == "memory" and "memory_timeline" in trace.name):
         if kind == "snapshot":
-            from stepscope.analyze.snapshot import analyze_snapshot, read_snapshot
+            from stepscope.analyze.snapshot import analyze_snapshot
+            from stepscope.analyze.snapshot_read import read_snapshot
 
             png = figures.snapshot_figure(analyze_snapshot(read_snapshot(trace)))
         else:

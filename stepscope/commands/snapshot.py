@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze.snapshot import activation_estimate, analyze_snapshot, read_snapshot
+from stepscope.analyze.snapshot import activation_estimate, analyze_snapshot
+from stepscope.analyze.snapshot_read import read_snapshot
 from stepscope.commands._options import emit, format_options, resolve_format
 from stepscope.reports.text import render
 

@@ -414,7 +414,8 @@ def memory_categories_section(path: Path) -> Section:
 def snapshot_section(path: Path) -> Section:
     """A CUDA memory snapshot (torch.cuda.memory._dump_snapshot): peak, live blocks at the peak by frame,
     largest allocations, segments, OOMs."""
-    from stepscope.analyze.snapshot import analyze_snapshot, read_snapshot
+    from stepscope.analyze.snapshot import analyze_snapshot
+    from stepscope.analyze.snapshot_read import read_snapshot
     from stepscope.reports import figures
 
     result = analyze_snapshot(read_snapshot(path))

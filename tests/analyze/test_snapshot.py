@@ -23,9 +23,8 @@ from stepscope.analyze.snapshot import (
     ROUNDING,
     activation_estimate,
     analyze_snapshot,
-    is_user_frame,
-    read_snapshot,
 )
+from stepscope.analyze.snapshot_read import is_user_frame, read_snapshot
 from stepscope.errors import SnapshotFormatError, UsageError
 
 MB = 1 << 20

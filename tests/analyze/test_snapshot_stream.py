@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from snapshot_builder import TORCH, USER, block, entry, segment
 
-from stepscope.analyze import snapshot
+from stepscope.analyze import snapshot_read as snapshot
 from stepscope.analyze._snapshot_stream import read_traces
-from stepscope.analyze.snapshot import SnapshotTables, read_snapshot
+from stepscope.analyze.snapshot_read import SnapshotTables, read_snapshot
 from stepscope.errors import SnapshotFormatError
 
 

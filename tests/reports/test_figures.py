@@ -125,7 +125,8 @@ def test_snapshot_figure_shows_frames_at_the_peak(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyze"))
     import snapshot_builder as sb
 
-    from stepscope.analyze.snapshot import analyze_snapshot, read_snapshot
+    from stepscope.analyze.snapshot import analyze_snapshot
+    from stepscope.analyze.snapshot_read import read_snapshot
 
     stack = sb.frames((12, "forward"))
     data = {"segments": [sb.segment(0, [sb.block(0, 2 << 20, "active_allocated", stack)])],
