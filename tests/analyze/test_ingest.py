@@ -33,10 +33,12 @@ from hypothesis import strategies as st
 
 from stepscope.analyze import Trace, _read, load
 from stepscope.analyze import ingest as ingest_module
-from stepscope.analyze._columns import decode_span, parse_time_ns
+from stepscope.analyze._coerce import parse_time_ns
+from stepscope.analyze._columns import decode_span
 from stepscope.analyze._read import iter_chunks, locate_events, split_document
+from stepscope.analyze._spans import iter_chunk_tables
 from stepscope.analyze._workers import widen_result_pipe, worker_context
-from stepscope.analyze.ingest import ingest_trace, iter_chunk_tables
+from stepscope.analyze.ingest import ingest_trace
 from stepscope.analyze.meta import Counts
 from stepscope.analyze.schema import EVENT_SCHEMA, Kind
 from stepscope.errors import TraceFormatError
@@ -188,7 +190,7 @@ def test_chunked_decode_equals_single_chunk_even_when_a_cut_lands_in_a_string(tm
 
 def test_ingest_never_imports_pyarrow_compute(tmp_path: Path) -> None:
     """Importing pyarrow.compute costs 30-50 ms of Python per process (and pandas, where installed, comes with
-    it): ingest keeps its arrays out of the pyarrow APIs that import it (see _columns.to_series)."""
+    it): ingest keeps its arrays out of the pyarrow APIs that import it (see _arrow.to_series)."""
     events = [e for i in range(200) for e in (cpu_op(f"op{i}", ts=i * 10, dur=5, external_id=i),
                                               flow(i, "s", i * 10 + 1, pid=1, tid=1),
                                               kernel(f"k{i}", ts=i * 10 + 2, dur=3, correlation=i))]
@@ -411,8 +413,6 @@ def test_kind_enum_covers_every_kind_ingest_writes() -> None:
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
 def test_parallel_span_decoding_equals_sequential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gz: bool) -> None:
     # workers read their spans from the file itself, or from the gzip trace's JSON spilled to a temporary file
-    import stepscope.analyze.ingest as ingest_module
-
     events = []
     for i in range(400):
         events.append(cpu_op("aten::add }, { tricky", ts=i * 10, dur=5, external_id=i))
@@ -548,18 +548,3 @@ def test_load_and_batch_ingest_hash_each_file_once(tmp_path: Path, monkeypatch: 
     outcome = ingest_many([path], tmp_path / "ds").outcomes[0]
     assert outcome.status == "ingested"
     assert json.loads((Path(outcome.out_dir) / "meta.json").read_text())["source"]["sha256"] == sha  # type: ignore[arg-type]
-
-
-def test_ingest_goes_on_where_malloc_cannot_be_tuned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # GIVEN a C library that cannot be loaded by name (not glibc: mallopt is a glibc tuning)
-    def no_library(name: object) -> None:
-        raise OSError("no C library by that name")
-
-    monkeypatch.setattr(ingest_module.ctypes, "CDLL", no_library)  # type: ignore[attr-defined]
-    ingest_module.keep_freed_memory.cache_clear()
-    try:
-        # WHEN a trace is ingested THEN it is, the tuning skipped
-        path = write_trace(tmp_path, trace(kernel("k", ts=1, dur=2)), "t.json")
-        assert ingest_trace(path, tmp_path / "out", force=True).n_events == 1
-    finally:
-        ingest_module.keep_freed_memory.cache_clear()

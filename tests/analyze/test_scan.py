@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope.analyze import _columns
-from stepscope.analyze._columns import ChunkTables, conform, decode_range, decode_span, scanner_available
+from stepscope.analyze._arrow import conform
+from stepscope.analyze._columns import ChunkTables, decode_range, decode_span, scanner_available
 from stepscope.analyze.schema import ARG_COLUMNS, EVENT_SCHEMA
 from stepscope.errors import TraceFormatError
 
