@@ -165,7 +165,11 @@ class PlainUnpickler:
 
     _last_op: tuple[int, int] = (0, 0)
 
-    def _run(self) -> Any:  # one flat dispatch: the fast way to interpret opcodes in Python
+    # Long on purpose: one loop over the opcodes with one flat if/elif dispatch, its state in locals. It runs
+    # once per opcode (millions per snapshot), and splitting it into handler methods would add a call and
+    # attribute lookups to each; the refusals of code-running opcodes sit in the same chain, so every opcode
+    # is checked in one place.
+    def _run(self) -> Any:
         stack = self.stack
         marks = self.marks
         memo = self.memo

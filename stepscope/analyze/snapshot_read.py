@@ -26,7 +26,8 @@ from typing import Any
 
 import polars as pl
 
-from stepscope.analyze._snapshot_stream import EVENT_COLUMNS, DeviceTrace, ResolvedFrames, read_traces
+from stepscope.analyze._snapshot_columns import EVENT_COLUMNS, DeviceTrace, ResolvedFrames
+from stepscope.analyze._snapshot_stream import read_traces
 from stepscope.analyze._unpickle import check_binary_pickle, open_pickle
 from stepscope.errors import SnapshotFormatError
 
