@@ -1,4 +1,16 @@
-"""The one exception hierarchy; `stepscope.cli.main` maps each class to a one-line message and an exit code."""
+"""The one exception hierarchy; `stepscope.cli.main` maps each class to a one-line message and an exit code.
+
+Exit codes, the same in every command (each class below carries its own as `exit_code`):
+
+    0    done
+    1    BatchFailed: a command over many files (ingest, report --batch, a run's ranks, a dataset) could not
+         do some of them; each was reported on stderr in one line (`stepscope: error: PATH: reason`) as it
+         failed, the others were done, and the command ends with this code
+    2    InputError / UsageError: the command's one input is missing, empty, of no known kind, unreadable
+         or of the wrong kind, or options conflict (click's own usage errors are 2 as well); nothing is done
+    3    CaptureError
+    130  interrupted (Ctrl-C)
+"""
 
 from __future__ import annotations
 
@@ -41,6 +53,25 @@ class UsageError(StepscopeError):
     """Options that cannot be honoured together, or a request the input cannot answer."""
 
     exit_code = 2
+
+
+class BatchFailed(StepscopeError):
+    """Some files of a batch failed (each already reported on stderr, one line each); the rest were done."""
+
+    exit_code = 1
+
+    def __init__(self, failed: int, total: int) -> None:
+        self.failed = failed
+        self.total = total
+        super().__init__(f"{failed} of {total} input(s) failed (reported above)")
+
+
+def failure_line(exc: BaseException, path: str | Path) -> str:
+    """The one line a batch prints for a file that failed: the error's own message where it names a file,
+    else `path: ExceptionType: message` (first line only)."""
+    named = isinstance(exc, StepscopeError) and exc.path is not None
+    text = str(exc) if named else f"{path}: {type(exc).__name__}: {exc}"
+    return (text.splitlines() or [str(path)])[0]
 
 
 class CaptureError(StepscopeError):

@@ -16,10 +16,9 @@ import polars as pl
 
 from stepscope.analyze._workers import usable_cores
 from stepscope.analyze.ingest import ingest_trace
-from stepscope.analyze.inputs import file_sha256, find_trace_files, is_ingested
+from stepscope.analyze.inputs import IngestedTrace, Input, expect_trace, file_sha256, is_ingested, resolve
 from stepscope.analyze.meta import TraceMeta, read_meta
 from stepscope.analyze.schema import CPU_KINDS, GPU_KINDS, Kind
-from stepscope.errors import InputError, UsageError
 
 STEP_NAME_PATTERN = r"^ProfilerStep#(\d+)$"
 
@@ -228,29 +227,17 @@ class Trace:
         return self.meta.thread_names
 
 
-def load(path: str | Path, *, cache_dir: Path | None = None) -> Trace:
+def load(path: str | Path | Input, *, cache_dir: Path | None = None) -> Trace:
     """Open one trace for analysis: an ingested directory, or a raw trace file (ingested into the cache).
 
-    A directory that holds exactly one raw trace file (e.g. a capture run with one rank) is accepted too.
+    What the path is comes from `inputs.resolve`: a run, dataset or directory that holds exactly one trace
+    is accepted too; anything else is a one-line InputError / UsageError naming the path.
     """
-    path = Path(path)
-    if not path.exists():
-        raise InputError("no such file or directory", path=path)
-    if path.is_dir():
-        if is_ingested(path):
-            return Trace(directory=path, meta=read_meta(path))
-        ingested = sorted(p.parent for p in path.rglob("meta.json") if is_ingested(p.parent))
-        if len(ingested) == 1:
-            return Trace(directory=ingested[0], meta=read_meta(ingested[0]))
-        raw = find_trace_files([path])
-        if len(raw) == 1 and not ingested:
-            return load(raw[0], cache_dir=cache_dir)
-        if len(raw) + len(ingested) == 0:
-            raise InputError("holds no trace (.json / .json.gz) and no ingested trace", path=path)
-        raise UsageError(f"holds {max(len(raw), len(ingested))} traces; pass one file, or use "
-                         "`stepscope ingest` and `stepscope report` for many", path=path)
-    sha = file_sha256(path)
+    one = expect_trace(path if isinstance(path, Input) else resolve(path))
+    if isinstance(one, IngestedTrace):
+        return Trace(directory=one.path, meta=read_meta(one.path))
+    sha = file_sha256(one.path)
     target = (cache_dir or default_cache_dir()) / sha[:2] / sha
     if not is_ingested(target, sha):  # the cache is keyed by content: a hit needs no read of the trace
-        ingest_trace(path, target, jobs=usable_cores(), sha256=sha)
+        ingest_trace(one.path, target, jobs=usable_cores(), sha256=sha)
     return Trace(directory=target, meta=read_meta(target))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
@@ -15,8 +15,11 @@ _OUTPUT_FORMATS: dict[str, OutputFormat] = {name: name for name in get_args(Outp
 
 
 def trace_argument(func: F) -> F:
-    """The TRACE argument: a raw Chrome trace (.json/.json.gz), a trace directory, or an ingested directory."""
-    return click.argument("trace", type=click.Path(exists=True, path_type=Path))(func)
+    """The TRACE argument: a raw Chrome trace (.json/.json.gz), a trace directory, or an ingested directory.
+
+    Not checked here: `stepscope.analyze.inputs.resolve` says what it is, with the same one-line errors in
+    every command."""
+    return click.argument("trace", type=click.Path(path_type=Path))(func)
 
 
 def format_options(func: F) -> F:
@@ -51,3 +54,17 @@ def emit(text: str, output: Path | None) -> None:
 
     atomic_write_text(output, text)
     click.echo(f"wrote {output}", err=True)
+
+
+def echo_failure(line: str) -> None:
+    """One failed file of a batch, in one line naming it (errors.failure_line), on stderr; the batch goes on
+    (see `end_batch`)."""
+    click.echo(f"stepscope: error: {line}", err=True)
+
+
+def end_batch(failed: Sequence[object], total: int) -> None:
+    """After a batch: exit code 1 (BatchFailed) when any file failed, each already reported in one line."""
+    if failed:
+        from stepscope.errors import BatchFailed
+
+        raise BatchFailed(len(failed), total)

@@ -13,8 +13,8 @@ from stepscope.reports.text import render
 
 
 @click.command("diff")
-@click.argument("before", type=click.Path(exists=True, path_type=Path))
-@click.argument("after", type=click.Path(exists=True, path_type=Path))
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write an HTML page OUT/index.html (directory replaced atomically).")
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True,

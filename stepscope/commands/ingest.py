@@ -9,7 +9,7 @@ import click
 
 from stepscope.analyze._workers import usable_cores
 from stepscope.analyze.dataset import FileOutcome, ingest_many
-from stepscope.commands._options import emit
+from stepscope.commands._options import echo_failure, emit, end_batch
 from stepscope.reports.text import render_json
 
 
@@ -38,7 +38,9 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
         def done(outcome: FileOutcome) -> None:
             bar.update(1)
             if outcome.status == "failed":
-                click.echo(f"\nstepscope: error: {outcome.error}", err=True)
+                if show:
+                    click.echo("", err=True)  # (below the progress bar)
+                echo_failure(outcome.error or outcome.source)
 
         result = ingest_many(list(paths), dataset, jobs=jobs, force=force, on_done=done, fork_workers=True)
     if as_json:
@@ -48,5 +50,4 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
         events = sum(o.n_events or 0 for o in result.outcomes)
         click.echo(f"{dataset}: {counts['ingested']} ingested, {counts['skipped']} unchanged (skipped), "
                    f"{counts['failed']} failed; {events:,} events")
-    if result.failed:
-        raise SystemExit(1)
+    end_batch([o for o in result.outcomes if o.status == "failed"], len(result.outcomes))

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from stepscope.analyze import load
+from stepscope.analyze.inputs import MemoryTimeline, resolve
 from stepscope.analyze.memory import activation_memory, memory_timeline
 from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
 from stepscope.reports.text import render
@@ -33,12 +34,13 @@ def command(trace: Path, top: int, buckets: int, by_layer: bool, fmt: str | None
     """Memory over time from TRACE's [memory] events: per-device peak (time, step, op), reserved vs
     allocated, MiB allocated per op (self and inclusive), and allocations never freed in the trace."""
     chosen = resolve_format(fmt, as_json, as_csv)
-    if ".raw." in trace.name or "memory_timeline" in trace.name:  # an export_memory_timeline file
+    source = resolve(trace)
+    if isinstance(source, MemoryTimeline):
         from stepscope.analyze.memory_categories import memory_categories
 
         emit(render(memory_categories(trace), chosen, max_rows=20), output)
         return
-    loaded = load(trace)
+    loaded = load(source)
     if by_layer:
         layers = activation_memory(loaded)
         if layers.module_frames == 0 and chosen == "table":

@@ -8,6 +8,7 @@ import click
 import polars as pl
 
 from stepscope.analyze import Trace, load
+from stepscope.analyze.inputs import MemoryTimeline, Snapshot, describe, resolve
 from stepscope.commands._options import trace_argument
 
 KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot", "transfers")
@@ -29,7 +30,12 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     from stepscope.reports import figures
 
     png: bytes | None
-    if kind == "snapshot" or (kind == "memory" and "memory_timeline" in trace.name):
+    source = resolve(trace)
+    if kind == "snapshot" and not isinstance(source, Snapshot):
+        from stepscope.errors import UsageError
+
+        raise UsageError(f"is {describe(source)}, not a CUDA memory snapshot (.pickle)", path=trace)
+    if kind == "snapshot" or (kind == "memory" and isinstance(source, MemoryTimeline)):
         if kind == "snapshot":
             from stepscope.analyze.snapshot import analyze_snapshot
             from stepscope.analyze.snapshot_read import read_snapshot
@@ -45,7 +51,7 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
         atomic_write_bytes(output, png)
         click.echo(f"wrote {output}", err=True)
         return
-    loaded = load(trace)
+    loaded = load(source)
     if kind == "timeline":
         png = figures.timeline_figure(loaded, step, _gaps_table(loaded))
         empty = "no GPU work (kernels, memcpy, memset) in this trace"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from stepscope.analyze.inputs import Snapshot, describe, resolve
 from stepscope.analyze.snapshot import activation_estimate, analyze_snapshot
 from stepscope.analyze.snapshot_read import read_snapshot
 from stepscope.commands._options import emit, format_options, resolve_format
@@ -13,7 +14,7 @@ from stepscope.reports.text import render
 
 
 @click.command("snapshot")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))
 @click.option("--top", type=click.IntRange(min=0), default=15, show_default=True, help="Rows per table (0: all).")
 @click.option("--device", type=int, default=None, help="Only this device.")
 @click.option("--activations", is_flag=True,
@@ -26,6 +27,11 @@ def command(file: Path, top: int, device: int | None, activations: bool, fmt: st
 
     The pickle is read as data only: a pickle that asks to run code is refused.
     """
+    source = resolve(file)
+    if not isinstance(source, Snapshot):
+        from stepscope.errors import UsageError
+
+        raise UsageError(f"is {describe(source)}, not a CUDA memory snapshot (.pickle)", path=file)
     tables = read_snapshot(file)
     result = activation_estimate(tables, device=device) if activations else analyze_snapshot(
         tables, top=top, device=device)

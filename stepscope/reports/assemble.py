@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,18 @@ import polars as pl
 
 from stepscope._io import atomic_dir
 from stepscope.analyze import Trace, load
+from stepscope.analyze.inputs import (
+    Dataset,
+    Input,
+    MemoryTimeline,
+    RunDir,
+    Snapshot,
+    TraceBatch,
+    describe,
+    resolve,
+    traces_of,
+)
+from stepscope.errors import UsageError, failure_line
 from stepscope.reports.html import (
     Cell,
     Figure,
@@ -35,7 +47,8 @@ from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 @dataclass(frozen=True, kw_only=True)
 class ReportOutcome:
-    """What `build_report` wrote: the mode, the main page, and each input that failed (name, error)."""
+    """What `build_report` wrote: the mode, the main page, and each input that failed (path, one line naming
+    it: errors.failure_line)."""
 
     mode: str  # "trace", "run" or "batch"
     index: Path
@@ -43,23 +56,29 @@ class ReportOutcome:
     failed: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _manifests(directory: Path) -> list[Path]:
-    return sorted(directory.glob("manifest*.json"))
-
-
-def _is_dataset(directory: Path) -> bool:
-    return any(directory.glob("trace=*/rank=*/meta.json"))
-
-
-def detect_mode(path: Path, batch: bool = False) -> str:
-    """"run" for a capture run directory, "batch" for a dataset or (with batch) a directory of traces, else
-    "trace"."""
-    if path.is_dir():
-        if _manifests(path):
-            return "run"
-        if batch or _is_dataset(path):
-            return "batch"
+def detect_mode(inp: Input) -> str:
+    """"run" for a capture run, "batch" for a dataset or a directory of traces, "trace" for one trace."""
+    if isinstance(inp, RunDir):
+        return "run"
+    if isinstance(inp, Dataset | TraceBatch):
+        return "batch"
     return "trace"
+
+
+def _report_inputs(inp: Input) -> list[tuple[Path, str]]:
+    """Each trace of a run or batch, with the name of its page: rank<N> (rank<N>_w<k> for a rank's k-th
+    profiler window) in a run, the trace's own name in a batch."""
+    if isinstance(inp, RunDir):
+        if len(inp.traces) == 1:
+            return [(inp.traces[0], "trace")]
+        named = []
+        for i, rank in enumerate(inp.ranks):
+            label = f"rank{rank.rank if rank.rank is not None else i}"
+            named += [(w, label if len(rank.windows) == 1 else f"{label}_w{k}") for k, w in enumerate(rank.windows, 1)]
+        return named
+    if isinstance(inp, Dataset):
+        return [(t.path, _slug(f"{t.trace_id}_rank={t.rank}")) for t in inp.traces]
+    return [(p, _slug(p.name.removesuffix(".gz").removesuffix(".json"))) for p in traces_of(inp)]
 
 
 def _slug(text: str) -> str:
@@ -177,13 +196,7 @@ def _report_one(path: Path, out: Path, name: str, *, source: str, step: int | No
     return trace, trace_row(trace, ctx), ctx
 
 
-def _run_traces(run_dir: Path) -> list[Path]:
-    from stepscope.analyze.inputs import find_trace_files
-
-    return [p for p in find_trace_files([run_dir]) if "memory_timeline" not in p.name]
-
-
-def _manifest_section(manifests: list[Path], rows: list[dict[str, Any]]) -> Section:
+def _manifest_section(manifests: Sequence[Path], rows: list[dict[str, Any]]) -> Section:
     """The capture run: command, device, profiler settings, and baseline (unprofiled) step time vs profiled."""
     headline: list[tuple[str, str]] = []
     notes: list[str] = []
@@ -211,13 +224,13 @@ def _manifest_section(manifests: list[Path], rows: list[dict[str, Any]]) -> Sect
     return Section(id="run", title="Capture run", headline=headline, notes=notes)
 
 
-def _run_file_sections(run_dir: Path, problems: list[str]) -> list[Section]:
+def _run_file_sections(run: RunDir, problems: list[str]) -> list[Section]:
     """Sections for a run's other files: memory timelines by category and CUDA memory snapshots."""
     from stepscope.reports.html import memory_categories_section, snapshot_section
 
     sections: list[Section] = []
-    files = [(p, memory_categories_section) for p in sorted(run_dir.glob("*memory_timeline.raw.json*"))]
-    files += [(p, snapshot_section) for p in sorted(run_dir.glob("*.pickle"))]
+    files = [(p, memory_categories_section) for p in run.memory_timelines]
+    files += [(p, snapshot_section) for p in run.snapshots]
     for p, builder in files:
         try:
             sections.append(builder(p))
@@ -233,29 +246,19 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
     One bad trace in a run or batch becomes an error row; the others are still reported.
     """
     path = Path(path)
-    mode = detect_mode(path, batch)
-    if mode == "trace" and path.is_dir():
-        from stepscope.analyze.inputs import find_trace_files, is_ingested
-
-        if not is_ingested(path) and len(find_trace_files([path])) > 1:
-            from stepscope.errors import UsageError
-
-            raise UsageError("holds several traces: add --batch for one report per trace and an index", path=path)
+    inp = resolve(path, batch=batch)
+    if isinstance(inp, Snapshot | MemoryTimeline):
+        raise UsageError(f"is {describe(inp)}, not a trace: use `stepscope "
+                         f"{'snapshot' if isinstance(inp, Snapshot) else 'memory-timeline'}`", path=path)
+    if isinstance(inp, TraceBatch) and not batch:
+        raise UsageError("holds several traces: add --batch for one report per trace and an index", path=path)
+    mode = detect_mode(inp)
     with atomic_dir(Path(out)) as tmp:
         if mode == "trace":
-            trace = load(path, cache_dir=cache_dir)
+            trace = load(inp, cache_dir=cache_dir)
             (tmp / "index.html").write_text(trace_report(trace, source=str(path), step=step), encoding="utf-8")
             return ReportOutcome(mode=mode, index=Path(out) / "index.html", reports=1)
-        if mode == "run":
-            inputs = [(p, f"rank{i}" if len(_run_traces(path)) > 1 else "trace") for i, p in
-                      enumerate(_run_traces(path))]
-        elif _is_dataset(path):
-            inputs = [(p.parent, _slug(f"{p.parent.parent.name[6:]}_{p.parent.name}"))
-                      for p in sorted(path.glob("trace=*/rank=*/meta.json"))]
-        else:
-            from stepscope.analyze.inputs import find_trace_files
-
-            inputs = [(p, _slug(p.name.removesuffix(".gz").removesuffix(".json"))) for p in find_trace_files([path])]
+        inputs = _report_inputs(inp)
         rows: list[dict[str, Any]] = []
         failed: list[tuple[str, str]] = []
         problems_extra: list[str] = []
@@ -275,26 +278,28 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
                 row["href"] = f"{name}/index.html"
             except Exception as exc:  # noqa: BLE001 - one bad trace is reported; the rest go on
                 row = {"trace": p.name, "error": f"{type(exc).__name__}: {exc}"}
-                failed.append((str(p), row["error"]))
+                failed.append((str(p), failure_line(exc, p)))
             rows.append(row)
         sections: list[Section] = []
-        if mode == "run" and single is not None:
+        if isinstance(inp, RunDir) and single is not None:
             # one rank: its whole report leads the page (verdict first), then the capture's own facts
             trace_sections, trace_problems = build_sections(single)  # analyses already computed for its page
             sections.extend(trace_sections)
             problems_extra.extend(trace_problems)
-            sections.append(_manifest_section(_manifests(path), rows))
-            sections.extend(_run_file_sections(path, problems_extra))
+            if inp.manifests:
+                sections.append(_manifest_section(inp.manifests, rows))
+            sections.extend(_run_file_sections(inp, problems_extra))
             title = f"stepscope run report: {path.name}"
-        elif mode == "run":
+        elif isinstance(inp, RunDir):
             rows.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
             medians = [r["median_step_ns"] for r in rows if r.get("median_step_ns") is not None]
             if len(medians) > 1:
                 slow = max(medians)
                 for r in rows:
                     r["mark"] = r.get("median_step_ns") == slow
-            sections.append(_manifest_section(_manifests(path), rows))
-            sections.extend(_run_file_sections(path, problems_extra))
+            if inp.manifests:
+                sections.append(_manifest_section(inp.manifests, rows))
+            sections.extend(_run_file_sections(inp, problems_extra))
             table = _index_table(rows, "Ranks side by side (click a rank for its report)", mark="straggler")
             ok = [r for r in rows if "href" in r]  # reported (a failed trace has no page)
             marked = next((i for i, r in enumerate(ok) if r.get("mark")), None)
@@ -310,7 +315,7 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
                 _index_table(rows, "One row per trace (click a header to sort, a name for its report)")],
                 figures=[Figure(title="Traces side by side", png=png)] if png else []))
             title = f"stepscope batch report: {path.name}"
-        problems = [f"{name}: {err}" for name, err in failed] + problems_extra
+        problems = [line for _, line in failed] + problems_extra  # (each line names its file)
         html = render_page(title=title, subtitle=f"{len(rows)} traces from {path}", sections=sections,
                            problems=problems, reproduce=[f"stepscope report {path} -o OUT/" +
                                                          (" --batch" if batch else "")])

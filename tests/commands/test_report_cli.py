@@ -38,10 +38,14 @@ def test_batch_with_a_bad_trace(tmp_path: Path) -> None:
     write_trace(tmp_path / "in", gpu_doc(scale=2), "b.pt.trace.json")
     (tmp_path / "in" / "bad.pt.trace.json").write_text("{not json")
     code, out = run("report", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--batch")
-    assert code == 0, out
+    # the other traces are reported, the bad one named in one line, and the exit code says a file failed
+    assert code == 1, out
     index = (tmp_path / "out" / "index.html").read_text()
     assert 'href="a.pt.trace/index.html"' in index and 'href="b.pt.trace/index.html"' in index
-    assert "bad.pt.trace.json" in index and "could not report" in out and "2 report(s), 1 failed" in out
+    bad = str(tmp_path / "in" / "bad.pt.trace.json")
+    errors = [line for line in out.splitlines() if line.startswith("stepscope: error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"stepscope: error: {bad} ") and "2 report(s), 1 failed" in out
+    assert "bad.pt.trace.json" in index
     assert (tmp_path / "out" / "a.pt.trace" / "index.html").is_file()
 
 

@@ -48,10 +48,12 @@ def test_memory_timeline_cli(corpus: Path) -> None:
     (["snapshot"], b"\x80\x04\x95\x1c\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c"
                    b"\x04echo\x94\x85\x94R\x94.", "refusing to load os.system"),  # pickle of os.system("echo")
     (["snapshot"], pickle.dumps({"segments": [1]})[:-4], "truncated pickle"),
-    (["snapshot"], b'{"traceEvents": []}', "not a pickle file"),
+    (["snapshot"], b'{"traceEvents": []}', "is a Chrome trace, not a CUDA memory snapshot"),  # by content
+    (["snapshot"], b"plain text", "not a Chrome trace (.json / .json.gz), CUDA memory snapshot"),
     (["snapshot"], pickle.dumps({"traceEvents": []}), "not a CUDA memory snapshot"),
     (["snapshot", "--device", "3"], pickle.dumps({"segments": [], "device_traces": [[]]}), "device 3 is not in"),
-    (["memory-timeline"], b'{"traceEvents": []}', "not a memory timeline export"),
+    (["memory-timeline"], b'{"traceEvents": []}', "is a Chrome trace, not an export_memory_timeline file"),
+    (["memory-timeline"], b"[[1, 2], [3]]", "not a memory timeline export"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                          content: bytes, needle: str) -> None:
