@@ -76,7 +76,7 @@ def test_missing_file_is_a_usage_error_not_a_traceback(tmp_path: Path, capsys: p
     with pytest.raises(SystemExit) as exit_info:
         main(["info", str(tmp_path / "nope.json")])
     assert exit_info.value.code == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"stepscope: error: {tmp_path / 'nope.json'}: no such file or directory\n"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
