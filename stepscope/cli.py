@@ -61,6 +61,9 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point: run the CLI and turn every StepscopeError into one line and an exit code."""
+    from stepscope.analyze._workers import own_process
+
+    own_process()  # this process is the CLI's: batch ingest may fork its workers from it
     try:
         return cli.main(args=argv, prog_name="stepscope", standalone_mode=False)
     except click.exceptions.Abort:

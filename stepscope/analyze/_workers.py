@@ -25,12 +25,15 @@ def worker_context(*, fork_if_fresh: bool = False) -> multiprocessing.context.Ba
     """Processes for parallel ingest: a forkserver that has already imported stepscope (and so polars,
     pyarrow and msgspec), so each worker starts in milliseconds; spawn where forkserver is unavailable.
 
-    Plain fork only with `fork_if_fresh`, and only while this process runs no thread that it did not run
-    once stepscope's analyzer was imported (see mark_import_threads): no pool of polars, pyarrow or
+    Plain fork only with `fork_if_fresh`, only in a process the stepscope CLI owns (`own_process`, called by
+    `stepscope.cli.main`), and only while it runs no thread that it did not run once stepscope's analyzer
+    was imported (see mark_import_threads): no pool of polars, pyarrow or
     stepscope has started, so the workers are forked from the state the fork server forks them from (the
     allocators' and BLAS's own threads, which handle fork), without its quarter second of imports. Only
     for a process that ran nothing before importing stepscope, as the CLI's: a polars pool started before
-    that import is among the import-time threads, and a forked worker would wait on it forever.
+    that import is among the import-time threads, and a forked worker would wait on it forever. (A caller
+    that runs the CLI inside its own process, as click's CliRunner does, may have started such a pool before
+    the analyzer was imported: it gets the fork server.)
     """
     if fork_if_fresh and _fresh() and "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")
@@ -63,6 +66,14 @@ def _os_threads() -> frozenset[str] | None:
 
 
 _import_threads: frozenset[str] | None = None
+_owns_process = False
+
+
+def own_process() -> None:
+    """Say that this process is the stepscope CLI's own (it ran nothing before stepscope): forking ingest
+    workers from it is safe while it runs only its import-time threads (see worker_context)."""
+    global _owns_process
+    _owns_process = True
 
 
 def mark_import_threads() -> None:
@@ -74,7 +85,7 @@ def mark_import_threads() -> None:
 
 def _fresh() -> bool:
     now = _os_threads()
-    return now is not None and _import_threads is not None and now <= _import_threads
+    return _owns_process and now is not None and _import_threads is not None and now <= _import_threads
 
 
 def widen_result_pipe(pool: ProcessPoolExecutor, size: int = 1 << 20) -> None:

@@ -115,7 +115,9 @@ _FRESH = r"""
 import json, sys, threading, time
 from pathlib import Path
 import stepscope.analyze.dataset as dataset
-from stepscope.analyze._workers import worker_context
+from stepscope.analyze._workers import own_process, worker_context
+print(json.dumps({"not_owned": worker_context(fork_if_fresh=True).get_start_method()}))
+own_process()  # as stepscope.cli.main does
 print(json.dumps({"fresh": worker_context(fork_if_fresh=True).get_start_method()}))
 result = dataset.ingest_many([Path(sys.argv[1])], Path(sys.argv[2]), jobs=2, fork_workers=True)
 print(json.dumps({"outcomes": [[Path(o.source).name, o.status, o.n_events] for o in result.outcomes]}))
@@ -125,18 +127,18 @@ print(json.dumps({"after": worker_context(fork_if_fresh=True).get_start_method()
 
 @pytest.mark.skipif(sys.platform != "linux", reason="threads are listed from /proc/self/task (Linux)")
 def test_workers_are_forked_only_from_a_process_that_has_started_no_thread(tmp_path: Path) -> None:
-    # GIVEN a process of its own that has only imported stepscope (as the CLI), and one that has run polars
+    # GIVEN a process of its own that has only imported stepscope and says so (as the CLI), and this one
     src = _inputs(tmp_path)
     proc = subprocess.run([sys.executable, "-c", _FRESH, str(src), str(tmp_path / "forked")], capture_output=True,
                           text=True, timeout=120, check=True)
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     # THEN the first forks its workers (instantly), and once its own ingest has started threads it no longer
     # would; nor would this process, once it has run an ingest itself
-    assert (lines[0]["fresh"], lines[2]["after"]) == ("fork", "forkserver")
+    assert (lines[0]["not_owned"], lines[1]["fresh"], lines[3]["after"]) == ("forkserver", "fork", "forkserver")
     plain = ingest_many([src], tmp_path / "plain", jobs=2)
     assert worker_context(fork_if_fresh=True).get_start_method() == "forkserver"
     # AND the forked workers ingest as the fork server's do
-    assert lines[1]["outcomes"] == [[Path(o.source).name, o.status, o.n_events] for o in plain.outcomes]
+    assert lines[2]["outcomes"] == [[Path(o.source).name, o.status, o.n_events] for o in plain.outcomes]
     assert [o.status for o in plain.outcomes].count("ingested") == 4
     forked = pl.read_parquet(str(tmp_path / "forked" / "**" / "events.parquet"), hive_partitioning=True)
     plain_events = pl.read_parquet(str(tmp_path / "plain" / "**" / "events.parquet"), hive_partitioning=True)
