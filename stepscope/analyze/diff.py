@@ -1,5 +1,5 @@
 """Before/after comparison of two traces: step time, GPU busy share, memory peak, and the ops and kernels
-whose time changed most. A pure function over two traces' results (op table, memory timeline, steps).
+whose time changed most. A pure function over two traces' bundles (op table, memory peak, steps, gaps, verdict).
 
     before: median step 177.4 ms, after: 126.7 ms  ->  step_time_change_fraction = -0.286
 """
@@ -11,10 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from stepscope.analyze.bundle import TraceAnalysis
+from stepscope.analyze.frames import Source
 from stepscope.analyze.memory import memory_timeline
-from stepscope.analyze.ops import op_table
-from stepscope.analyze.steps import step_breakdown
-from stepscope.analyze.summary import verdict
 from stepscope.analyze.trace import Trace
 
 
@@ -60,17 +59,12 @@ class TraceDiff:
     idle_by_cause: pl.DataFrame
 
 
-def _idle_by_cause(before: Trace, after: Trace) -> pl.DataFrame:
-    """cause, before_idle_ns, after_idle_ns, delta_idle_ns (gaps.py, all devices); empty without gaps.py."""
+def _idle_by_cause(before: TraceAnalysis, after: TraceAnalysis) -> pl.DataFrame:
+    """cause, before_idle_ns, after_idle_ns, delta_idle_ns (gaps.py, all devices)."""
     schema = {"cause": pl.String, "before_idle_ns": pl.Int64, "after_idle_ns": pl.Int64, "delta_idle_ns": pl.Int64}
-    try:
-        from stepscope.analyze.gaps import gpu_gaps
-    except ModuleNotFoundError:
-        return pl.DataFrame(schema=schema)
 
-    def by_cause(trace: Trace, name: str) -> pl.DataFrame:
-        table = gpu_gaps(trace).idle_by_cause
-        return table.group_by("cause").agg(pl.col("idle_ns").sum().cast(pl.Int64).alias(name))
+    def by_cause(bundle: TraceAnalysis, name: str) -> pl.DataFrame:
+        return bundle.gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum().cast(pl.Int64).alias(name))
 
     out = by_cause(before, "before_idle_ns").join(by_cause(after, "after_idle_ns"), on="cause", how="full",
                                                    coalesce=True).fill_null(0)
@@ -105,20 +99,22 @@ def gpu_busy_fraction(trace: Trace) -> float | None:
     return busy / span if span > 0 else None
 
 
-def _median_step(trace: Trace) -> tuple[int, int | None, float | None]:
+def _median_step(bundle: TraceAnalysis) -> tuple[int, int | None, float | None]:
     """Steps, median step wall time and mean GPU busy share per step, as `stepscope steps` computes them."""
-    result = step_breakdown(trace)
+    result = bundle.steps
     if result.steps.height == 0:
         return 0, None, None
     return result.steps.height, int(result.steps["wall_ns"].median()), result.mean_gpu_busy_fraction  # type: ignore[arg-type]
 
 
-def diff_traces(before: Trace, after: Trace, *, top: int = 15) -> TraceDiff:
+def diff_traces(before: Source | TraceAnalysis, after: Source | TraceAnalysis, *, top: int = 15) -> TraceDiff:
     """Compare two traces of the same program (e.g. before and after a fix)."""
-    ob, oa = op_table(before), op_table(after)
-    mb, ma = memory_timeline(before, buckets=1), memory_timeline(after, buckets=1)
-    nb, sb, gb = _median_step(before)
-    na, sa, ga = _median_step(after)
+    b = before if isinstance(before, TraceAnalysis) else TraceAnalysis.of(before)
+    a = after if isinstance(after, TraceAnalysis) else TraceAnalysis.of(after)
+    ob, oa = b.ops, a.ops
+    mb, ma = memory_timeline(b.frames, buckets=1), memory_timeline(a.frames, buckets=1)
+    nb, sb, gb = _median_step(b)
+    na, sa, ga = _median_step(a)
     cols = ["self_cpu_ns", "self_device_ns"]
     keep = pl.col("kind").is_in(["cpu_op", "runtime"]) & ~pl.col("name").str.starts_with("ProfilerStep#")
     left = ob.ops.filter(keep).select("name", "kind", *[pl.col(c).alias(f"before_{c}") for c in cols])
@@ -137,15 +133,15 @@ def diff_traces(before: Trace, after: Trace, *, top: int = 15) -> TraceDiff:
                .select("name", "before_ns", "after_ns", "delta_ns", "calls_before", "calls_after")
                .sort(pl.col("delta_ns").abs(), descending=True).head(top))
     return TraceDiff(
-        before=before.source_name, after=after.source_name,
-        before_verdict=verdict(before).verdict.value, after_verdict=verdict(after).verdict.value,
+        before=b.trace.source_name, after=a.trace.source_name,
+        before_verdict=b.verdict.verdict.value, after_verdict=a.verdict.verdict.value,
         before_steps=nb, after_steps=na,
         before_median_step_ns=sb, after_median_step_ns=sa, step_time_change_fraction=_change(sb, sa),
         before_step_gpu_busy_fraction=gb, after_step_gpu_busy_fraction=ga,
-        before_trace_gpu_busy_fraction=gpu_busy_fraction(before),
-        after_trace_gpu_busy_fraction=gpu_busy_fraction(after),
+        before_trace_gpu_busy_fraction=gpu_busy_fraction(b.trace),
+        after_trace_gpu_busy_fraction=gpu_busy_fraction(a.trace),
         before_self_device_total_ns=ob.self_device_total_ns, after_self_device_total_ns=oa.self_device_total_ns,
         before_peak_memory_bytes=mb.peak_allocated_bytes, after_peak_memory_bytes=ma.peak_allocated_bytes,
         peak_memory_change_fraction=_change(mb.peak_allocated_bytes, ma.peak_allocated_bytes),
-        ops=ops, kernels=kernels, idle_by_cause=_idle_by_cause(before, after),
+        ops=ops, kernels=kernels, idle_by_cause=_idle_by_cause(b, a),
     )

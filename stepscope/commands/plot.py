@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import click
-import polars as pl
 
-from stepscope.analyze import Trace, load
+from stepscope.analyze import load
+from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.inputs import MemoryTimeline, Snapshot, describe, resolve
 from stepscope.commands._options import trace_argument
 
@@ -51,36 +53,9 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
         atomic_write_bytes(output, png)
         click.echo(f"wrote {output}", err=True)
         return
-    loaded = load(source)
-    if kind == "timeline":
-        png = figures.timeline_figure(loaded, step, _gaps_table(loaded))
-        empty = "no GPU work (kernels, memcpy, memset) in this trace"
-    elif kind == "gaps":
-        from stepscope.analyze.gaps import gpu_gaps
-
-        png, empty = figures.gaps_figure(gpu_gaps(loaded)), "no GPU idle gaps in this trace (no GPU work, or none idle)"
-    elif kind == "steps":
-        from stepscope.analyze.steps import step_breakdown
-
-        png = figures.step_breakdown_figure(step_breakdown(loaded))
-        empty = "no ProfilerStep#N spans in this trace"
-    elif kind == "transfers":
-        from stepscope.analyze.transfers import transfers
-
-        png, empty = figures.transfers_figure(transfers(loaded)), "no host/device copies in this trace"
-    elif kind == "kernels":
-        from stepscope.analyze.kernels import kernel_summary
-
-        png, empty = figures.kernels_figure(kernel_summary(loaded)), "no GPU work in this trace"
-    elif kind == "ops":
-        from stepscope.analyze.ops import op_table
-
-        png, empty = figures.ops_figure(op_table(loaded)), "no ops in this trace"
-    else:
-        from stepscope.analyze.memory import memory_timeline
-
-        png = figures.memory_figure(memory_timeline(loaded, buckets=200))
-        empty = "no [memory] events in this trace: capture with profile_memory=True"
+    bundle = TraceAnalysis.of(load(source))
+    draw, empty = _TRACE_FIGURES[kind]
+    png = draw(bundle, step)
     if png is None:
         click.echo(f"{empty}: nothing to plot, {output} not written")
         return
@@ -88,10 +63,21 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     click.echo(f"wrote {output}", err=True)
 
 
-def _gaps_table(trace: Trace) -> pl.DataFrame | None:
-    """gaps.py's idle gaps (to shade idle by cause), None where that analysis is not installed."""
-    try:
-        from stepscope.analyze.gaps import gpu_gaps
-    except ModuleNotFoundError:
-        return None
-    return gpu_gaps(trace).gaps
+def _figures() -> ModuleType:
+    from stepscope.reports import figures  # matplotlib: imported only when a figure is drawn
+
+    return figures
+
+
+# kind -> (draw the figure from the trace's bundle and --step, what to say when there is nothing to draw)
+_TRACE_FIGURES: dict[str, tuple[Callable[[TraceAnalysis, int | None], bytes | None], str]] = {
+    "timeline": (lambda b, step: _figures().timeline_figure(b.timeline(step)),
+                 "no GPU work (kernels, memcpy, memset) in this trace"),
+    "gaps": (lambda b, _: _figures().gaps_figure(b.gaps), "no GPU idle gaps in this trace (no GPU work, or none idle)"),
+    "steps": (lambda b, _: _figures().step_breakdown_figure(b.steps), "no ProfilerStep#N spans in this trace"),
+    "transfers": (lambda b, _: _figures().transfers_figure(b.transfers), "no host/device copies in this trace"),
+    "kernels": (lambda b, _: _figures().kernels_figure(b.kernels), "no GPU work in this trace"),
+    "ops": (lambda b, _: _figures().ops_figure(b.ops), "no ops in this trace"),
+    "memory": (lambda b, _: _figures().memory_figure(b.memory),
+               "no [memory] events in this trace: capture with profile_memory=True"),
+}

@@ -20,6 +20,7 @@ import polars as pl
 
 from stepscope._io import atomic_dir
 from stepscope.analyze import Trace, load
+from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.inputs import (
     Dataset,
     Input,
@@ -99,19 +100,20 @@ def trace_row(trace: Trace, ctx: ReportContext | None = None) -> dict[str, Any]:
     Step times are steps.py's wall times (p50, p95); `idle_shares` maps each gaps.py cause to its share of
     the analysis window, `window_busy_fraction` is gaps.py's busy share of the same window.
     """
-    ctx = ctx if ctx is not None else ReportContext(trace=trace, source="")
+    ctx = ctx if ctx is not None else ReportContext(bundle=TraceAnalysis.of(trace), source="")
+    b = ctx.bundle
     try:
-        verdict: str | None = str(ctx.verdict.verdict.value)
+        verdict: str | None = str(b.verdict.verdict.value)
         problem = None
     except Exception as exc:  # noqa: BLE001 - a failing verdict must not drop the trace's other figures
         verdict, problem = None, f"verdict could not be computed: {type(exc).__name__}: {exc}"
-    steps = ctx.step_breakdown.steps
-    memory = ctx.memory
-    info = ctx.info
+    steps = b.steps.steps
+    memory = b.memory
+    info = b.info
     wall = steps["wall_ns"] if steps.height else None
-    gaps = ctx.gaps
+    gaps = b.gaps
     shares: dict[str, float] = {}
-    if gaps is not None and gaps.window_ns > 0 and gaps.idle_by_cause.height:
+    if gaps.window_ns > 0 and gaps.idle_by_cause.height:
         by = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum()).sort("idle_ns", descending=True)
         shares = {str(c): float(v) / gaps.window_ns for c, v in by.iter_rows()}
     return {
@@ -121,10 +123,10 @@ def trace_row(trace: Trace, ctx: ReportContext | None = None) -> dict[str, Any]:
         "steps": steps.height,
         "median_step_ns": wall.median() if wall is not None else None,
         "p95_step_ns": wall.quantile(0.95, "linear") if wall is not None else None,
-        "gpu_busy_fraction": ctx.step_breakdown.mean_gpu_busy_fraction,
+        "gpu_busy_fraction": b.steps.mean_gpu_busy_fraction,
         "gpu_idle_ns": steps["gpu_idle_ns"].mean() if steps.height else None,
         "idle_causes": shares or None,
-        "window_busy_fraction": gaps.busy_fraction if gaps is not None else None,
+        "window_busy_fraction": gaps.busy_fraction,
         "peak_memory_bytes": memory.peak_allocated_bytes,
         "peak_device": memory.peak_device,
         "warnings": info.warnings.height,
@@ -189,10 +191,10 @@ def _compare_png(rows: list[dict[str, Any]], labels: list[str], mark: int | None
 def _report_one(path: Path, out: Path, name: str, *, source: str, step: int | None, cache_dir: Path | None,
                 back_link: str | None) -> tuple[Trace, dict[str, Any], ReportContext]:
     trace = load(path, cache_dir=cache_dir)
-    ctx = ReportContext(trace=trace, source=source, step=step)  # one set of analyses for the page and the row
+    ctx = ReportContext(bundle=TraceAnalysis.of(trace), source=source, step=step)  # one bundle: page and row
     (out / name).mkdir(parents=True, exist_ok=True)
-    (out / name / "index.html").write_text(trace_report(trace, source=source, step=step, back_link=back_link,
-                                                        context=ctx), encoding="utf-8")
+    (out / name / "index.html").write_text(trace_report(ctx.bundle, source=source, step=step, back_link=back_link),
+                                           encoding="utf-8")
     return trace, trace_row(trace, ctx), ctx
 
 
@@ -229,8 +231,15 @@ def _run_file_sections(run: RunDir, problems: list[str]) -> list[Section]:
     from stepscope.reports.html import memory_categories_section, snapshot_section
 
     sections: list[Section] = []
-    files = [(p, memory_categories_section) for p in run.memory_timelines]
-    files += [(p, snapshot_section) for p in run.snapshots]
+    from stepscope.analyze.memory_categories import memory_categories
+    from stepscope.analyze.snapshot import analyze_snapshot
+    from stepscope.analyze.snapshot_read import read_snapshot
+
+    files: list[tuple[Path, Callable[[Path], Section]]] = [
+        (p, lambda q: memory_categories_section(memory_categories(q)))
+        for p in run.memory_timelines]
+    files += [(p, lambda q: snapshot_section(analyze_snapshot(read_snapshot(q))))
+              for p in run.snapshots]
     for p, builder in files:
         try:
             sections.append(builder(p))
@@ -256,7 +265,8 @@ def build_report(path: Path, out: Path, *, batch: bool = False, step: int | None
     with atomic_dir(Path(out)) as tmp:
         if mode == "trace":
             trace = load(inp, cache_dir=cache_dir)
-            (tmp / "index.html").write_text(trace_report(trace, source=str(path), step=step), encoding="utf-8")
+            (tmp / "index.html").write_text(trace_report(TraceAnalysis.of(trace), source=str(path), step=step),
+                                            encoding="utf-8")
             return ReportOutcome(mode=mode, index=Path(out) / "index.html", reports=1)
         inputs = _report_inputs(inp)
         rows: list[dict[str, Any]] = []

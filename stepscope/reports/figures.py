@@ -23,7 +23,6 @@ from stepscope.reports.palette import color, idle_color  # noqa: E402
 from stepscope.reports.units import human_bytes, human_ns  # noqa: E402
 
 if TYPE_CHECKING:
-    from stepscope.analyze import Trace
     from stepscope.analyze.diff import TraceDiff
     from stepscope.analyze.gaps import GapsResult
     from stepscope.analyze.kernels import KernelsResult
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
     from stepscope.analyze.overlap import OverlapResult
     from stepscope.analyze.snapshot import SnapshotResult
     from stepscope.analyze.steps import StepsResult
+    from stepscope.analyze.timeline import GpuTimeline
     from stepscope.analyze.transfers import TransfersResult
 
 DPI = 100
@@ -166,101 +166,44 @@ def memory_figure(result: MemoryTimeline) -> bytes | None:
     return _png(fig)
 
 
-def _gap_spans(gaps: pl.DataFrame | None) -> pl.DataFrame | None:
-    """device, start_ns, end_ns, dur_ns, cause on the trace's clock from a gaps table (start_ts/end_ts or
-    start_ns/end_ns), None when it has neither."""
-    if gaps is None:
+def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
+    """GPU timeline strip of one span (`analyze.timeline.gpu_timeline`), one row per device/stream: kernels,
+    memcpy and memset coloured by category, each memcpy also marked above its lane, idle gaps shaded by cause."""
+    if timeline is None:
         return None
-    cols = set(gaps.columns)
-    for start, end in (("start_ts", "end_ts"), ("start_ns", "end_ns")):
-        if {start, end, "device", "cause"} <= cols:
-            return gaps.select("device", "cause", start_ns=start, end_ns=end).with_columns(
-                dur_ns=pl.col("end_ns") - pl.col("start_ns"))
-    return None
-
-
-def median_step_index(steps: pl.DataFrame, gpu_starts: np.ndarray[Any, Any]) -> int:
-    """Row of the median-duration step among the steps that launched GPU work (all steps when none did).
-
-    Steps lasting 180, 175, 190, 166 ms (all with GPU work) -> the 175 ms one (the lower median).
-    """
-    starts = np.sort(gpu_starts)
-    first = np.searchsorted(starts, steps["ts_ns"].to_numpy(), "left")
-    has_gpu = np.searchsorted(starts, steps["end_ns"].to_numpy(), "left") > first
-    candidates = np.flatnonzero(has_gpu) if has_gpu.any() else np.arange(steps.height)
-    durations = steps["dur_ns"].to_numpy()[candidates]
-    order = np.argsort(durations, kind="stable")
-    return int(candidates[order[(len(order) - 1) // 2]])
-
-
-def timeline_figure(trace: Trace, step: int | None = None, gaps: pl.DataFrame | None = None) -> bytes | None:
-    """GPU timeline strip, one row per device/stream, for one step (default: the median-duration step with GPU
-    work; the whole trace when it has no steps): kernels, memcpy and memset coloured by category (kernels.py),
-    each memcpy also marked above its lane; idle gaps shaded by cause when `gaps` (gaps.py's table: device,
-    cause, start_ts/end_ts) is given, else left blank."""
-    from stepscope.analyze.kernels import category_expr
-
-    gpu = trace.gpu.select("kind", "name", "device", "stream", "ts_ns", "dur_ns").with_columns(
-        category=category_expr()).collect()
-    if gpu.height == 0:
-        return None
-    steps = trace.steps.collect()
-    window: tuple[int, int] | None = None
-    title = "GPU timeline (whole trace)"
-    if steps.height:
-        if step is not None:
-            row = steps.filter(pl.col("step") == step)
-            if row.height == 0:
-                from stepscope.errors import UsageError
-
-                raise UsageError(f"no step {step} in this trace (steps: {', '.join(map(str, steps['step']))})")
-        else:
-            row = steps.slice(median_step_index(steps, gpu["ts_ns"].to_numpy()), 1)
-        s, e, n = row["ts_ns"][0], row["end_ns"][0], row["step"][0]
-        # GPU work launched in a step runs a little after it: extend to the last GPU event starting inside
-        inside = gpu.filter((pl.col("ts_ns") >= s) & (pl.col("ts_ns") < e))
-        last = (inside["ts_ns"] + inside["dur_ns"]).max() if inside.height else None
-        end = max(e, int(last)) if isinstance(last, int) else e
-        window = (s, end)
-        title = f"GPU timeline, step {n} ({human_ns(e - s)} on the CPU)"
-    if window is not None:
-        gpu = gpu.filter((pl.col("ts_ns") + pl.col("dur_ns") > window[0]) & (pl.col("ts_ns") < window[1]))
-        origin = window[0]
-    else:
-        origin = int(gpu["ts_ns"].min())  # type: ignore[arg-type]
+    gpu, length = timeline.events, timeline.length_ns
     lanes = gpu.select("device", "stream").unique().sort("device", "stream", nulls_last=True)
     fig, ax = plt.subplots(figsize=(12, 0.55 * max(lanes.height, 1) + 1.6))
-    causes: list[str] = []
-    spans = _gap_spans(gaps)
-    if spans is not None and spans.height:
-        lo, hi = (window if window is not None else (origin, origin + 10**18))
-        shown = spans.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi) & pl.col("cause").is_not_null())
-        causes = (shown.group_by("cause").agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True)["cause"]
-                  .to_list())
-        for i, (dev, _stream) in enumerate(lanes.iter_rows()):
-            for cause, part in shown.filter(pl.col("device") == dev).group_by("cause"):
-                bars = list(zip((part["start_ns"] - origin).to_list(), part["dur_ns"].to_list(), strict=True))
-                ax.broken_barh(bars, (i - 0.5, 1.0), facecolors=idle_color(str(cause[0])), linewidth=0, zorder=0)
+    idle = timeline.idle
+    causes = idle.group_by("cause").agg(pl.col("dur_ns").sum()).sort("dur_ns", "cause", descending=[True, False])[
+        "cause"].to_list()
+    for i, (dev, _stream) in enumerate(lanes.iter_rows()):
+        for cause, part in idle.filter(pl.col("device") == dev).group_by("cause"):
+            bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
+            ax.broken_barh(bars, (i - 0.5, 1.0), facecolors=idle_color(str(cause[0])), linewidth=0, zorder=0)
     for i, (dev, stream) in enumerate(lanes.iter_rows()):
         lane = gpu.filter((pl.col("device") == dev) & (pl.col("stream") == stream))
         for cat, part in lane.group_by("category"):
-            bars = list(zip((part["ts_ns"] - origin).to_list(), part["dur_ns"].to_list(), strict=True))
+            bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
             ax.broken_barh(bars, (i - 0.4, 0.8), facecolors=color(str(cat[0])), linewidth=0)
         copies = lane.filter(pl.col("kind") == "memcpy")
         if copies.height:  # copies are short: a marker above the lane so none is lost at this scale
-            mid = (copies["ts_ns"] - origin + copies["dur_ns"] / 2).to_list()
+            mid = (copies["offset_ns"] + copies["dur_ns"] / 2).to_list()
             ax.plot(mid, [i - 0.47] * len(mid), "v", color=color("memcpy"), markersize=5, markeredgecolor="#8a4b08",
                     markeredgewidth=0.5, linestyle="none", zorder=4)
     ax.set_yticks(range(lanes.height), [f"GPU {d} stream {s}" for d, s in lanes.iter_rows()], fontsize=8)
     ax.invert_yaxis()
-    last_end = (gpu["ts_ns"] + gpu["dur_ns"]).max()
-    length = (window[1] - window[0]) if window else (int(last_end) if isinstance(last_end, int) else origin) - origin
     ax.set_xlim(0, length)
     unit = _ns_axis(ax, top=length)
-    ax.set_xlabel(f"time since step start ({unit})" if window else f"time since the first GPU event ({unit})")
+    if timeline.step is not None:
+        ax.set_xlabel(f"time since step start ({unit})")
+        title = f"GPU timeline, step {timeline.step} ({human_ns(timeline.cpu_ns or 0)} on the CPU)"
+    else:
+        ax.set_xlabel(f"time since the first GPU event ({unit})")
+        title = "GPU timeline (whole trace)"
     ax.set_title(title, fontsize=11, loc="left")
-    kinds = (gpu.group_by("category").agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True)["category"]
-             .to_list())
+    kinds = (gpu.group_by("category").agg(pl.col("dur_ns").sum()).sort("dur_ns", "category", descending=[True, False])
+             ["category"].to_list())
     handles: list[Any] = [Line2D([], [], color=color(k), marker="v", markersize=6, markeredgecolor="#8a4b08",
                                  linewidth=6) if k == "memcpy" else Rectangle((0, 0), 1, 1, color=color(k))
                           for k in kinds]
@@ -271,29 +214,6 @@ def timeline_figure(trace: Trace, step: int | None = None, gaps: pl.DataFrame | 
     fig.legend(handles, [*kinds, *idle_labels], loc="upper center", bbox_to_anchor=(0.5, 0.0),
                ncol=min(len(handles), 10), fontsize=8, frameon=False)
     _style(ax)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def steps_figure(trace: Trace) -> bytes | None:
-    """Duration of each ProfilerStep on the CPU (the step spans as recorded), with the median marked."""
-    steps = trace.steps.collect()
-    if steps.height == 0:
-        return None
-    fig, ax = plt.subplots(figsize=(max(5.0, min(12.0, 2 + 0.5 * steps.height)), 3.2))
-    labels = [str(s) for s in steps["step"].to_list()]
-    ax.bar(labels, steps["dur_ns"].to_list(), color=color("kernel"))
-    med = float(steps["dur_ns"].median())  # type: ignore[arg-type]
-    ax.axhline(med, color="#555555", linestyle="--", linewidth=1)
-    ax.text(len(labels) - 0.5, med, f" median {human_ns(med)}", va="bottom", ha="right", fontsize=8)
-    ax.set_title("Step time", fontsize=11)
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"duration ({_ns_axis(ax, 'y')})")
-    ax.grid(axis="y", alpha=0.3)
-    ax.spines["top"].set_visible(False)
-    ax.spines["right"].set_visible(False)
-    if steps.height > 30:
-        ax.set_xticks(range(0, steps.height, max(1, steps.height // 20)))
     fig.tight_layout()
     return _png(fig)
 

@@ -10,12 +10,10 @@ on the page, the rest of the report still renders.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import datetime as _dt
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,17 +25,10 @@ from stepscope.reports.text import format_value, result_headline
 from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 if TYPE_CHECKING:
-    from stepscope.analyze import Trace
+    from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.diff import TraceDiff
-    from stepscope.analyze.gaps import GapsResult
-    from stepscope.analyze.info import TraceInfo
-    from stepscope.analyze.kernels import KernelsResult
-    from stepscope.analyze.memory import MemoryTimeline
-    from stepscope.analyze.ops import OpTable
-    from stepscope.analyze.overlap import OverlapResult
-    from stepscope.analyze.steps import StepsResult
-    from stepscope.analyze.summary import SummaryResult
-    from stepscope.analyze.transfers import TransfersResult
+    from stepscope.analyze.memory_categories import MemoryCategoriesResult
+    from stepscope.analyze.snapshot import SnapshotResult
 
 MAX_TABLE_ROWS = 50
 
@@ -129,77 +120,14 @@ def headline_items(result: Any, skip: Sequence[str] = ()) -> list[tuple[str, str
     return out
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class ReportContext:
-    """What section builders share: the trace, the chosen step, how to reproduce, and cached results."""
+    """What section builders share: the trace's analysis bundle (results, computed once), the step the
+    timeline shows, and the input as the user named it (for the commands that reproduce a section)."""
 
-    trace: Trace
+    bundle: TraceAnalysis
     source: str
     step: int | None = None
-    memory_buckets: int = 200
-
-    @cached_property
-    def info(self) -> TraceInfo:
-        from stepscope.analyze.info import trace_info
-
-        return trace_info(self.trace)
-
-    @cached_property
-    def ops(self) -> OpTable:
-        from stepscope.analyze.ops import op_table
-
-        return op_table(self.trace)
-
-    @cached_property
-    def memory(self) -> MemoryTimeline:
-        from stepscope.analyze.memory import memory_timeline
-
-        return memory_timeline(self.trace, buckets=self.memory_buckets)
-
-    @cached_property
-    def step_breakdown(self) -> StepsResult:
-        from stepscope.analyze.steps import step_breakdown
-
-        return step_breakdown(self.trace, gaps=self.gaps)  # the gaps already computed for the report
-
-    @cached_property
-    def verdict(self) -> SummaryResult:
-        from stepscope.analyze.summary import verdict
-
-        return verdict(self.trace, gaps=self.gaps, steps=self.step_breakdown)  # reuse, don't recompute
-
-    @cached_property
-    def gaps(self) -> GapsResult | None:
-        """GPU idle gaps (gaps.py), None where that analysis is not installed."""
-        try:
-            from stepscope.analyze.gaps import gpu_gaps
-        except ModuleNotFoundError:
-            return None
-        return gpu_gaps(self.trace)
-
-    @cached_property
-    def overlap(self) -> OverlapResult | None:
-        """CPU/GPU overlap (overlap.py), None where that analysis is not installed."""
-        try:
-            from stepscope.analyze.overlap import cpu_gpu_overlap
-        except ModuleNotFoundError:
-            return None
-        return cpu_gpu_overlap(self.trace)
-
-    @cached_property
-    def transfers(self) -> TransfersResult | None:
-        """Host/device copies (transfers.py), None where that analysis is not installed."""
-        try:
-            from stepscope.analyze.transfers import transfers
-        except ModuleNotFoundError:
-            return None
-        return transfers(self.trace)
-
-    @cached_property
-    def kernels(self) -> KernelsResult:
-        from stepscope.analyze.kernels import kernel_summary
-
-        return kernel_summary(self.trace)
 
     def command(self, *args: str) -> str:
         return shlex.join(["stepscope", *args])
@@ -211,7 +139,7 @@ SectionBuilder = Callable[[ReportContext], Section | None]
 # ---------------------------------------------------------------------------------------------- sections
 def verdict_section(ctx: ReportContext) -> Section | None:
     """The verdict first (summary.py): what bounds the step, why, what to do, where to look."""
-    result = ctx.verdict
+    result = ctx.bundle.verdict
     name = str(result.verdict.value).replace("_", " ")
     headline = headline_items(result, skip=("verdict", "reason", "advice"))
     tables = []
@@ -229,10 +157,9 @@ def steps_section(ctx: ReportContext) -> Section | None:
     """Per-step breakdown (steps.py): wall time, GPU busy/idle, CPU phases; and the GPU timeline of one step."""
     from stepscope.reports import figures
 
-    result = ctx.step_breakdown
+    result = ctx.bundle.steps
     figs = []
-    gaps = ctx.gaps
-    timeline = figures.timeline_figure(ctx.trace, ctx.step, gaps.gaps if gaps is not None else None)
+    timeline = figures.timeline_figure(ctx.bundle.timeline(ctx.step))
     if result.steps_found == 0 and timeline is None:
         return None
     notes = []
@@ -269,8 +196,8 @@ def gaps_section(ctx: ReportContext) -> Section | None:
     """GPU idle gaps (gaps.py): utilization per device, idle by cause, histogram, the longest gaps and blame."""
     from stepscope.reports import figures
 
-    result = ctx.gaps
-    if result is None or result.devices_with_gpu_work == 0:
+    result = ctx.bundle.gaps
+    if result.devices_with_gpu_work == 0:
         return None
     png = figures.gaps_figure(result)
     cols = ["device", "step", "dur_ns", "cause", "blamed_op", "blamed_python", "blamed_runtime", "prev_kernel",
@@ -289,8 +216,8 @@ def overlap_section(ctx: ReportContext) -> Section | None:
     """CPU/GPU overlap (overlap.py): shares of the step windows, launch latency, queue depth, sync sources."""
     from stepscope.reports import figures
 
-    result = ctx.overlap
-    if result is None or result.gpu_busy_fraction is None or ctx.kernels.gpu_events == 0:
+    result = ctx.bundle.overlap
+    if result.gpu_busy_fraction is None or ctx.bundle.kernels.gpu_events == 0:
         return None  # CPU-only trace: the verdict section already says there is no GPU work
     png = figures.overlap_figure(result)
     tables = [frame_table(getattr(result, name), title) for name, title in (
@@ -306,8 +233,8 @@ def transfers_section(ctx: ReportContext) -> Section | None:
     """Host/device copies (transfers.py): per direction and step, pageable/sync copies, the worst ones."""
     from stepscope.reports import figures
 
-    result = ctx.transfers
-    if result is None or result.copies_total == 0:
+    result = ctx.bundle.transfers
+    if result.copies_total == 0:
         return None
     png = figures.transfers_figure(result)
     tables = [frame_table(result.by_direction, "By direction"), frame_table(result.by_step, "By step")]
@@ -322,7 +249,7 @@ def kernels_section(ctx: ReportContext) -> Section | None:
     """GPU time by kernel category and by kernel name (kernels.py)."""
     from stepscope.reports import figures
 
-    result = ctx.kernels
+    result = ctx.bundle.kernels
     if result.gpu_events == 0:
         return None
     png = figures.kernels_figure(result)
@@ -337,7 +264,7 @@ def ops_section(ctx: ReportContext) -> Section | None:
     """key_averages()-style op table, sortable, and the top ops as bars."""
     from stepscope.reports import figures
 
-    table = ctx.ops
+    table = ctx.bundle.ops
     if table.ops.height == 0:
         return None
     png = figures.ops_figure(table)
@@ -362,7 +289,7 @@ def memory_section(ctx: ReportContext) -> Section | None:
     """Allocated/reserved over time per device, the peak with its op and step, bytes per op, never freed."""
     from stepscope.reports import figures
 
-    result = ctx.memory
+    result = ctx.bundle.memory
     if result.memory_events == 0:
         return Section(id="memory", title="Memory", notes=[
             "No [memory] events in this trace: capture with torch.profiler.profile(profile_memory=True) to "
@@ -381,7 +308,7 @@ def memory_section(ctx: ReportContext) -> Section | None:
 
 def info_section(ctx: ReportContext) -> Section | None:
     """Trace metadata, event counts, devices and the trace's warnings."""
-    info = ctx.info
+    info = ctx.bundle.info
     tables = [frame_table(info.devices, "Devices"), frame_table(info.counts_by_kind, "Events by kind")]
     notes = []
     if info.warnings.height:
@@ -397,12 +324,11 @@ def info_section(ctx: ReportContext) -> Section | None:
                    commands=[ctx.command("info", ctx.source)])
 
 
-def memory_categories_section(path: Path) -> Section:
+def memory_categories_section(result: MemoryCategoriesResult) -> Section:
     """Memory by category (parameters, activations, gradients, …) from an export_memory_timeline file."""
-    from stepscope.analyze.memory_categories import memory_categories
     from stepscope.reports import figures
 
-    result = memory_categories(path)
+    path = Path(result.source)
     png = figures.memory_categories_figure(result)
     return Section(id="memory-categories", title=f"Memory by category ({path.name})",
                    headline=headline_items(result, skip=("source",)),
@@ -411,14 +337,12 @@ def memory_categories_section(path: Path) -> Section:
                    commands=[shlex.join(["stepscope", "memory", str(path)])])
 
 
-def snapshot_section(path: Path) -> Section:
+def snapshot_section(result: SnapshotResult) -> Section:
     """A CUDA memory snapshot (torch.cuda.memory._dump_snapshot): peak, live blocks at the peak by frame,
     largest allocations, segments, OOMs."""
-    from stepscope.analyze.snapshot import analyze_snapshot
-    from stepscope.analyze.snapshot_read import read_snapshot
     from stepscope.reports import figures
 
-    result = analyze_snapshot(read_snapshot(path))
+    path = Path(result.source)
     png = figures.snapshot_figure(result)
     tables = [frame_table(getattr(result, name), title, max_rows=20) for name, title in (
         ("devices", "Per device"), ("live_at_peak", "Live at the peak, by user frame"),
@@ -484,10 +408,11 @@ def render_page(*, title: str, subtitle: str, sections: Sequence[Section], probl
     )
 
 
-def trace_report(trace: Trace, *, source: str, step: int | None = None,
-                 back_link: str | None = None, context: ReportContext | None = None) -> str:
-    """The full HTML report of one trace (pass `context` to reuse analyses already computed for it)."""
-    ctx = context if context is not None else ReportContext(trace=trace, source=source, step=step)
+def trace_report(bundle: TraceAnalysis, *, source: str, step: int | None = None,
+                 back_link: str | None = None) -> str:
+    """The full HTML report of one trace, from its analysis bundle."""
+    ctx = ReportContext(bundle=bundle, source=source, step=step)
+    trace = bundle.trace
     sections, problems = build_sections(ctx)
     reproduce = [ctx.command("report", source, "-o", "OUT/")]
     for s in sections:
@@ -496,16 +421,6 @@ def trace_report(trace: Trace, *, source: str, step: int | None = None,
     rank = f", rank {trace.rank}" if trace.rank is not None else ""
     return render_page(title=f"stepscope report: {name}", subtitle=f"trace {trace.trace_id}{rank}",
                        sections=sections, problems=problems, reproduce=reproduce, back_link=back_link)
-
-
-def result_section(result: Any, *, id: str, title: str, figures: Sequence[Figure] = (),
-                   notes: Sequence[str] = ()) -> Section:
-    """A generic section for any result dataclass: its headline figures and each of its tables."""
-    tables = [frame_table(getattr(result, f.name), display_name(f.name).capitalize())
-              for f in dataclasses.fields(result) if isinstance(getattr(result, f.name), pl.DataFrame)
-              and getattr(result, f.name).height]
-    return Section(id=id, title=title, headline=headline_items(result), figures=list(figures), tables=tables,
-                   notes=list(notes))
 
 
 def _delta_cell(before: float | None, after: float | None, fmt: Callable[[Any], str], relative: bool) -> Cell:
@@ -567,6 +482,3 @@ def diff_report(result: TraceDiff, *, reproduce: Sequence[str] = ()) -> str:
     return render_page(title=f"stepscope diff: {r.before} → {r.after}", subtitle="after minus before",
                        sections=[section], reproduce=reproduce)
 
-
-def write_html(path: Path, text: str) -> None:
-    path.write_text(text, encoding="utf-8")

@@ -14,13 +14,18 @@ import io
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import polars as pl
 
 from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 MAX_CELL = 100
+
+OutputFormat = Literal["table", "json", "csv"]
 
 
 def result_tables(result: Any) -> dict[str, pl.DataFrame]:
@@ -55,13 +60,13 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def render_json(result: Any) -> str:
-    """The whole result as one JSON document."""
+def render_json(result: Any, *, table: str | None = None, max_rows: int | None = None) -> str:
+    """The whole result as one JSON document (every table, every row: `table` and `max_rows` do not apply)."""
     return json.dumps(to_jsonable(result), indent=2, ensure_ascii=False) + "\n"
 
 
-def render_csv(result: Any, table: str | None = None) -> str:
-    """One table of the result (the first, or the one named) as CSV with raw (unformatted) values."""
+def render_csv(result: Any, table: str | None = None, *, max_rows: int | None = None) -> str:
+    """One table of the result (the first, or the one named) as CSV with raw (unformatted) values, every row."""
     tables = result_tables(result)
     if not tables:
         raise ValueError("this result has no table to write as CSV")
@@ -166,8 +171,8 @@ def render_headline(headline: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
-def render_table(result: Any, *, max_rows: int | None = 50) -> str:
-    """Headline figures, then each table of the result under its name."""
+def render_table(result: Any, *, table: str | None = None, max_rows: int | None = 50) -> str:
+    """Headline figures, then each table of the result under its name (all tables: `table` picks the CSV one)."""
     parts = []
     head = render_headline(result_headline(result))
     if head:
@@ -177,10 +182,17 @@ def render_table(result: Any, *, max_rows: int | None = 50) -> str:
     return "\n".join(parts) + "\n"
 
 
-def render(result: Any, fmt: str, *, table: str | None = None, max_rows: int | None = 50) -> str:
-    """Dispatch on the output format."""
-    if fmt == "json":
-        return render_json(result)
-    if fmt == "csv":
-        return render_csv(result, table)
-    return render_table(result, max_rows=max_rows)
+class Renderer(Protocol):
+    """Writes one result in one format; `table` names the table a one-table format writes."""
+
+    def __call__(self, result: Any, *, table: str | None = ..., max_rows: int | None = ...) -> str: ...
+
+
+#: one renderer per output format
+RENDERERS: Mapping[OutputFormat, Renderer] = {"table": render_table, "json": render_json, "csv": render_csv}
+
+
+def render(result: DataclassInstance, fmt: OutputFormat, *, table: str | None = None,
+           max_rows: int | None = 50) -> str:
+    """`result` in the format asked for (the renderer from `RENDERERS`)."""
+    return RENDERERS[fmt](result, table=table, max_rows=max_rows)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 from builders import kernel, load_events, trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from report_traces import gpu_doc
 
 from stepscope.analyze.diff import diff_traces, gpu_busy_fraction
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
-from _report_traces import gpu_doc  # noqa: E402
 
 
 def test_busy_fraction_merges_overlaps(tmp_path: Path) -> None:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from builders import write_trace
 from click.testing import CliRunner
+from report_traces import gpu_doc
 
 from stepscope.cli import cli
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
-from _report_traces import gpu_doc  # noqa: E402
 
 
 def test_diff_text_and_html(tmp_path: Path) -> None:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import matplotlib.image as mpimg
 import pytest
 from builders import cpu_op, trace, write_trace
 from click.testing import CliRunner
+from report_traces import gpu_doc
 
 from stepscope.cli import cli
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
-from _report_traces import gpu_doc  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", ["timeline", "steps", "ops", "kernels", "gaps", "transfers", "memory"])

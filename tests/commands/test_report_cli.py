@@ -9,14 +9,11 @@ from pathlib import Path
 import pytest
 from builders import write_trace
 from click.testing import CliRunner
+from report_traces import gpu_doc
 
 from stepscope.cli import cli
 
 TESTS = Path(__file__).resolve().parents[1]
-import sys  # noqa: E402
-
-sys.path.insert(0, str(TESTS / "reports"))
-from _report_traces import gpu_doc  # noqa: E402
 
 
 def run(*args: str) -> tuple[int, str]:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import matplotlib.image as mpimg
 import pytest
-from _report_traces import gpu_doc
 from builders import load_events
+from report_traces import gpu_doc
 
+from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.reports.html import trace_report
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
@@ -22,7 +23,7 @@ def test_report_in_headless_chromium(tmp_path: Path) -> None:
     if exe is None:
         pytest.skip("chromium is not on PATH (apt-get install chromium) : the real-browser check cannot run")
     page = tmp_path / "index.html"
-    page.write_text(trace_report(load_events(tmp_path, gpu_doc()), source="x"), encoding="utf-8")
+    page.write_text(trace_report(TraceAnalysis.of(load_events(tmp_path, gpu_doc())), source="x"), encoding="utf-8")
     profile = tmp_path / "profile"
     dom = subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=60).stdout

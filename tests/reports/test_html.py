@@ -5,18 +5,23 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-from _report_traces import XSS, gpu_doc
 from builders import cpu_op, load_events, trace
+from report_traces import XSS, gpu_doc
 
-from stepscope.analyze import load
+from stepscope.analyze import Trace, load
+from stepscope.analyze.bundle import TraceAnalysis
+from stepscope.analyze.gaps import gpu_gaps
 from stepscope.reports import html as H
 from stepscope.reports.units import human_ns
 
 
+def report(trace: Trace, source: str) -> str:
+    return H.trace_report(TraceAnalysis.of(trace), source=source)
+
+
 def test_report_sections_numbers_and_escaping(tmp_path: Path) -> None:
     t = load_events(tmp_path, gpu_doc())
-    page = H.trace_report(t, source="synthetic.json")
+    page = report(t, "synthetic.json")
     assert page.index('id="verdict"') < page.index('id="steps"') < page.index('id="info"')  # verdict first
     for sid in ("verdict", "steps", "kernels", "ops", "memory", "info", "reproduce"):
         assert f'id="{sid}"' in page
@@ -32,7 +37,7 @@ def test_report_sections_numbers_and_escaping(tmp_path: Path) -> None:
 
 def test_cpu_only_trace_says_what_is_missing(tmp_path: Path) -> None:
     t = load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
-    page = H.trace_report(t, source="cpu.json")
+    page = report(t, "cpu.json")
     assert "No [memory] events in this trace" in page
     assert 'id="steps"' not in page  # no steps and no GPU work: no section
 
@@ -42,7 +47,7 @@ def test_a_failing_section_becomes_a_problem_line(tmp_path: Path, monkeypatch) -
         raise RuntimeError("boom <b>")
 
     monkeypatch.setattr(H, "SECTIONS", [("broken", broken), *H.SECTIONS])
-    page = H.trace_report(load_events(tmp_path, gpu_doc()), source="x")
+    page = report(load_events(tmp_path, gpu_doc()), "x")
     assert "section &#39;broken&#39; could not be built: RuntimeError: boom &lt;b&gt;" in page
     assert 'id="ops"' in page
 
@@ -55,21 +60,20 @@ def test_display_names() -> None:
 
 def test_corpus_report(corpus: Path) -> None:
     t = load(corpus / "traces" / "kineto" / "resnet50_num_workers_0")
-    page = H.trace_report(t, source="resnet")
+    page = report(t, "resnet")
     assert "aten::cudnn_convolution" in page and 'id="memory"' in page
     assert "176.3 ms" in page  # median ProfilerStep (steps 5..10)
     assert "data loading bound: exposed data loading" in page  # the verdict leads the page
 
 
 def test_gaps_section(corpus: Path) -> None:
-    gaps_mod = pytest.importorskip("stepscope.analyze.gaps", reason="gaps.py is not installed")
     t = load(corpus / "traces" / "kineto" / "resnet50_num_workers_0")
-    page = H.trace_report(t, source="resnet")
+    page = report(t, "resnet")
     assert 'id="gaps"' in page and "Longest gaps" in page and "data_loading" in page
     assert page.index('id="steps"') < page.index('id="gaps"') < page.index('id="kernels"')
     for sid in ("overlap", "transfers"):  # landed with gaps.py
         assert f'id="{sid}"' in page
     assert "Memcpy HtoD" in page or "HtoD" in page
-    idle = gaps_mod.gpu_gaps(t).idle_ns
+    idle = gpu_gaps(t).idle_ns
     assert human_ns(idle) in page
     assert "GPU idle by cause, per step" in page and "69.6 ms" in page  # step 5 waited 69.6 ms for data
