@@ -3,13 +3,22 @@ run (all ranks) or a batch (a dataset from `stepscope ingest`, or with --batch a
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
+from stepscope._io import atomic_dir
+from stepscope.analyze.bundle import TraceAnalysis
+from stepscope.analyze.collection import Collection, Member, members, page_names, run_facts, side_files, straggler
+from stepscope.analyze.inputs import Dataset, MemoryTimeline, RunDir, Snapshot, TraceBatch, describe, resolve
+from stepscope.analyze.trace import load
 from stepscope.commands._options import echo_failure, end_batch
-from stepscope.reports.assemble import build_report
+from stepscope.errors import UsageError
+from stepscope.reports.assemble import index_page, member_page, member_row, trace_report
 
 
 @click.command("report")
@@ -27,10 +36,57 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
     A trace that fails in a run or batch is reported in one line and the rest go on; the exit code is 1 if
     any failed."""
     start = time.perf_counter()
-    outcome = build_report(input_path, out, batch=batch, step=step)
-    for _, line in outcome.failed:
+    inp = resolve(input_path, batch=batch)
+    if isinstance(inp, Snapshot | MemoryTimeline):
+        raise UsageError(f"is {describe(inp)}, not a trace: use `stepscope "
+                         f"{'snapshot' if isinstance(inp, Snapshot) else 'memory-timeline'}`", path=input_path)
+    if isinstance(inp, TraceBatch) and not batch:
+        raise UsageError("holds several traces: add --batch for one report per trace and an index", path=input_path)
+    with atomic_dir(out) as tmp:
+        if isinstance(inp, RunDir | Dataset | TraceBatch):
+            kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step)
+        else:
+            page = trace_report(TraceAnalysis.of(load(inp)), source=str(input_path), step=step)
+            (tmp / "index.html").write_text(page, encoding="utf-8")
+            kind, failed, total = "trace", [], 1
+    for line in failed:
         echo_failure(line)
-    kind = {"trace": "trace", "run": "run", "batch": "batch"}[outcome.mode]
-    click.echo(f"wrote {outcome.index} ({kind}, {outcome.reports} report(s), {len(outcome.failed)} failed) "
+    click.echo(f"wrote {out / 'index.html'} ({kind}, {total - len(failed)} report(s), {len(failed)} failed) "
                f"in {time.perf_counter() - start:.1f} s")
-    end_batch(outcome.failed, outcome.reports + len(outcome.failed))
+    end_batch(failed, total)
+
+
+def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bool,
+                      step: int | None) -> tuple[str, list[str], int]:
+    """Each member's page as it is analysed (one bundle alive at a time), then the index; returns the mode,
+    the failed files' lines and the number of traces."""
+    run = isinstance(inp, RunDir)
+    named = page_names(inp)
+    done: list[Member] = []
+    rows = []
+    lead: Member | None = None
+    for m in _progress(members(named), len(named)):
+        rows.append(member_row(m, run=run))
+        if m.bundle is not None:
+            (tmp / m.name).mkdir(parents=True, exist_ok=True)
+            (tmp / m.name / "index.html").write_text(member_page(m, step=step), encoding="utf-8")
+            lead = m if run and len(named) == 1 else None
+        done.append(dataclasses.replace(m, bundle=None))  # its page is written: let its frames go
+    failed = [m.failure for m in done if m.failure]
+    page = index_page(rows, run=run, lead=lead, straggler=straggler(done) if run else None,
+                      facts=run_facts(inp.manifests) if isinstance(inp, RunDir) else None,
+                      side=side_files(inp) if isinstance(inp, RunDir) else [], problems=failed, step=step,
+                      title=f"stepscope {'run' if run else 'batch'} report: {input_path.name}",
+                      subtitle=f"{len(rows)} traces from {input_path}",
+                      reproduce=f"stepscope report {input_path} -o OUT/" + (" --batch" if batch else ""))
+    (tmp / "index.html").write_text(page, encoding="utf-8")
+    return ("run" if run else "batch"), failed, len(rows)
+
+
+def _progress(found: Iterator[Member], total: int) -> Iterator[Member]:
+    """A progress bar on stderr for two traces or more."""
+    if total < 2:
+        yield from found
+        return
+    with click.progressbar(found, length=total, label="reporting", file=sys.stderr) as bar:
+        yield from bar
