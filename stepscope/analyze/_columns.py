@@ -51,7 +51,7 @@ from stepscope.analyze.schema import (
 from stepscope.errors import TraceFormatError
 
 try:  # the compiled fast path (setup.py); where it could not be built, every span takes the Python path
-    from stepscope.analyze import _scan
+    import stepscope.analyze._scan as _scan
 except ImportError:  # pragma: no cover - exercised only on machines without a C compiler
     _scan = None  # type: ignore[assignment]
 
