@@ -198,6 +198,54 @@ def _histogram(dur_ns: pl.Series) -> pl.DataFrame:
                          "idle_ns": np.bincount(bins, weights=values, minlength=n).astype(np.int64)})
 
 
+def _unblamed(gaps: pl.DataFrame) -> pl.DataFrame:
+    """`_blame`'s text columns, all null: for a trace with no gaps, so the columns exist either way."""
+    return gaps.with_columns(pl.lit(None, pl.String).alias(c) for c in (
+        "prev_kernel", "next_kernel", "launch_pid", "launch_tid", "pid", "tid", "blamed_op", "blamed_python",
+        "blamed_runtime", "cause"))
+
+
+def _per_device(windows: pl.DataFrame, busy: pl.DataFrame, gaps: pl.DataFrame) -> pl.DataFrame:
+    """device, window_ns, busy_ns, idle_ns, busy_fraction, gaps, longest_gap_ns; one row per device with a
+    window (0 busy, 0 idle where it has none)."""
+
+    def total(frame: pl.DataFrame, name: str) -> pl.DataFrame:
+        return frame.group_by("device").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias(name))
+
+    return (
+        total(windows, "window_ns")
+        .join(total(busy, "busy_ns"), on="device", how="left")
+        .join(gaps.group_by("device").agg(gaps=pl.len().cast(pl.Int64), idle_ns=pl.col("dur_ns").sum(),
+                                          longest_gap_ns=pl.col("dur_ns").max()), on="device", how="left")
+        .with_columns(pl.col("busy_ns", "idle_ns", "gaps").fill_null(0))
+        .with_columns(busy_fraction=pl.col("busy_ns") / pl.col("window_ns"))
+        .select("device", "window_ns", "busy_ns", "idle_ns", "busy_fraction", "gaps", "longest_gap_ns")
+        .sort("device")
+    )
+
+
+def _idle_by_cause(gaps: pl.DataFrame, per_device: pl.DataFrame) -> pl.DataFrame:
+    """device, cause, gaps, idle_ns, idle_fraction (of the device's idle time); most idle first per device."""
+    return (
+        gaps.group_by("device", "cause").agg(gaps=pl.len().cast(pl.Int64), idle_ns=pl.col("dur_ns").sum())
+        .join(per_device.select("device", all_idle="idle_ns"), on="device")
+        .with_columns(idle_fraction=pl.col("idle_ns") / pl.col("all_idle")).drop("all_idle")
+        .sort("device", "idle_ns", descending=[False, True])
+    )
+
+
+def _gaps_table(gaps: pl.DataFrame, windows: pl.DataFrame, min_gap_ns: int) -> pl.DataFrame:
+    """The `gaps` table of GapsResult: gaps of at least min_gap_ns, longest first, since_start_ns counted
+    from the first window's start, kernel names shortened."""
+    first = windows["start_ns"].min() if windows.height else 0
+    return gaps.filter(pl.col("dur_ns") >= min_gap_ns).sort("dur_ns", descending=True).select(
+        "device", "step", since_start_ns=pl.col("start_ns") - pl.lit(first, pl.Int64), dur_ns="dur_ns",
+        cause="cause",
+        blamed_op="blamed_op", blamed_python="blamed_python", blamed_runtime="blamed_runtime",
+        prev_kernel=short_name(pl.col("prev_kernel")), next_kernel=short_name(pl.col("next_kernel")), tid="tid",
+        start_ns="start_ns", end_ns="end_ns")
+
+
 def gpu_gaps(source: Source, *, min_gap_ns: int = 0, window: WindowKind = "steps", device: int | None = None,
              top: int | None = None) -> GapsResult:
     """Busy, window, utilization and idle gaps (with blame and cause) per device. See the module docstring.
@@ -214,38 +262,10 @@ def gpu_gaps(source: Source, *, min_gap_ns: int = 0, window: WindowKind = "steps
                           windows.lazy(), by=["device"]).collect()
     gaps = (intervals.subtract(windows.lazy(), busy.lazy(), by=["device"]).collect()
             .with_columns(dur_ns=pl.col("end_ns") - pl.col("start_ns")))
-    text = [pl.lit(None, pl.String).alias(c) for c in ("prev_kernel", "next_kernel", "launch_pid", "launch_tid",
-                                                        "pid", "tid", "blamed_op", "blamed_python",
-                                                        "blamed_runtime", "cause")]
-    gaps = _blame(frames, gaps, gpu) if gaps.height else gaps.with_columns(text)
+    gaps = _blame(frames, gaps, gpu) if gaps.height else _unblamed(gaps)
     gaps = with_step(gaps, steps)
-
-    def total(frame: pl.DataFrame, name: str) -> pl.DataFrame:
-        return frame.group_by("device").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias(name))
-
-    per_device = (
-        total(windows, "window_ns")
-        .join(total(busy, "busy_ns"), on="device", how="left")
-        .join(gaps.group_by("device").agg(gaps=pl.len().cast(pl.Int64), idle_ns=pl.col("dur_ns").sum(),
-                                          longest_gap_ns=pl.col("dur_ns").max()), on="device", how="left")
-        .with_columns(pl.col("busy_ns", "idle_ns", "gaps").fill_null(0))
-        .with_columns(busy_fraction=pl.col("busy_ns") / pl.col("window_ns"))
-        .select("device", "window_ns", "busy_ns", "idle_ns", "busy_fraction", "gaps", "longest_gap_ns")
-        .sort("device")
-    )
-    by_cause = (
-        gaps.group_by("device", "cause").agg(gaps=pl.len().cast(pl.Int64), idle_ns=pl.col("dur_ns").sum())
-        .join(per_device.select("device", all_idle="idle_ns"), on="device")
-        .with_columns(idle_fraction=pl.col("idle_ns") / pl.col("all_idle")).drop("all_idle")
-        .sort("device", "idle_ns", descending=[False, True])
-    )
-    first = windows["start_ns"].min() if windows.height else 0
-    shown = gaps.filter(pl.col("dur_ns") >= min_gap_ns).sort("dur_ns", descending=True).select(
-        "device", "step", since_start_ns=pl.col("start_ns") - pl.lit(first, pl.Int64), dur_ns="dur_ns",
-        cause="cause",
-        blamed_op="blamed_op", blamed_python="blamed_python", blamed_runtime="blamed_runtime",
-        prev_kernel=short_name(pl.col("prev_kernel")), next_kernel=short_name(pl.col("next_kernel")), tid="tid",
-        start_ns="start_ns", end_ns="end_ns")
+    per_device = _per_device(windows, busy, gaps)
+    shown = _gaps_table(gaps, windows, min_gap_ns)
     totals = per_device.select(pl.col("busy_ns", "window_ns", "idle_ns").sum()).row(0, named=True)
     window_ns = int(totals["window_ns"] or 0)
     return GapsResult(
@@ -258,7 +278,7 @@ def gpu_gaps(source: Source, *, min_gap_ns: int = 0, window: WindowKind = "steps
         gaps_total=gaps.height,
         min_gap_ns=min_gap_ns,
         devices=per_device,
-        idle_by_cause=by_cause,
+        idle_by_cause=_idle_by_cause(gaps, per_device),
         gaps=shown.head(top) if top else shown,
         histogram=_histogram(gaps["dur_ns"]),
     )

@@ -152,6 +152,54 @@ def _inside_any(
     return out
 
 
+def _cpu_events(trace: Trace) -> pl.DataFrame:
+    """The CPU-thread events that become rows (CPU_ROW_KINDS with a duration, FILTERED_NAMES dropped), in
+    nesting order, with their input_shapes key."""
+    return sort_for_nesting(
+        trace.events.filter(
+            pl.col("kind").is_in([k.value for k in CPU_ROW_KINDS]) & pl.col("dur_ns").is_not_null()
+            & pl.col("ts_ns").is_not_null() & ~pl.col("name").is_in(FILTERED_NAMES)
+        )
+        .select("event_id", "name", "kind", "pid", "tid", "ts_ns", "dur_ns", _shapes_key(), "flops")
+        .collect()
+    )
+
+
+def _launched_ns(cpu: pl.DataFrame, launches: pl.DataFrame) -> np.ndarray[Any, Any]:
+    """Per row of `cpu`, the summed duration of the GPU work it launched itself (0 where none)."""
+    return (
+        cpu.select("event_id")
+        .join(launches.filter(pl.col("op_event_id").is_not_null())
+              .group_by("op_event_id").agg(k=pl.col("dur_ns").sum()),
+              left_on="event_id", right_on="op_event_id", how="left", maintain_order="left")["k"]
+        .fill_null(0).to_numpy().astype(np.int64)
+    )
+
+
+_ZERO = pl.lit(0, pl.Int64)
+
+
+def _memory_rows(mem: pl.DataFrame) -> pl.DataFrame:
+    """`[memory]` rows for the given instants (ts_ns, cpu_bytes, device_bytes): no time, self = total bytes."""
+    return mem.select(
+        event_id=pl.lit(None, pl.Int64), name=pl.lit("[memory]"), kind=pl.lit(Kind.MEMORY.value),
+        pid=pl.lit(None, pl.String), tid=pl.lit(None, pl.String), ts_ns="ts_ns", input_shapes=pl.lit("[]"),
+        flops=pl.lit(None, pl.Float64), cpu_total_ns=_ZERO, self_cpu_ns=_ZERO, device_total_ns=_ZERO,
+        self_device_ns=_ZERO, cpu_mem_bytes="cpu_bytes", self_cpu_mem_bytes="cpu_bytes",
+        device_mem_bytes="device_bytes", self_device_mem_bytes="device_bytes", parent_event_id=pl.lit(None, pl.Int64),
+    )
+
+
+def _device_rows(trace: Trace) -> pl.DataFrame:
+    """One row per device event (DEVICE_ROW_KINDS with a duration): self = total device time = its duration."""
+    return trace.of_kind(*DEVICE_ROW_KINDS).filter(pl.col("dur_ns").is_not_null()).select(
+        "event_id", "name", "kind", "pid", "tid", "ts_ns", input_shapes=pl.lit("[]"), flops=pl.lit(None, pl.Float64),
+        cpu_total_ns=_ZERO, self_cpu_ns=_ZERO, device_total_ns="dur_ns", self_device_ns="dur_ns",
+        cpu_mem_bytes=_ZERO, self_cpu_mem_bytes=_ZERO, device_mem_bytes=_ZERO, self_device_mem_bytes=_ZERO,
+        parent_event_id=pl.lit(None, pl.Int64),
+    ).collect()
+
+
 def op_rows(source: Source) -> pl.DataFrame:
     """One row per event as torch's FunctionEvent list holds it, before grouping (see the module docstring).
 
@@ -161,24 +209,10 @@ def op_rows(source: Source) -> pl.DataFrame:
     """
     frames = frames_of(source)
     trace = frames.trace
-    cpu = sort_for_nesting(
-        trace.events.filter(
-            pl.col("kind").is_in([k.value for k in CPU_ROW_KINDS]) & pl.col("dur_ns").is_not_null()
-            & pl.col("ts_ns").is_not_null() & ~pl.col("name").is_in(FILTERED_NAMES)
-        )
-        .select("event_id", "name", "kind", "pid", "tid", "ts_ns", "dur_ns", _shapes_key(), "flops")
-        .collect()
-    )
+    cpu = _cpu_events(trace)
     parent, _ = parent_index(cpu)
-    kernels_ns = (
-        cpu.select("event_id")
-        .join(frames.launches.filter(pl.col("op_event_id").is_not_null())
-              .group_by("op_event_id").agg(k=pl.col("dur_ns").sum()),
-              left_on="event_id", right_on="op_event_id", how="left", maintain_order="left")["k"]
-        .fill_null(0).to_numpy().astype(np.int64)
-    )
     codes = cpu["name"].rank("dense").to_numpy().astype(np.int64) if cpu.height else np.zeros(0, np.int64)
-    par, removed, own_kernels, depth = collapse_repeated(parent, codes, kernels_ns)
+    par, removed, own_kernels, depth = collapse_repeated(parent, codes, _launched_ns(cpu, frames.launches))
     keep = ~removed
     par_kept = np.where(keep, par, -1)
 
@@ -202,23 +236,8 @@ def op_rows(source: Source) -> pl.DataFrame:
         self_device_mem_bytes=pl.Series(dev_mem - children_sum(par, dev_mem, keep)),
         parent_event_id=pl.Series(np.where(par >= 0, event_ids[np.maximum(par, 0)], -1)).replace(-1, None),
     ).filter(pl.Series(keep))
-
-    unclaimed = ~_inside_any(mem_ts, start, end)
-    zero = pl.lit(0, pl.Int64)
-    mem_rows = mem.filter(pl.Series(unclaimed)).select(
-        event_id=pl.lit(None, pl.Int64), name=pl.lit("[memory]"), kind=pl.lit(Kind.MEMORY.value),
-        pid=pl.lit(None, pl.String), tid=pl.lit(None, pl.String), ts_ns="ts_ns", input_shapes=pl.lit("[]"),
-        flops=pl.lit(None, pl.Float64), cpu_total_ns=zero, self_cpu_ns=zero, device_total_ns=zero,
-        self_device_ns=zero, cpu_mem_bytes="cpu_bytes", self_cpu_mem_bytes="cpu_bytes",
-        device_mem_bytes="device_bytes", self_device_mem_bytes="device_bytes", parent_event_id=pl.lit(None, pl.Int64),
-    )
-    dev_rows = trace.of_kind(*DEVICE_ROW_KINDS).filter(pl.col("dur_ns").is_not_null()).select(
-        "event_id", "name", "kind", "pid", "tid", "ts_ns", input_shapes=pl.lit("[]"), flops=pl.lit(None, pl.Float64),
-        cpu_total_ns=zero, self_cpu_ns=zero, device_total_ns="dur_ns", self_device_ns="dur_ns",
-        cpu_mem_bytes=zero, self_cpu_mem_bytes=zero, device_mem_bytes=zero, self_device_mem_bytes=zero,
-        parent_event_id=pl.lit(None, pl.Int64),
-    ).collect()
-    return pl.concat([cpu_rows, mem_rows, dev_rows], how="vertical_relaxed")
+    unclaimed = mem.filter(pl.Series(~_inside_any(mem_ts, start, end)))
+    return pl.concat([cpu_rows, _memory_rows(unclaimed), _device_rows(trace)], how="vertical_relaxed")
 
 
 def op_table(source: Source, *, group_by_shape: bool = False, sort_by: str = "auto", top: int | None = None,

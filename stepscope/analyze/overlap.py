@@ -18,7 +18,8 @@ import polars as pl
 
 from stepscope.analyze import intervals
 from stepscope.analyze.blame import innermost, is_sync_runtime, source_frames
-from stepscope.analyze.frames import Source, frames_of
+from stepscope.analyze.frames import Source, TraceFrames, frames_of
+from stepscope.analyze.trace import Trace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,19 +52,19 @@ def _clip(frame: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
     return intervals.clip(frame.lazy(), window.lazy()).collect()
 
 
-def cpu_gpu_overlap(source: Source) -> OverlapResult:
-    """Utilization, CPU busy, overlap, launch latency per stream, queue depth per stream, sync calls."""
-    frames = frames_of(source)
-    trace = frames.trace
-    launches = frames.launches
-    gpu = launches.select("device", "stream", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
-                          launch_ns="launch_ts_ns", pid="launch_pid", tid="launch_tid")
+def _window(frames: TraceFrames) -> pl.DataFrame:
+    """The analysis window as disjoint (start_ns, end_ns); on a CPU-only trace, the CPU's own span."""
     window = _union(frames.analysis_window().select("start_ns", "end_ns"))
-    if window.height == 0:  # CPU-only trace: the CPU's own span
-        window = trace.cpu.select(start_ns=pl.col("ts_ns").min(),
-                                  end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect().drop_nulls()
-    window_ns = _length(window)
-    gpu_busy = _clip(gpu.select("start_ns", "end_ns").drop_nulls(), window)
+    if window.height == 0:
+        window = frames.trace.cpu.select(start_ns=pl.col("ts_ns").min(),
+                                         end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect().drop_nulls()
+    return window
+
+
+def _cpu_busy(frames: TraceFrames, gpu: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
+    """CPU ops of the threads that launch GPU work (else the ProfilerStep threads, else every thread with
+    ops), clipped to the window: (start_ns, end_ns)."""
+    trace = frames.trace
     threads = gpu.select("pid", "tid").drop_nulls().unique()
     if threads.height == 0:
         threads = frames.profiler_steps.select("pid", "tid").unique()
@@ -71,15 +72,12 @@ def cpu_gpu_overlap(source: Source) -> OverlapResult:
         threads = trace.cpu_ops.select("pid", "tid").unique().collect()
     cpu = (trace.cpu_ops.select("pid", "tid", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
            .collect().join(threads, on=["pid", "tid"], how="semi"))
-    cpu_busy = _clip(cpu.select("start_ns", "end_ns").drop_nulls(), window)
-    g, c = _length(gpu_busy), _length(cpu_busy)
-    either = _length(_union(pl.concat([gpu_busy, cpu_busy]))) if g or c else 0
-    both = g + c - either
+    return _clip(cpu.select("start_ns", "end_ns").drop_nulls(), window)
 
-    def share(value: int) -> float | None:
-        return value / window_ns if window_ns else None
 
-    latency = (
+def _launch_latency(gpu: pl.DataFrame) -> pl.DataFrame:
+    """Per (device, stream): launches and p50/p95/p99/max of GPU start - launch call start."""
+    return (
         gpu.filter(pl.col("launch_ns").is_not_null())
         .with_columns(latency_ns=pl.col("start_ns") - pl.col("launch_ns"))
         .group_by("device", "stream").agg(
@@ -87,10 +85,22 @@ def cpu_gpu_overlap(source: Source) -> OverlapResult:
             p99_ns=pl.col("latency_ns").quantile(0.99), max_ns=pl.col("latency_ns").max())
         .sort("device", "stream")
     )
+
+
+def _queue_depth(gpu: pl.DataFrame) -> pl.DataFrame:
+    """Per (device, stream): max and time-weighted mean depth, and the share of time at each depth bucket.
+
+    +1 at each launch call, -1 where its GPU work ends; a depth holds until the next edge on the stream:
+
+        launches at 0 and 2, work ends at 5 and 9 -> depth 1 on [0, 2), 2 on [2, 5), 1 on [5, 9)
+    """
+    launched = gpu.filter(pl.col("launch_ns").is_not_null())
     edges = pl.concat([
-        gpu.filter(pl.col("launch_ns").is_not_null()).select("device", "stream", t="launch_ns", d=pl.lit(1)),
-        gpu.filter(pl.col("launch_ns").is_not_null()).select("device", "stream", t="end_ns", d=pl.lit(-1)),
+        launched.select("device", "stream", t="launch_ns", d=pl.lit(1)),
+        launched.select("device", "stream", t="end_ns", d=pl.lit(-1)),
     ]).sort("device", "stream", "t", "d")
+    if edges.height == 0:
+        return pl.DataFrame()
     depth = (
         edges.with_columns(depth=pl.col("d").cum_sum().over("device", "stream"))
         .with_columns(held_ns=(pl.col("t").shift(-1).over("device", "stream") - pl.col("t")).fill_null(0))
@@ -99,24 +109,53 @@ def cpu_gpu_overlap(source: Source) -> OverlapResult:
                       .when(pl.col("depth") <= 4).then(pl.lit("2-4"))
                       .when(pl.col("depth") <= 16).then(pl.lit("5-16")).otherwise(pl.lit(">16")))
     )
-    queue = (
+    return (
         depth.group_by("device", "stream").agg(
             max_depth=pl.col("depth").max(),
             mean_depth=(pl.col("depth").clip(lower_bound=0) * pl.col("held_ns")).sum() / pl.col("held_ns").sum(),
             **{f"depth_{b}_fraction": pl.col("held_ns").filter(pl.col("bucket") == b).sum() / pl.col("held_ns").sum()
                for b in ("0", "1", "2-4", "5-16", ">16")})
         .sort("device", "stream")
-    ) if edges.height else pl.DataFrame()
+    )
+
+
+def _sync_calls(trace: Trace) -> pl.DataFrame:
+    """Synchronizing runtime calls (pid, tid, ts_ns, dur_ns, name) with the innermost Python frame and op
+    enclosing each (`python`, `op`; null where none)."""
     syncs = trace.runtime.filter(is_sync_runtime(pl.col("name"))).select(
         "pid", "tid", "ts_ns", "dur_ns", "name").collect()
     points = syncs.select("pid", "tid", "ts_ns")
-    syncs = syncs.with_columns(python=innermost(source_frames(trace), points)["name"],
-                               op=innermost(trace.cpu_ops, points)["name"])
-    sources = (
+    return syncs.with_columns(python=innermost(source_frames(trace), points)["name"],
+                              op=innermost(trace.cpu_ops, points)["name"])
+
+
+def _sync_sources(syncs: pl.DataFrame) -> pl.DataFrame:
+    """Sync calls and their time per (runtime call name, source), most time first; the source is the Python
+    frame, else the op, else "(no enclosing op)"."""
+    return (
         syncs.with_columns(source=pl.coalesce("python", "op", pl.lit("(no enclosing op)")))
         .group_by("name", "source").agg(calls=pl.len(), total_ns=pl.col("dur_ns").sum())
         .sort("total_ns", descending=True)
     )
+
+
+def cpu_gpu_overlap(source: Source) -> OverlapResult:
+    """Utilization, CPU busy, overlap, launch latency per stream, queue depth per stream, sync calls."""
+    frames = frames_of(source)
+    gpu = frames.launches.select("device", "stream", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
+                                 launch_ns="launch_ts_ns", pid="launch_pid", tid="launch_tid")
+    window = _window(frames)
+    window_ns = _length(window)
+    gpu_busy = _clip(gpu.select("start_ns", "end_ns").drop_nulls(), window)
+    cpu_busy = _cpu_busy(frames, gpu, window)
+    g, c = _length(gpu_busy), _length(cpu_busy)
+    either = _length(_union(pl.concat([gpu_busy, cpu_busy]))) if g or c else 0
+    both = g + c - either
+
+    def share(value: int) -> float | None:
+        return value / window_ns if window_ns else None
+
+    syncs = _sync_calls(frames.trace)
     return OverlapResult(
         gpu_events=gpu.height,
         window_ns=window_ns,
@@ -124,5 +163,5 @@ def cpu_gpu_overlap(source: Source) -> OverlapResult:
         both_busy_fraction=share(both) if gpu.height else None,
         gpu_only_fraction=share(g - both) if gpu.height else None, cpu_only_fraction=share(c - both),
         sync_calls=syncs.height, sync_ns=int(syncs["dur_ns"].sum() or 0),
-        launch_latency=latency, queue_depth=queue, sync_sources=sources,
+        launch_latency=_launch_latency(gpu), queue_depth=_queue_depth(gpu), sync_sources=_sync_sources(syncs),
     )

@@ -246,6 +246,58 @@ def idle_by_cause(gaps: GapsResult, windows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _no_steps(modules: pl.DataFrame) -> StepsResult:
+    """The result for a trace without ProfilerStep spans: nothing per step, only the module times."""
+    return StepsResult(steps_found=0, mean_wall_ns=None, mean_gpu_busy_fraction=None, mean_data_loading_ns=None,
+                       mean_data_loading_exposed_ns=None, outlier_steps=[], steps=pl.DataFrame(),
+                       stats=pl.DataFrame(), idle_by_cause=pl.DataFrame(), modules=modules)
+
+
+def _gpu_by_kind(gpu_by_step: pl.DataFrame) -> pl.DataFrame:
+    """step, kernel_ns, memcpy_ns, memset_ns: summed durations of the GPU work each step launched."""
+    return gpu_by_step.group_by("step").agg(
+        kernel_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value).sum(),
+        memcpy_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.MEMCPY.value).sum(),
+        memset_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.MEMSET.value).sum(),
+    )
+
+
+def _gpu_busy(windows: pl.DataFrame, all_gpu: pl.DataFrame) -> pl.DataFrame:
+    """step, gpu_busy_ns: the union of the GPU work (s, e) inside each step window.
+
+    Any GPU work in a window counts (a previous step's spill-over included); an interval is found by the
+    windows holding its start and its end (one spanning three windows is not seen whole).
+    """
+    return _covered_length(windows, _in_windows(all_gpu, windows)).rename({"busy_ns": "gpu_busy_ns"})
+
+
+def _step_table(windows: pl.DataFrame, parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """The per-step table: each part (step, columns...) joined onto the windows, missing times 0, the
+    GPU idle time and busy fraction derived, in StepsResult.steps's column order, sorted by step."""
+    out = windows
+    for part in parts:
+        out = out.join(part, on="step", how="left")
+    for c in (*PHASES, "other_cpu"):
+        if c not in out.columns:
+            out = out.with_columns(pl.lit(0, pl.Int64).alias(c))
+    out = out.with_columns(pl.col(c).fill_null(0) for c in (
+        "gpu_busy_ns", "kernel_ns", "memcpy_ns", "memset_ns", *PHASES, "other_cpu", "data_loading_exposed_ns"))
+    return out.select(
+        "step", "start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns", "wall_ns", "cpu_ns", "gpu_busy_ns",
+        gpu_idle_ns=pl.col("wall_ns") - pl.col("gpu_busy_ns"),
+        gpu_busy_fraction=pl.when(pl.col("wall_ns") > 0).then(pl.col("gpu_busy_ns") / pl.col("wall_ns")),
+        kernel_ns="kernel_ns", memcpy_ns="memcpy_ns", memset_ns="memset_ns",
+        data_loading_ns="data_loading", data_loading_exposed_ns="data_loading_exposed_ns",
+        forward_ns="forward", backward_ns="backward", optimizer_ns="optimizer", other_cpu_ns="other_cpu",
+    ).sort("step")
+
+
+def _unknown_gpu(steps: pl.DataFrame) -> pl.DataFrame:
+    """The GPU columns set to null: with no GPU work recorded they are unknown, not 0 busy / all idle."""
+    gpu_cols = ("gpu_busy_ns", "gpu_idle_ns", "gpu_busy_fraction", "kernel_ns", "memcpy_ns", "memset_ns")
+    return steps.with_columns(pl.lit(None, steps.schema[c]).alias(c) for c in gpu_cols)
+
+
 def step_breakdown(source: Source, *, gaps: GapsResult | None = None) -> StepsResult:
     """Per ProfilerStep: window and CPU span, GPU busy/idle, kernel/memcpy/memset time, CPU phases
     (data loading, forward, backward, optimizer, other), exposed data loading, GPU idle by cause; stats and
@@ -255,50 +307,17 @@ def step_breakdown(source: Source, *, gaps: GapsResult | None = None) -> StepsRe
     windows = frames.step_windows
     modules = module_times(frames)
     if windows.height == 0:
-        return StepsResult(steps_found=0, mean_wall_ns=None, mean_gpu_busy_fraction=None, mean_data_loading_ns=None,
-                           mean_data_loading_exposed_ns=None,
-                           outlier_steps=[], steps=pl.DataFrame(), stats=pl.DataFrame(),
-                           idle_by_cause=pl.DataFrame(), modules=modules)
-    gpu = frames.gpu_by_step
-    by_kind = (
-        gpu.group_by("step").agg(
-            kernel_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value).sum(),
-            memcpy_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.MEMCPY.value).sum(),
-            memset_ns=pl.col("dur_ns").filter(pl.col("kind") == Kind.MEMSET.value).sum(),
-        )
-    )
+        return _no_steps(modules)
     all_gpu = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select(
         s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect()
-    # GPU busy in a window counts any GPU work in it (a previous step's spill-over included); an interval
-    # is found by the windows holding its start and its end (one spanning three windows is not seen whole).
-    per_step_gpu = _in_windows(all_gpu, windows)
-    busy = _covered_length(windows, per_step_gpu).rename({"busy_ns": "gpu_busy_ns"})
     phases_iv = _phase_intervals(trace, windows)
-    split = _phase_split(windows, phases_iv)
     dl = phases_iv.filter(pl.col("phase") == "data_loading").select("step", "s", "e")
-    dl_exposed = _exposed(dl, all_gpu)
-    out = (
-        windows.join(busy, on="step", how="left").join(by_kind, on="step", how="left")
-        .join(split, on="step", how="left").join(dl_exposed, on="step", how="left")
-    )
-    for c in (*PHASES, "other_cpu"):
-        if c not in out.columns:
-            out = out.with_columns(pl.lit(0, pl.Int64).alias(c))
-    out = out.with_columns(pl.col(c).fill_null(0) for c in (
-        "gpu_busy_ns", "kernel_ns", "memcpy_ns", "memset_ns", *PHASES, "other_cpu", "data_loading_exposed_ns"))
-    out = out.select(
-        "step", "start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns", "wall_ns", "cpu_ns", "gpu_busy_ns",
-        gpu_idle_ns=pl.col("wall_ns") - pl.col("gpu_busy_ns"),
-        gpu_busy_fraction=pl.when(pl.col("wall_ns") > 0).then(pl.col("gpu_busy_ns") / pl.col("wall_ns")),
-        kernel_ns="kernel_ns", memcpy_ns="memcpy_ns", memset_ns="memset_ns",
-        data_loading_ns="data_loading", data_loading_exposed_ns="data_loading_exposed_ns",
-        forward_ns="forward", backward_ns="backward", optimizer_ns="optimizer", other_cpu_ns="other_cpu",
-    ).sort("step")
+    out = _step_table(windows, [_gpu_busy(windows, all_gpu), _gpu_by_kind(frames.gpu_by_step),
+                                _phase_split(windows, phases_iv), _exposed(dl, all_gpu)])
     out = out.with_columns(outlier=outliers(out["wall_ns"]))
     has_gpu = all_gpu.height > 0
-    if not has_gpu:  # no GPU work recorded: GPU figures are unknown, not 0 busy / all idle
-        gpu_cols = ("gpu_busy_ns", "gpu_idle_ns", "gpu_busy_fraction", "kernel_ns", "memcpy_ns", "memset_ns")
-        out = out.with_columns(pl.lit(None, out.schema[c]).alias(c) for c in gpu_cols)
+    if not has_gpu:
+        out = _unknown_gpu(out)
     if gaps is None:
         gaps = gpu_gaps(frames)
     wall_total, busy_total = int(out["wall_ns"].sum()), int(out["gpu_busy_ns"].sum() or 0)
