@@ -9,6 +9,7 @@ by shape, "Total FLOPs" (scaled like torch's KFLOPs/MFLOPs/…) when recorded.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from stepscope.analyze.ops import OpTable
@@ -42,59 +43,80 @@ def format_share(fraction: float | None) -> str:
     return "NaN" if fraction is None else f"{fraction * 100:.2f}%"
 
 
-def render_ops_table(result: OpTable, *, max_name_width: int = 55, max_shapes_width: int = 80) -> str:
-    """The canonical key_averages() table for an OpTable result."""
+@dataclass(frozen=True, kw_only=True)
+class _Columns:
+    """Which optional column groups the table shows, and the device's name in their headers."""
+
+    dev: str
+    device_time: bool
+    memory: bool
+    device_mem: bool
+    shapes: bool
+    flops_scale: float
+    flops_header: str  # "" when no op has FLOPs
+
+
+def _columns(result: OpTable) -> _Columns:
+    """The optional column groups torch would show for this table; FLOPs scaled to the smallest op's unit."""
     ops = result.ops
-    if ops.height == 0:
-        return "no CPU ops, annotations or GPU events in this trace: nothing to tabulate\n"
-    dev = result.device_name or "CUDA"
-    has_device_time = bool((ops["self_device_ns"] > 0).any())
-    has_device_mem = bool((ops["self_device_mem_bytes"] != 0).any())
-    has_shapes = result.group_by_shape
     flops_vals = [f for f in ops["flops"].to_list() if f is not None and f > 0]
-    headers = ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
-    if has_device_time:
-        headers += [f"Self {dev}", f"Self {dev} %", f"{dev} total", f"{dev} time avg"]
-    if result.has_memory:
-        headers += ["CPU Mem", "Self CPU Mem"]
-        if has_device_mem:
-            headers += [f"{dev} Mem", f"Self {dev} Mem"]
-    headers.append("# of Calls")
     flops_scale, flops_header = 1.0, ""
     if flops_vals:
         power = max(0, min(int(math.floor(math.log10(min(flops_vals)) / 3)), len(_FLOP_UNITS) - 1))
         flops_scale, flops_header = 10.0 ** (-3 * power), f"Total {_FLOP_UNITS[power]}"
+    return _Columns(dev=result.device_name or "CUDA", device_time=bool((ops["self_device_ns"] > 0).any()),
+                    memory=result.has_memory, device_mem=bool((ops["self_device_mem_bytes"] != 0).any()),
+                    shapes=result.group_by_shape, flops_scale=flops_scale, flops_header=flops_header)
 
-    rows: list[list[str]] = []
-    for r in ops.iter_rows(named=True):
-        name = r["name"]
-        if len(name) >= max_name_width - 3:
-            name = name[: max_name_width - 3] + "..."
-        row = [name, format_share(r["self_cpu_fraction"]), format_time_us(r["self_cpu_ns"] / 1e3),
-               format_share(r["cpu_total_fraction"]), format_time_us(r["cpu_total_ns"] / 1e3),
-               format_time_us(r["cpu_total_ns"] / 1e3 / r["calls"])]
-        if has_device_time:
-            row += [format_time_us(r["self_device_ns"] / 1e3), format_share(r["self_device_fraction"]),
-                    format_time_us(r["device_total_ns"] / 1e3), format_time_us(r["device_total_ns"] / 1e3 / r["calls"])]
-        if result.has_memory:
-            row += [format_memory(r["cpu_mem_bytes"]), format_memory(r["self_cpu_mem_bytes"])]
-            if has_device_mem:
-                row += [format_memory(r["device_mem_bytes"]), format_memory(r["self_device_mem_bytes"])]
-        row.append(str(r["calls"]))
-        if has_shapes:
-            row.append(str(r["input_shapes"])[:max_shapes_width])
-        if flops_header:
-            f: Any = r["flops"]
-            row.append("--" if f is None or f <= 0 else f"{f * flops_scale:8.3f}")
-        rows.append(row)
-    if has_shapes:
+
+def _headers(cols: _Columns) -> list[str]:
+    """Column headers in torch's order."""
+    dev = cols.dev
+    headers = ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
+    if cols.device_time:
+        headers += [f"Self {dev}", f"Self {dev} %", f"{dev} total", f"{dev} time avg"]
+    if cols.memory:
+        headers += ["CPU Mem", "Self CPU Mem"]
+        if cols.device_mem:
+            headers += [f"{dev} Mem", f"Self {dev} Mem"]
+    headers.append("# of Calls")
+    if cols.shapes:
         headers.append("Input Shapes")
-    if flops_header:
-        headers.append(flops_header)
+    if cols.flops_header:
+        headers.append(cols.flops_header)
+    return headers
 
+
+def _row(r: dict[str, Any], cols: _Columns, max_name_width: int, max_shapes_width: int) -> list[str]:
+    """One op's cells, formatted as torch formats them, matching `_headers`."""
+    name = r["name"]
+    if len(name) >= max_name_width - 3:
+        name = name[: max_name_width - 3] + "..."
+    row = [name, format_share(r["self_cpu_fraction"]), format_time_us(r["self_cpu_ns"] / 1e3),
+           format_share(r["cpu_total_fraction"]), format_time_us(r["cpu_total_ns"] / 1e3),
+           format_time_us(r["cpu_total_ns"] / 1e3 / r["calls"])]
+    if cols.device_time:
+        row += [format_time_us(r["self_device_ns"] / 1e3), format_share(r["self_device_fraction"]),
+                format_time_us(r["device_total_ns"] / 1e3), format_time_us(r["device_total_ns"] / 1e3 / r["calls"])]
+    if cols.memory:
+        row += [format_memory(r["cpu_mem_bytes"]), format_memory(r["self_cpu_mem_bytes"])]
+        if cols.device_mem:
+            row += [format_memory(r["device_mem_bytes"]), format_memory(r["self_device_mem_bytes"])]
+    row.append(str(r["calls"]))
+    if cols.shapes:
+        row.append(str(r["input_shapes"])[:max_shapes_width])
+    if cols.flops_header:
+        f: Any = r["flops"]
+        row.append("--" if f is None or f <= 0 else f"{f * cols.flops_scale:8.3f}")
+    return row
+
+
+def _grid(headers: list[str], rows: list[list[str]], max_name_width: int, max_shapes_width: int) -> list[str]:
+    """The table's lines: separator, headers, separator, rows, separator; cells right-aligned, the name
+    (and input shapes) column as wide as its longest cell allows, every other column 12 wide."""
     name_width = min(max(len(r[0]) for r in rows) + 4, max_name_width)
     widths = [name_width] + [12] * (len(headers) - 1)
-    if has_shapes:
+    if "Input Shapes" in headers:
         idx = headers.index("Input Shapes")
         widths[idx] = min(max(len(r[idx]) for r in rows) + 4, max_shapes_width)
     sep = "  ".join("-" * w for w in widths)
@@ -102,10 +124,19 @@ def render_ops_table(result: OpTable, *, max_name_width: int = 55, max_shapes_wi
     def line(values: list[str]) -> str:
         return "  ".join(v.rjust(w) for v, w in zip(values, widths, strict=True))
 
-    out = [sep, line(headers), sep, *(line(r) for r in rows), sep,
-           f"Self CPU time total: {format_time_us(result.self_cpu_total_ns / 1e3)}"]
-    if has_device_time:
-        out.append(f"Self {dev} time total: {format_time_us(result.self_device_total_ns / 1e3)}")
+    return [sep, line(headers), sep, *(line(r) for r in rows), sep]
+
+
+def render_ops_table(result: OpTable, *, max_name_width: int = 55, max_shapes_width: int = 80) -> str:
+    """The canonical key_averages() table for an OpTable result."""
+    if result.ops.height == 0:
+        return "no CPU ops, annotations or GPU events in this trace: nothing to tabulate\n"
+    cols = _columns(result)
+    rows = [_row(r, cols, max_name_width, max_shapes_width) for r in result.ops.iter_rows(named=True)]
+    out = _grid(_headers(cols), rows, max_name_width, max_shapes_width)
+    out.append(f"Self CPU time total: {format_time_us(result.self_cpu_total_ns / 1e3)}")
+    if cols.device_time:
+        out.append(f"Self {cols.dev} time total: {format_time_us(result.self_device_total_ns / 1e3)}")
     if result.ops_shown < result.ops_total:
         out.append(f"(top {result.ops_shown} of {result.ops_total} rows, sorted by {result.sort_by}; "
                    "--top 0 shows all)")
