@@ -29,7 +29,6 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     (allocated/reserved over time, peak marked; by category for an export_memory_timeline file) or
     snapshot (a CUDA memory snapshot .pickle as TRACE) or transfers (copy time and bytes per step)."""
     from stepscope._io import atomic_write_bytes
-    from stepscope.reports import figures
 
     png: bytes | None
     source = resolve(trace)
@@ -38,15 +37,17 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
 
         raise UsageError(f"is {describe(source)}, not a CUDA memory snapshot (.pickle)", path=trace)
     if kind == "snapshot" or (kind == "memory" and isinstance(source, MemoryTimeline)):
+        from stepscope.reports import memory_figures  # matplotlib: imported only when a figure is drawn
+
         if kind == "snapshot":
             from stepscope.analyze.snapshot import analyze_snapshot
             from stepscope.analyze.snapshot_read import read_snapshot
 
-            png = figures.snapshot_figure(analyze_snapshot(read_snapshot(trace)))
+            png = memory_figures.snapshot_figure(analyze_snapshot(read_snapshot(trace)))
         else:
             from stepscope.analyze.memory_categories import memory_categories
 
-            png = figures.memory_categories_figure(memory_categories(trace))
+            png = memory_figures.memory_categories_figure(memory_categories(trace))
         if png is None:
             click.echo(f"no allocation history in {trace}: nothing to plot, {output} not written")
             return
@@ -69,6 +70,12 @@ def _figures() -> ModuleType:
     return figures
 
 
+def _memory_figures() -> ModuleType:
+    from stepscope.reports import memory_figures  # matplotlib: imported only when a figure is drawn
+
+    return memory_figures
+
+
 # kind -> (draw the figure from the trace's bundle and --step, what to say when there is nothing to draw)
 _TRACE_FIGURES: dict[str, tuple[Callable[[TraceAnalysis, int | None], bytes | None], str]] = {
     "timeline": (lambda b, step: _figures().timeline_figure(b.timeline(step)),
@@ -78,6 +85,6 @@ _TRACE_FIGURES: dict[str, tuple[Callable[[TraceAnalysis, int | None], bytes | No
     "transfers": (lambda b, _: _figures().transfers_figure(b.transfers), "no host/device copies in this trace"),
     "kernels": (lambda b, _: _figures().kernels_figure(b.kernels), "no GPU work in this trace"),
     "ops": (lambda b, _: _figures().ops_figure(b.ops), "no ops in this trace"),
-    "memory": (lambda b, _: _figures().memory_figure(b.memory),
+    "memory": (lambda b, _: _memory_figures().memory_figure(b.memory),
                "no [memory] events in this trace: capture with profile_memory=True"),
 }

@@ -1,104 +1,33 @@
-"""Figures as PNG bytes (matplotlib, Agg backend): they draw analysis results, they compute nothing.
+"""Figures of the trace analyses as PNG bytes (matplotlib, Agg backend): they draw results, they compute
+nothing. The memory figures are in `memory_figures`; the shared plumbing is in `_plot`.
 
-Every function returns PNG bytes, or None when there is nothing to draw (e.g. no GPU work, no [memory]
-events); the caller says so in words. Colours come from `palette`, units from `units`.
+Every function returns PNG bytes, or None when there is nothing to draw (e.g. no GPU work); the caller says
+so in words. Colours come from `palette`, units from `units`.
 """
 
 from __future__ import annotations
 
-import io
 from typing import TYPE_CHECKING, Any
 
-import matplotlib
+import numpy as np
+import polars as pl
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import polars as pl  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator  # noqa: E402
-
-from stepscope.reports.palette import color, idle_color  # noqa: E402
-from stepscope.reports.units import human_bytes, human_ns  # noqa: E402
+from stepscope.reports._plot import ns_axis, ns_tick, short, style, subplots, to_png
+from stepscope.reports.palette import color, idle_color
+from stepscope.reports.units import human_ns
 
 if TYPE_CHECKING:
     from stepscope.analyze.diff import TraceDiff
     from stepscope.analyze.gaps import GapsResult
     from stepscope.analyze.kernels import KernelsResult
-    from stepscope.analyze.memory import MemoryTimeline
-    from stepscope.analyze.memory_categories import MemoryCategoriesResult
     from stepscope.analyze.ops import OpTable
     from stepscope.analyze.overlap import OverlapResult
-    from stepscope.analyze.snapshot import SnapshotResult
     from stepscope.analyze.steps import StepsResult
     from stepscope.analyze.timeline import GpuTimeline
     from stepscope.analyze.transfers import TransfersResult
-
-DPI = 100
-_LABEL_CHARS = 48
-
-
-def _short(label: str, n: int = _LABEL_CHARS) -> str:
-    """A trace-derived label on one line, at most n characters, drawn as plain text: a '$' would otherwise
-    start matplotlib's math mode (and a name like '$\\frac' would fail the whole figure)."""
-    label = " ".join(str(label).split())
-    label = label if len(label) <= n else label[: n - 1] + "…"
-    return label.replace("$", r"\$")
-
-
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-_NS_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
-
-
-def _ns_axis(ax: Any, axis: str = "x", top: float | None = None) -> str:
-    """Plain numbers in one unit chosen from the axis range (no per-tick units that collide); returns it."""
-    lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
-    span = top if top is not None else max(abs(lo), abs(hi))
-    scale, unit = next(((f, u) for f, u in _NS_UNITS if span >= 2 * f), (1.0, "ns"))
-    target = ax.xaxis if axis == "x" else ax.yaxis
-    target.set_major_locator(MaxNLocator(nbins=7))
-    target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v / scale:g}"))
-    return unit
-
-
-_NICE_STEPS = (1.0, 2.0, 2.5, 5.0, 10.0)
-
-
-def _bytes_axis(ax: Any, axis: str = "y") -> None:
-    """Byte ticks at round multiples of a binary unit (256 MiB, 512 MiB, 1 GiB, ...), labelled like 1.5 GiB.
-
-    Call after the data is drawn: the step is chosen from the axis range (about 6 ticks).
-    """
-    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
-    span = max(abs(lo), abs(hi), 1.0)
-    unit = 1024.0 ** max(0, min(5, int(np.log(span) / np.log(1024))))
-    raw = span / unit / 6
-    mag = 10.0 ** np.floor(np.log10(raw)) if raw > 0 else 1.0
-    step = next((m * mag for m in _NICE_STEPS if m * mag >= raw), 10 * mag)
-    if unit == 1.0:
-        step = max(1.0, round(step))
-    target = ax.yaxis if axis == "y" else ax.xaxis
-    target.set_major_locator(MultipleLocator(step * unit))
-    target.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
-
-
-def _ns_tick(v: float) -> str:
-    """A log-axis tick in its own unit, no trailing zeros: 1e5 -> '100 µs', 1e6 -> '1 ms'."""
-    scale, unit = next(((f, u) for f, u in _NS_UNITS if v >= f), (1.0, "ns"))
-    return f"{v / scale:g} {unit}"
-
-
-def _style(ax: Any) -> None:
-    ax.spines["top"].set_visible(False)
-    ax.spines["right"].set_visible(False)
-    ax.grid(axis="x", alpha=0.3)
 
 
 def ops_figure(table: OpTable, n: int = 12) -> bytes | None:
@@ -112,10 +41,10 @@ def ops_figure(table: OpTable, n: int = 12) -> bytes | None:
     if table.self_device_total_ns > 0:
         panels.append(("self_device_ns", f"Top ops by self {table.device_name or 'device'} time", "device",
                        (pl.col("kind") == "cpu_op") & not_step))
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 0.32 * n + 1.4), squeeze=False)
+    fig, axes = subplots(1, len(panels), figsize=(6.5 * len(panels), 0.32 * n + 1.4), squeeze=False)
     for ax, (col, title, cat, keep) in zip(axes[0], panels, strict=True):
         top = ops.filter(keep & (pl.col(col) > 0)).sort(col, descending=True).head(n)
-        labels = [_short(x, 40) for x in top["name"].to_list()][::-1]
+        labels = [short(x, 40) for x in top["name"].to_list()][::-1]
         values = top[col].to_list()[::-1]
         ax.barh(range(len(values)), values, color=color(cat))
         ax.set_yticks(range(len(values)), labels, fontsize=8)
@@ -123,47 +52,10 @@ def ops_figure(table: OpTable, n: int = 12) -> bytes | None:
         for i, v in enumerate(values):
             ax.text(v, i, " " + human_ns(v), va="center", fontsize=7)
         ax.margins(x=0.18)
-        ax.set_xlabel(f"time over the whole trace ({_ns_axis(ax)})")
-        _style(ax)
+        ax.set_xlabel(f"time over the whole trace ({ns_axis(ax)})")
+        style(ax)
     fig.tight_layout()
-    return _png(fig)
-
-
-def memory_figure(result: MemoryTimeline) -> bytes | None:
-    """Allocated and reserved bytes over time, one panel per device, the peak marked with its op and step."""
-    tl = result.timeline
-    if result.memory_events == 0 or tl.height == 0:
-        return None
-    devices = tl["device_name"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(len(devices), 1, figsize=(10, 2.8 * len(devices) + 0.6), squeeze=False)
-    peaks = {r["device_name"]: r for r in result.devices.iter_rows(named=True)}
-    for ax, dev in zip(axes[:, 0], devices, strict=True):
-        d = tl.filter(pl.col("device_name") == dev).sort("offset_ns")
-        x = d["offset_ns"].to_list()
-        alloc = d["allocated_bytes"].to_list()
-        ax.step(x, d["reserved_bytes"].to_list(), where="post", color=color("reserved"), label="reserved")
-        ax.step(x, alloc, where="post", color=color("allocated"), label="allocated")
-        ax.fill_between(x, alloc, step="post", color=color("allocated"), alpha=0.15)
-        p = peaks.get(dev)
-        if p is not None and p.get("peak_offset_ns") is not None and p.get("peak_allocated_bytes") is not None:
-            ax.plot([p["peak_offset_ns"]], [p["peak_allocated_bytes"]], "o", color=color("peak"), zorder=5)
-            where = _short(str(p["peak_op"]), 40) if p.get("peak_op") else "outside any op"
-            step = f", step {p['peak_step']}" if p.get("peak_step") is not None else ""
-            label = f"peak {human_bytes(p['peak_allocated_bytes'])}\n{where}{step}"
-            right = p["peak_offset_ns"] > (x[-1] if x else 0) * 0.6
-            ax.annotate(label, (p["peak_offset_ns"], p["peak_allocated_bytes"]), xytext=(-10 if right else 10, -4),
-                        textcoords="offset points", ha="right" if right else "left", va="top", fontsize=8,
-                        color=color("peak"), bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none",
-                                                   "alpha": 0.85})
-        ax.set_title(f"Memory on {dev}", fontsize=11)
-        ax.set_ylabel("bytes")
-        _bytes_axis(ax, "y")
-        ax.set_xlabel(f"time since trace start ({_ns_axis(ax)})")
-        ax.set_ylim(bottom=0)
-        ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.85)
-        _style(ax)
-    fig.tight_layout()
-    return _png(fig)
+    return to_png(fig)
 
 
 def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
@@ -173,7 +65,7 @@ def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
         return None
     gpu, length = timeline.events, timeline.length_ns
     lanes = gpu.select("device", "stream").unique().sort("device", "stream", nulls_last=True)
-    fig, ax = plt.subplots(figsize=(12, 0.55 * max(lanes.height, 1) + 1.6))
+    fig, ax = subplots(figsize=(12, 0.55 * max(lanes.height, 1) + 1.6))
     idle = timeline.idle
     causes = idle.group_by("cause").agg(pl.col("dur_ns").sum()).sort("dur_ns", "cause", descending=[True, False])[
         "cause"].to_list()
@@ -194,7 +86,7 @@ def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
     ax.set_yticks(range(lanes.height), [f"GPU {d} stream {s}" for d, s in lanes.iter_rows()], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, length)
-    unit = _ns_axis(ax, top=length)
+    unit = ns_axis(ax, top=length)
     if timeline.step is not None:
         ax.set_xlabel(f"time since step start ({unit})")
         title = f"GPU timeline, step {timeline.step} ({human_ns(timeline.cpu_ns or 0)} on the CPU)"
@@ -213,9 +105,9 @@ def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
         handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#999999"))
     fig.legend(handles, [*kinds, *idle_labels], loc="upper center", bbox_to_anchor=(0.5, 0.0),
                ncol=min(len(handles), 10), fontsize=8, frameon=False)
-    _style(ax)
+    style(ax)
     fig.tight_layout()
-    return _png(fig)
+    return to_png(fig)
 
 
 def step_breakdown_figure(result: StepsResult) -> bytes | None:
@@ -234,7 +126,7 @@ def step_breakdown_figure(result: StepsResult) -> bytes | None:
     x = np.arange(len(labels))
     has_gpu = bool(steps["gpu_busy_ns"].fill_null(0).sum() or steps["kernel_ns"].fill_null(0).sum())
     width = max(11.0, min(15.0, 4 + 0.5 * len(labels))) if has_gpu else max(6.0, min(10.0, 3 + 0.3 * len(labels)))
-    fig, axes = plt.subplots(1, 2 if has_gpu else 1, figsize=(width, 3.8), sharey=True, squeeze=False)
+    fig, axes = subplots(1, 2 if has_gpu else 1, figsize=(width, 3.8), sharey=True, squeeze=False)
     cpu_ax = axes[0, 0]
     bottom = np.zeros(len(labels))
     for phase in ("data_loading", "forward", "backward", "optimizer", "other_cpu"):
@@ -264,9 +156,9 @@ def step_breakdown_figure(result: StepsResult) -> bytes | None:
         ax.spines["right"].set_visible(False)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
     cpu_ax.set_ylim(0, top * 1.05 if top > 0 else 1)
-    cpu_ax.set_ylabel(f"time ({_ns_axis(cpu_ax, 'y', top=top)})")
+    cpu_ax.set_ylabel(f"time ({ns_axis(cpu_ax, 'y', top=top)})")
     fig.tight_layout()
-    return _png(fig)
+    return to_png(fig)
 
 
 def _gpu_step_parts(steps: pl.DataFrame, idle_by_cause: pl.DataFrame) -> list[tuple[str, Any, str, str | None]]:
@@ -304,11 +196,11 @@ def kernels_figure(result: KernelsResult, n: int = 12) -> bytes | None:
         return None
     cats = result.by_category.sort("total_ns", descending=True)
     top = result.by_name.sort("total_ns", descending=True).head(n)
-    fig, (cat_ax, name_ax) = plt.subplots(1, 2, figsize=(13, 0.3 * max(n, cats.height) + 1.6),
+    fig, (cat_ax, name_ax) = subplots(1, 2, figsize=(13, 0.3 * max(n, cats.height) + 1.6),
                                           gridspec_kw={"width_ratios": [1, 1.6]})
     for ax, frame, label_col, title in ((cat_ax, cats, "category", "GPU time by kernel category"),
                                         (name_ax, top, "name", "Top kernels by total GPU time")):
-        labels = [_short(v, 44) for v in frame[label_col].to_list()][::-1]
+        labels = [short(v, 44) for v in frame[label_col].to_list()][::-1]
         values = frame["total_ns"].to_list()[::-1]
         colors = [color(c) for c in frame["category"].to_list()][::-1]
         ax.barh(range(len(values)), values, color=colors)
@@ -317,88 +209,10 @@ def kernels_figure(result: KernelsResult, n: int = 12) -> bytes | None:
             ax.text(v, i, " " + human_ns(v), va="center", fontsize=7)
         ax.margins(x=0.2)
         ax.set_title(title, fontsize=11)
-        ax.set_xlabel(f"summed duration ({_ns_axis(ax)})")
-        _style(ax)
+        ax.set_xlabel(f"summed duration ({ns_axis(ax)})")
+        style(ax)
     fig.tight_layout()
-    return _png(fig)
-
-
-def memory_categories_figure(result: MemoryCategoriesResult) -> bytes | None:
-    """Memory by category over time (export_memory_timeline), stacked, the peak of the total marked."""
-    tl = result.timeline.filter(pl.col("since_start_ns").is_not_null()).sort("since_start_ns")
-    cats = [c for c in tl.columns if c.endswith("_bytes") and c != "total_bytes" and tl[c].sum() > 0]
-    if tl.height == 0 or not cats:
-        return None
-    fig, ax = plt.subplots(figsize=(10, 3.6))
-    x = tl["since_start_ns"].to_numpy()
-    ys = [tl[c].to_numpy() for c in cats]
-    names = [c.removesuffix("_bytes") for c in cats]
-    ax.stackplot(x, ys, labels=[n.replace("_", " ") for n in names], colors=[color(n) for n in names],
-                 step="post", alpha=0.9)
-    if result.peak_since_start_ns is not None:
-        ax.axvline(result.peak_since_start_ns, color=color("peak"), linestyle="--", linewidth=1)
-        ax.annotate(f"peak {human_bytes(result.peak_total_bytes)}", (result.peak_since_start_ns, 1.0),
-                    xycoords=("data", "axes fraction"), xytext=(4, -4), textcoords="offset points", va="top",
-                    fontsize=8, color=color("peak"))
-    ax.set_title("Memory by category over time (export_memory_timeline)", fontsize=11)
-    ax.set_ylabel("bytes")
-    _bytes_axis(ax, "y")
-    ax.set_xlim(float(x.min()), float(x.max()))
-    ax.set_xlabel(f"time since the first record ({_ns_axis(ax)})")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    _style(ax)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def snapshot_figure(result: SnapshotResult, n: int = 12) -> bytes | None:
-    """A CUDA memory snapshot: allocated and reserved over time on the peak device (peak marked), and the
-    bytes live at the peak by user stack frame (the allocation's innermost frame in the user's own code)."""
-    tl = result.timeline
-    live = result.live_at_peak
-    if result.peak_device is not None and "device" in live.columns:
-        live = live.filter(pl.col("device") == result.peak_device)
-    live = live.sort("live_bytes", descending=True).head(n) if live.height else live
-    if tl.height == 0 and live.height == 0:
-        return None
-    panels = [p for p, ok in (("timeline", tl.height > 0), ("frames", live.height > 0)) if ok]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), max(3.6, 0.3 * live.height + 1.6)),
-                             squeeze=False)
-    for ax, panel in zip(axes[0], panels, strict=True):
-        if panel == "timeline":
-            dev = result.peak_device if result.peak_device is not None else int(tl["device"].min())  # type: ignore[arg-type]
-            d = tl.filter(pl.col("device") == dev).sort("since_start_ns")
-            x = d["since_start_ns"].to_list()
-            ax.step(x, d["reserved_bytes"].to_list(), where="post", color=color("reserved"), label="reserved")
-            ax.step(x, d["allocated_bytes"].to_list(), where="post", color=color("allocated"), label="allocated")
-            ax.fill_between(x, d["allocated_bytes"].to_list(), step="post", color=color("allocated"), alpha=0.15)
-            if result.peak_since_start_ns is not None:
-                ax.plot([result.peak_since_start_ns], [result.peak_allocated_bytes], "o", color=color("peak"))
-                ax.annotate(f"peak {human_bytes(result.peak_allocated_bytes)}",
-                            (result.peak_since_start_ns, result.peak_allocated_bytes), xytext=(6, -4),
-                            textcoords="offset points", va="top", fontsize=8, color=color("peak"),
-                            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
-            ax.set_title(f"CUDA memory snapshot, device {dev}", fontsize=11)
-            ax.set_ylabel("bytes")
-            _bytes_axis(ax, "y")
-            ax.set_ylim(bottom=0)
-            ax.set_xlabel(f"time since the first allocator event ({_ns_axis(ax)})")
-            ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.85)
-        else:
-            labels = [_short(v, 44) for v in live["frame"].to_list()][::-1]
-            values = live["live_bytes"].to_list()[::-1]
-            ax.barh(range(len(values)), values, color=color("allocated"))
-            ax.set_yticks(range(len(values)), labels, fontsize=8)
-            for i, v in enumerate(values):
-                ax.text(v, i, " " + human_bytes(v), va="center", fontsize=7)
-            ax.margins(x=0.2)
-            _bytes_axis(ax, "x")
-            ax.set_title(f"Live at the peak ({human_bytes(result.peak_allocated_bytes)}), by stack frame",
-                         fontsize=11)
-            ax.set_xlabel("bytes live at the peak")
-        _style(ax)
-    fig.tight_layout()
-    return _png(fig)
+    return to_png(fig)
 
 
 def diff_figure(result: TraceDiff, n: int = 10) -> bytes | None:
@@ -406,17 +220,17 @@ def diff_figure(result: TraceDiff, n: int = 10) -> bytes | None:
     ops = result.ops.head(n)
     if result.before_median_step_ns is None and ops.height == 0:
         return None
-    fig, (step_ax, ops_ax) = plt.subplots(1, 2, figsize=(13, 0.32 * max(n, 4) + 1.6),
+    fig, (step_ax, ops_ax) = subplots(1, 2, figsize=(13, 0.32 * max(n, 4) + 1.6),
                                           gridspec_kw={"width_ratios": [1, 2.2]})
     values = [result.before_median_step_ns or 0, result.after_median_step_ns or 0]
     step_ax.bar(["before", "after"], values, color=[color("before"), color("after")])
     for i, v in enumerate(values):
         step_ax.text(i, v, human_ns(v), ha="center", va="bottom", fontsize=8)
     step_ax.set_title("Median step time", fontsize=11)
-    step_ax.set_ylabel(f"time ({_ns_axis(step_ax, 'y', top=float(max(values) or 1))})")
+    step_ax.set_ylabel(f"time ({ns_axis(step_ax, 'y', top=float(max(values) or 1))})")
     step_ax.spines["top"].set_visible(False)
     step_ax.spines["right"].set_visible(False)
-    labels = [_short(x, 40) for x in ops["name"].to_list()][::-1]
+    labels = [short(x, 40) for x in ops["name"].to_list()][::-1]
     y = np.arange(len(labels))
     cpu = ops["delta_self_cpu_ns"].to_numpy()[::-1].astype(float)
     dev = ops["delta_self_device_ns"].to_numpy()[::-1].astype(float)
@@ -426,12 +240,12 @@ def diff_figure(result: TraceDiff, n: int = 10) -> bytes | None:
     ops_ax.set_yticks(y, labels, fontsize=8)
     top = float(max(np.abs(cpu).max(initial=0), np.abs(dev).max(initial=0)) or 1)
     ops_ax.set_xlim(-top * 1.1, top * 1.1)
-    ops_ax.set_xlabel(f"after - before ({_ns_axis(ops_ax, top=top)}; negative = less time)")
+    ops_ax.set_xlabel(f"after - before ({ns_axis(ops_ax, top=top)}; negative = less time)")
     ops_ax.set_title("Ops whose self time changed most", fontsize=11)
     ops_ax.legend(loc="lower right", fontsize=8, frameon=False)
-    _style(ops_ax)
+    style(ops_ax)
     fig.tight_layout()
-    return _png(fig)
+    return to_png(fig)
 
 
 def _trace_label(name: str) -> str:
@@ -450,7 +264,7 @@ def compare_figure(labels: list[str], p50_ns: list[float | None], p95_ns: list[f
         return None
     n = len(labels)
     y = np.arange(n)[::-1]
-    fig, (s_ax, u_ax) = plt.subplots(1, 2, figsize=(13, 0.42 * n + 1.9), sharey=True)
+    fig, (s_ax, u_ax) = subplots(1, 2, figsize=(13, 0.42 * n + 1.9), sharey=True)
     p50 = np.array([v if v is not None else np.nan for v in p50_ns], dtype=float)
     p95 = np.array([v if v is not None else np.nan for v in p95_ns], dtype=float)
     colors = [color("peak") if i == mark else color("kernel") for i in range(n)]
@@ -462,11 +276,11 @@ def compare_figure(labels: list[str], p50_ns: list[float | None], p95_ns: list[f
     s_ax.set_xlim(0, top * 1.25)
     for yi, v in zip(y, p50, strict=True):
         s_ax.text(0, yi, " no steps" if np.isnan(v) else "", va="center", fontsize=7, color="#777777")
-    s_ax.set_yticks(y, [_short(_trace_label(v), 40) for v in labels], fontsize=8)
+    s_ax.set_yticks(y, [short(_trace_label(v), 40) for v in labels], fontsize=8)
     s_ax.set_title("Step time: p50 bar, whisker to p95" + (" (straggler in red)" if mark is not None else ""),
                    fontsize=11)
-    s_ax.set_xlabel(f"step wall time ({_ns_axis(s_ax, top=top * 1.25)})")
-    _style(s_ax)
+    s_ax.set_xlabel(f"step wall time ({ns_axis(s_ax, top=top * 1.25)})")
+    style(s_ax)
     causes = sorted({c for d in idle_shares if d for c in d},
                     key=lambda c: -sum((d or {}).get(c, 0.0) for d in idle_shares))
     left = np.array([v if v is not None else 0.0 for v in busy_fraction], dtype=float)
@@ -485,9 +299,9 @@ def compare_figure(labels: list[str], p50_ns: list[float | None], p95_ns: list[f
     u_ax.set_xlabel("share of the window")
     axes_h = 0.42 * n + 0.9  # inches, about: the figure less titles and tick labels
     u_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / axes_h), ncol=4, fontsize=8, frameon=False)
-    _style(u_ax)
+    style(u_ax)
     fig.tight_layout()
-    return _png(fig)
+    return to_png(fig)
 
 
 def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
@@ -495,7 +309,7 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
     gaps = result.gaps
     if result.gaps_total == 0 or gaps.height == 0:
         return None
-    fig, (cause_ax, hist_ax) = plt.subplots(1, 2, figsize=(13, 3.8), gridspec_kw={"width_ratios": [1, 1.7]})
+    fig, (cause_ax, hist_ax) = subplots(1, 2, figsize=(13, 3.8), gridspec_kw={"width_ratios": [1, 1.7]})
     by_cause = result.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum()).sort("idle_ns")
     causes = by_cause["cause"].to_list()
     values = by_cause["idle_ns"].to_list()
@@ -505,18 +319,18 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
         cause_ax.text(v, i, " " + human_ns(v), va="center", fontsize=7)
     cause_ax.margins(x=0.2)
     cause_ax.set_title("GPU idle time by cause", fontsize=11)
-    cause_ax.set_xlabel(f"idle time ({_ns_axis(cause_ax)})")
-    _style(cause_ax)
+    cause_ax.set_xlabel(f"idle time ({ns_axis(cause_ax)})")
+    style(cause_ax)
     dur = gaps["dur_ns"].drop_nulls().to_numpy().astype(float)
     dur = dur[dur > 0]
     lo, hi = max(float(dur.min()), 1.0), float(dur.max())
     bins = np.logspace(np.log10(lo), np.log10(hi * 1.0001) if hi > lo else np.log10(lo) + 1, 30)
     heights, _edges, _patches = hist_ax.hist(dur, bins=bins, weights=dur, color=color("idle"), edgecolor="#777777")
     hist_ax.set_xscale("log")
-    hist_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: _ns_tick(v)))
+    hist_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: ns_tick(v)))
     tallest = float(heights.max(initial=0)) or 1.0
     hist_ax.set_ylim(0, tallest * 1.6)  # headroom: the box of the longest gaps sits above the bars
-    hist_ax.set_ylabel(f"idle time in the bin ({_ns_axis(hist_ax, 'y', top=tallest * 1.6)})")
+    hist_ax.set_ylabel(f"idle time in the bin ({ns_axis(hist_ax, 'y', top=tallest * 1.6)})")
     hist_ax.set_xlabel("gap length (log scale)")
     hist_ax.set_title(f"Idle gaps by length ({len(dur):,} gaps; bar height = their total idle time)", fontsize=11)
     top = gaps.sort("dur_ns", descending=True).head(n_labels)
@@ -524,8 +338,8 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
     for row in top.iter_rows(named=True):
         op = row.get("blamed_op") or row.get("blamed_runtime")
         where = row.get("blamed_python")  # the Python line, when the trace has stacks
-        what = (f"{_short(str(op), 28)} @ {_short(str(where), 40)}" if op and where else
-                _short(str(where or op or (f"before {row['next_kernel']}" if row.get("next_kernel") else "-")), 44))
+        what = (f"{short(str(op), 28)} @ {short(str(where), 40)}" if op and where else
+                short(str(where or op or (f"before {row['next_kernel']}" if row.get("next_kernel") else "-")), 44))
         cause = str(row.get("cause") or "-").replace("_", " ")
         step = f", step {row['step']}" if row.get("step") is not None else ""
         lines.append(f"{human_ns(row['dur_ns'])}  {cause}{step}: {what}")
@@ -535,7 +349,68 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
     hist_ax.spines["top"].set_visible(False)
     hist_ax.spines["right"].set_visible(False)
     fig.tight_layout()
-    return _png(fig)
+    return to_png(fig)
+
+
+def _bandwidth_panel(ax: Any, copies: pl.DataFrame) -> None:
+    """Every copy in time order with its bandwidth (GB/s, log scale; marker area ~ bytes), coloured by
+    direction, pageable copies circled."""
+    order = np.arange(1, copies.height + 1)
+    gbps = copies["gbps"].cast(pl.Float64).fill_null(0).to_numpy()
+    size = copies["size_bytes"].cast(pl.Float64).fill_null(0).to_numpy()
+    area = 12 + 120 * np.sqrt(size / size.max()) if size.max() > 0 else np.full(len(size), 20.0)
+    pageable = copies["pageable"].fill_null(False).to_numpy().astype(bool)
+    directions = copies["direction"].fill_null("other").to_list()
+    for d in dict.fromkeys(directions):
+        m = np.array([x == d for x in directions])
+        ax.scatter(order[m], gbps[m], s=area[m], color=color(f"memcpy_{d.lower()}"), alpha=0.8,
+                   edgecolors="#555555", linewidths=0.3, label=d, zorder=3)
+    if pageable.any():
+        ax.scatter(order[pageable], gbps[pageable], s=area[pageable] * 2.2, facecolors="none",
+                   edgecolors=color("peak"), linewidths=1.4, label="pageable (host memory not pinned)", zorder=4)
+    if (gbps > 0).any():
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+        ax.margins(y=0.25)
+    noun = "copy" if copies.height == 1 else "copies"
+    ax.set_title(f"Each copy's bandwidth ({copies.height:,} {noun}; marker area ~ bytes)", fontsize=11)
+    ax.set_xlabel("copy number, in time order")
+    ax.set_xlim(0.5, copies.height + 0.5)
+    ax.set_ylabel("GB/s")
+    if copies.height <= 10:
+        ax.set_xticks(range(1, copies.height + 1))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
+    style(ax)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _copy_time_panel(ax: Any, by_step: pl.DataFrame, steps: list[str]) -> None:
+    """Copy time per step, stacked by direction, with the exposed part (no kernel running) marked."""
+    x = np.arange(len(steps))
+    bottom = np.zeros(len(steps))
+    for d in by_step["direction"].unique(maintain_order=True).to_list():
+        rows = by_step.filter(pl.col("direction") == d).iter_rows(named=True)
+        part = {r["step"]: float(r["dur_ns"]) for r in rows}
+        dur = np.array([part.get(st, 0.0) for st in steps])
+        ax.bar(x, dur, bottom=bottom, color=color(f"memcpy_{str(d).lower()}"), label=str(d))
+        bottom += dur
+    exposed = by_step.group_by("step", maintain_order=True).agg(pl.col("exposed_ns").sum())
+    ex = {r[0]: float(r[1] or 0) for r in exposed.iter_rows()}
+    ax.plot(x, [ex.get(st, 0.0) for st in steps], "_", color=color("peak"), markersize=14, mew=2,
+            label="exposed (no kernel running)")
+    ax.set_ylim(0, float(bottom.max() or 1) * 1.15)
+    ax.set_title("Copy time per step", fontsize=11)
+    ax.set_ylabel(f"time ({ns_axis(ax, 'y', top=float(bottom.max() or 1))})")
+    every = max(1, len(steps) // 15)
+    ax.set_xticks(x[::every], steps[::every], fontsize=8)
+    ax.set_xlim(-0.6 - max(0.0, (6 - len(steps)) / 2), len(steps) - 0.4 + max(0.0, (6 - len(steps)) / 2))
+    ax.set_xlabel("step")
+    ax.grid(axis="y", alpha=0.3)
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
 
 
 def transfers_figure(result: TransfersResult) -> bytes | None:
@@ -547,65 +422,13 @@ def transfers_figure(result: TransfersResult) -> bytes | None:
     by_step = result.by_step.with_columns(pl.col("step").cast(pl.String))
     steps = by_step["step"].unique(maintain_order=True).to_list()
     panels = 2 if steps else 1
-    fig, axes = plt.subplots(1, panels, figsize=(13 if panels == 2 else 8, 3.8), squeeze=False,
-                             gridspec_kw={"width_ratios": [1.6, 1][:panels]})
-    c_ax = axes[0, 0]
-    order = np.arange(1, copies.height + 1)
-    gbps = copies["gbps"].cast(pl.Float64).fill_null(0).to_numpy()
-    size = copies["size_bytes"].cast(pl.Float64).fill_null(0).to_numpy()
-    area = 12 + 120 * np.sqrt(size / size.max()) if size.max() > 0 else np.full(len(size), 20.0)
-    pageable = copies["pageable"].fill_null(False).to_numpy().astype(bool)
-    directions = copies["direction"].fill_null("other").to_list()
-    for d in dict.fromkeys(directions):
-        m = np.array([x == d for x in directions])
-        c_ax.scatter(order[m], gbps[m], s=area[m], color=color(f"memcpy_{d.lower()}"), alpha=0.8,
-                     edgecolors="#555555", linewidths=0.3, label=d, zorder=3)
-    if pageable.any():
-        c_ax.scatter(order[pageable], gbps[pageable], s=area[pageable] * 2.2, facecolors="none",
-                     edgecolors=color("peak"), linewidths=1.4, label="pageable (host memory not pinned)", zorder=4)
-    if (gbps > 0).any():
-        c_ax.set_yscale("log")
-        c_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
-        c_ax.margins(y=0.25)
-    noun = "copy" if copies.height == 1 else "copies"
-    c_ax.set_title(f"Each copy's bandwidth ({copies.height:,} {noun}; marker area ~ bytes)", fontsize=11)
-    c_ax.set_xlabel("copy number, in time order")
-    c_ax.set_xlim(0.5, copies.height + 0.5)
-    c_ax.set_ylabel("GB/s")
-    if copies.height <= 10:
-        c_ax.set_xticks(range(1, copies.height + 1))
-    else:
-        c_ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
-    c_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
-    _style(c_ax)
-    c_ax.grid(axis="y", alpha=0.3)
+    fig, axes = subplots(1, panels, figsize=(13 if panels == 2 else 8, 3.8), squeeze=False,
+                         gridspec_kw={"width_ratios": [1.6, 1][:panels]})
+    _bandwidth_panel(axes[0, 0], copies)
     if panels == 2:
-        t_ax = axes[0, 1]
-        x = np.arange(len(steps))
-        bottom = np.zeros(len(steps))
-        for d in by_step["direction"].unique(maintain_order=True).to_list():
-            rows = by_step.filter(pl.col("direction") == d).iter_rows(named=True)
-            part = {r["step"]: float(r["dur_ns"]) for r in rows}
-            dur = np.array([part.get(st, 0.0) for st in steps])
-            t_ax.bar(x, dur, bottom=bottom, color=color(f"memcpy_{str(d).lower()}"), label=str(d))
-            bottom += dur
-        exposed = by_step.group_by("step", maintain_order=True).agg(pl.col("exposed_ns").sum())
-        ex = {r[0]: float(r[1] or 0) for r in exposed.iter_rows()}
-        t_ax.plot(x, [ex.get(st, 0.0) for st in steps], "_", color=color("peak"), markersize=14, mew=2,
-                  label="exposed (no kernel running)")
-        t_ax.set_ylim(0, float(bottom.max() or 1) * 1.15)
-        t_ax.set_title("Copy time per step", fontsize=11)
-        t_ax.set_ylabel(f"time ({_ns_axis(t_ax, 'y', top=float(bottom.max() or 1))})")
-        every = max(1, len(steps) // 15)
-        t_ax.set_xticks(x[::every], steps[::every], fontsize=8)
-        t_ax.set_xlim(-0.6 - max(0.0, (6 - len(steps)) / 2), len(steps) - 0.4 + max(0.0, (6 - len(steps)) / 2))
-        t_ax.set_xlabel("step")
-        t_ax.grid(axis="y", alpha=0.3)
-        t_ax.spines["top"].set_visible(False)
-        t_ax.spines["right"].set_visible(False)
-        t_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
+        _copy_time_panel(axes[0, 1], by_step, steps)
     fig.tight_layout()
-    return _png(fig)
+    return to_png(fig)
 
 
 def overlap_figure(result: OverlapResult) -> bytes | None:
@@ -616,7 +439,7 @@ def overlap_figure(result: OverlapResult) -> bytes | None:
         return None
     known = sum(float(v or 0) for _, v, _c in parts)
     parts.append(("neither", max(0.0, 1.0 - known), "#eeeeee"))
-    fig, ax = plt.subplots(figsize=(10, 1.5))
+    fig, ax = subplots(figsize=(10, 1.5))
     left = 0.0
     for label, v, c in parts:
         share = float(v or 0)
@@ -630,4 +453,4 @@ def overlap_figure(result: OverlapResult) -> bytes | None:
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     fig.tight_layout()
-    return _png(fig)
+    return to_png(fig)

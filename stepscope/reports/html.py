@@ -287,14 +287,14 @@ def ops_section(ctx: ReportContext) -> Section | None:
 
 def memory_section(ctx: ReportContext) -> Section | None:
     """Allocated/reserved over time per device, the peak with its op and step, bytes per op, never freed."""
-    from stepscope.reports import figures
+    from stepscope.reports import memory_figures
 
     result = ctx.bundle.memory
     if result.memory_events == 0:
         return Section(id="memory", title="Memory", notes=[
             "No [memory] events in this trace: capture with torch.profiler.profile(profile_memory=True) to "
             "see memory over time."])
-    png = figures.memory_figure(result)
+    png = memory_figures.memory_figure(result)
     tables = [frame_table(result.devices, "Per device")]
     if result.mem_ops.height:
         tables.append(frame_table(result.mem_ops, "Allocated per op (MiB; frees not subtracted)", max_rows=20))
@@ -326,10 +326,10 @@ def info_section(ctx: ReportContext) -> Section | None:
 
 def memory_categories_section(result: MemoryCategoriesResult) -> Section:
     """Memory by category (parameters, activations, gradients, …) from an export_memory_timeline file."""
-    from stepscope.reports import figures
+    from stepscope.reports import memory_figures
 
     path = Path(result.source)
-    png = figures.memory_categories_figure(result)
+    png = memory_figures.memory_categories_figure(result)
     return Section(id="memory-categories", title=f"Memory by category ({path.name})",
                    headline=headline_items(result, skip=("source",)),
                    figures=[Figure(title="Bytes per category over time", png=png)] if png else [],
@@ -340,10 +340,10 @@ def memory_categories_section(result: MemoryCategoriesResult) -> Section:
 def snapshot_section(result: SnapshotResult) -> Section:
     """A CUDA memory snapshot (torch.cuda.memory._dump_snapshot): peak, live blocks at the peak by frame,
     largest allocations, segments, OOMs."""
-    from stepscope.reports import figures
+    from stepscope.reports import memory_figures
 
     path = Path(result.source)
-    png = figures.snapshot_figure(result)
+    png = memory_figures.snapshot_figure(result)
     tables = [frame_table(getattr(result, name), title, max_rows=20) for name, title in (
         ("devices", "Per device"), ("live_at_peak", "Live at the peak, by user frame"),
         ("largest_allocations", "Largest allocations"), ("ooms", "Out-of-memory events"))

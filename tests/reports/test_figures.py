@@ -1,4 +1,5 @@
-"""Figures: valid PNGs of sensible size on synthetic and real traces; None where there is nothing to draw."""
+"""Figures (figures.py, memory_figures.py): valid PNGs of sensible size on synthetic and real traces; None
+where there is nothing to draw."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from stepscope.analyze.ops import op_table
 from stepscope.analyze.overlap import cpu_gpu_overlap
 from stepscope.analyze.timeline import gpu_timeline
 from stepscope.analyze.transfers import transfers
-from stepscope.reports import figures
+from stepscope.reports import figures, memory_figures
 from stepscope.reports.palette import color, idle_color
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -35,13 +36,13 @@ def test_every_figure_on_a_synthetic_gpu_trace(tmp_path: Path) -> None:
     assert_png(figures.timeline_figure(gpu_timeline(t)))
     assert_png(figures.timeline_figure(gpu_timeline(t, step=2)))
     assert_png(figures.ops_figure(op_table(t)))
-    assert_png(figures.memory_figure(memory_timeline(t, buckets=50)))
+    assert_png(memory_figures.memory_figure(memory_timeline(t, buckets=50)))
 
 
 def test_nothing_to_draw_gives_none(tmp_path: Path) -> None:
     t = load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
     assert figures.timeline_figure(gpu_timeline(t)) is None
-    assert figures.memory_figure(memory_timeline(t)) is None
+    assert memory_figures.memory_figure(memory_timeline(t)) is None
 
 
 def test_palette_is_stable_and_distinct() -> None:
@@ -53,7 +54,7 @@ def test_palette_is_stable_and_distinct() -> None:
 def test_real_traces(corpus: Path) -> None:
     t = load(corpus / "traces" / "tracelens" / "h100")
     assert_png(figures.timeline_figure(gpu_timeline(t)), min_w=800)
-    assert_png(figures.memory_figure(memory_timeline(t, buckets=100)), min_w=600)
+    assert_png(memory_figures.memory_figure(memory_timeline(t, buckets=100)), min_w=600)
     assert_png(figures.ops_figure(op_table(t)), min_w=800)
 
 

@@ -1,0 +1,86 @@
+"""What the figure modules share: pyplot on the Agg backend, PNG output, axis units, label text.
+
+pyplot is reached only through `subplots` here, so every figure is drawn off-screen (no display needed).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator  # noqa: E402
+
+from stepscope.reports.units import human_bytes  # noqa: E402
+
+DPI = 100
+LABEL_CHARS = 48
+_NS_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
+_NICE_STEPS = (1.0, 2.0, 2.5, 5.0, 10.0)
+
+
+def subplots(*args: Any, **kwargs: Any) -> Any:
+    """`plt.subplots` on the Agg backend: (figure, axes)."""
+    return plt.subplots(*args, **kwargs)
+
+
+def short(label: str, n: int = LABEL_CHARS) -> str:
+    """A trace-derived label on one line, at most n characters, drawn as plain text: a '$' would otherwise
+    start matplotlib's math mode (and a name like '$\\frac' would fail the whole figure)."""
+    label = " ".join(str(label).split())
+    label = label if len(label) <= n else label[: n - 1] + "…"
+    return label.replace("$", r"\$")
+
+
+def to_png(fig: Any) -> bytes:
+    """The figure as PNG bytes (tight bounding box); the figure is closed."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def ns_axis(ax: Any, axis: str = "x", top: float | None = None) -> str:
+    """Plain numbers in one unit chosen from the axis range (no per-tick units that collide); returns it."""
+    lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    span = top if top is not None else max(abs(lo), abs(hi))
+    scale, unit = next(((f, u) for f, u in _NS_UNITS if span >= 2 * f), (1.0, "ns"))
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(MaxNLocator(nbins=7))
+    target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v / scale:g}"))
+    return unit
+
+
+def bytes_axis(ax: Any, axis: str = "y") -> None:
+    """Byte ticks at round multiples of a binary unit (256 MiB, 512 MiB, 1 GiB, ...), labelled like 1.5 GiB.
+
+    Call after the data is drawn: the step is chosen from the axis range (about 6 ticks).
+    """
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    span = max(abs(lo), abs(hi), 1.0)
+    unit = 1024.0 ** max(0, min(5, int(np.log(span) / np.log(1024))))
+    raw = span / unit / 6
+    mag = 10.0 ** np.floor(np.log10(raw)) if raw > 0 else 1.0
+    step = next((m * mag for m in _NICE_STEPS if m * mag >= raw), 10 * mag)
+    if unit == 1.0:
+        step = max(1.0, round(step))
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(MultipleLocator(step * unit))
+    target.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
+
+
+def ns_tick(v: float) -> str:
+    """A log-axis tick in its own unit, no trailing zeros: 1e5 -> '100 µs', 1e6 -> '1 ms'."""
+    scale, unit = next(((f, u) for f, u in _NS_UNITS if v >= f), (1.0, "ns"))
+    return f"{v / scale:g} {unit}"
+
+
+def style(ax: Any) -> None:
+    """No top/right spines, a light vertical grid."""
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.grid(axis="x", alpha=0.3)
