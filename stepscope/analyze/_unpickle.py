@@ -482,10 +482,3 @@ def check_binary_pickle(fh: IO[bytes], path: Path) -> None:
         raise SnapshotFormatError("not a pickle file (expected a torch.cuda.memory._dump_snapshot pickle)",
                                   path=path)
     fh.seek(0)
-
-
-def load_plain_pickle(path: Path, *, piece_bytes: int = PIECE_BYTES) -> Any:
-    """Unpickle a file that may hold only containers and scalars; anything else is a clear error."""
-    with open_pickle(path) as fh:
-        check_binary_pickle(fh, path)
-        return PlainUnpickler(fh, path, piece_bytes=piece_bytes).load()

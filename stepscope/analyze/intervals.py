@@ -6,7 +6,6 @@ whose intervals are disjoint, non-empty and sorted. Nothing loops over rows in P
     union:      [0,10) [5,12) [20,25)            ->  [0,12) [20,25)
     clip:       [0,12) [20,25)  inside [8,22)    ->  [8,12) [20,22)
     subtract:   [0,12) [20,25)  minus  [8,22)    ->  [0,8) [22,25)
-    intersect:  [0,12) [20,25)  and    [8,22)    ->  [8,12) [20,22)
 """
 
 from __future__ import annotations
@@ -91,11 +90,6 @@ def clip(intervals: pl.LazyFrame, windows: pl.LazyFrame, *, by: Sequence[str] = 
         [0,12) [20,25) clipped to [8,22)  ->  [8,12) [20,22)
     """
     return _sweep(intervals, windows, by, keep_b=True)
-
-
-def intersect(a: pl.LazyFrame, b: pl.LazyFrame, *, by: Sequence[str] = ()) -> pl.LazyFrame:
-    """Where both `a` and `b` cover (each may overlap itself); same as clip, named for symmetric use."""
-    return _sweep(a, b, by, keep_b=True)
 
 
 def subtract(a: pl.LazyFrame, b: pl.LazyFrame, *, by: Sequence[str] = ()) -> pl.LazyFrame:

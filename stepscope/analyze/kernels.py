@@ -65,18 +65,6 @@ CATEGORY_RULES: tuple[tuple[KernelCategory, re.Pattern[str]], ...] = (
 )
 
 
-def classify(name: str, kind: str = Kind.KERNEL.value) -> KernelCategory:
-    """The category of one GPU event (the same rule as `category_expr`, for single names)."""
-    if kind == Kind.MEMCPY.value:
-        return KernelCategory.MEMCPY
-    if kind == Kind.MEMSET.value:
-        return KernelCategory.MEMSET
-    for category, rx in CATEGORY_RULES:
-        if rx.search(name):
-            return category
-    return KernelCategory.OTHER
-
-
 def category_expr(name: str = "name", kind: str = "kind") -> pl.Expr:
     """A polars expression giving each GPU event's category value (`CATEGORY_RULES`, first match wins)."""
     expr: pl.Expr = pl.lit(KernelCategory.OTHER.value)

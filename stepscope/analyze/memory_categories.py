@@ -111,11 +111,6 @@ def _coalesce(raw: pl.DataFrame) -> pl.DataFrame:
     return per_row.select("time_us", *[pl.col(n).cum_sum() for n in CATEGORIES])
 
 
-def timeline_by_category(path: str | Path) -> pl.DataFrame:
-    """All rows of an export: `time_us` (null before profiling) and cumulative bytes per category."""
-    return read_memory_timeline(path)[1]
-
-
 def memory_categories(path: str | Path, *, buckets: int = 200) -> MemoryCategoriesResult:
     """Bytes per category at the peak of the total, and over time (at most `buckets` rows)."""
     path = Path(path)

@@ -108,7 +108,7 @@ def resolve_sort(sort_by: str, has_device_time: bool) -> str:
 
 
 def _shapes_key() -> pl.Expr:
-    # torch groups by str(input_shapes): "[[4, 3], []]"; an event without shapes has "[]"
+    """input_shapes as torch groups by it, str(input_shapes): "[[4, 3], []]"; "[]" for an event without."""
     return (pl.col("input_dims").str.replace_all(r"\s+", "").str.replace_all(",", ", ")
             .fill_null("[]").alias("input_shapes"))
 
@@ -289,18 +289,3 @@ def op_table(source: Source, *, group_by_shape: bool = False, sort_by: str = "au
         has_memory=bool(trace.memory.select(pl.len()).collect().item()),
         has_flops=bool(rows["flops"].is_not_null().any()), ops_shown=ops.height, ops_total=total, ops=ops,
     )
-
-
-def top_ops(source: Source, n: int = 10) -> list[dict[str, Any]]:
-    """The n operators (cpu_op rows, ProfilerStep spans excluded) that cost most: by self device time when
-    the trace has GPU work, else by self CPU time. Each entry: name, calls, cpu_time_us (CPU total),
-    self_cpu_time_us, cuda_time_us (device total), self_cuda_time_us."""
-    table = op_table(source).ops.filter(
-        (pl.col("kind") == Kind.CPU_OP.value) & ~pl.col("name").str.starts_with("ProfilerStep#"))
-    key = "self_device_ns" if bool((table["self_device_ns"] > 0).any()) else "self_cpu_ns"
-    return [
-        {"name": r["name"], "calls": r["calls"], "cpu_time_us": r["cpu_total_ns"] / 1e3,
-         "self_cpu_time_us": r["self_cpu_ns"] / 1e3, "cuda_time_us": r["device_total_ns"] / 1e3,
-         "self_cuda_time_us": r["self_device_ns"] / 1e3}
-        for r in table.sort(key, descending=True).head(n).iter_rows(named=True)
-    ]

@@ -228,15 +228,3 @@ FLOW_SCHEMA: pa.Schema = pa.schema(
         pa.field("binding_point", pa.string()),
     ]
 )
-
-FLOW_DOCS: dict[str, str] = {
-    "event_id": "position of the flow event in the file's traceEvents",
-    "flow_id": "flow id as text (ac2g: the correlation id; fwdbwd: forward/backward link id)",
-    "ph": "s start, t step, f finish",
-    "cat": "flow category: ac2g / async / async_cpu_to_gpu (launch -> GPU work), fwdbwd (forward -> backward)",
-    "name": "flow name as written",
-    "pid": "process id of the event the flow point binds to",
-    "tid": "thread id of the event the flow point binds to",
-    "ts_ns": "timestamp of the flow point, integer ns",
-    "binding_point": "bp as written ('e' binds to the enclosing slice)",
-}

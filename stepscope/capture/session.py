@@ -120,11 +120,6 @@ class ProfileSession:
         self.steps_seen += 1
         self._boundary(self.steps_seen)
 
-    @property
-    def profiling(self) -> bool:
-        """Whether the profiler is armed (from the end of the baseline to the end of the schedule)."""
-        return self._profiler is not None
-
     def finish(self, exc: BaseException | None = None) -> None:
         """Stop, export what was recorded and write the manifest; `exc` is the loop's error, if any.
 

@@ -37,10 +37,9 @@ def test_union_examples() -> None:
     assert iv.union_length(_frame([(0, 10), (5, 7)], "ts_ns")).collect().item() == 12
 
 
-def test_clip_subtract_intersect_examples() -> None:
+def test_clip_subtract_examples() -> None:
     a, w = _frame([(0, 12), (20, 5)]), _frame([(8, 14)])
     assert iv.clip(a, w).collect().rows() == [(8, 12), (20, 22)]
-    assert iv.intersect(a, w).collect().rows() == [(8, 12), (20, 22)]
     assert iv.subtract(a, w).collect().rows() == [(0, 8), (22, 25)]
 
 
@@ -72,5 +71,4 @@ def test_busy_within_window_and_busy_plus_idle_is_window(busy: list[tuple[int, i
     assert _covered(clipped) <= _points(window)
     assert _covered(idle) == _points(window) - _points(busy)
     assert len(_covered(clipped)) + len(_covered(idle)) == len(_points(window))
-    assert _covered(iv.intersect(b, w)) == _covered(clipped)
     assert _disjoint_sorted(idle) and _disjoint_sorted(clipped)

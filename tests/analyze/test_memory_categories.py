@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.analyze.memory_categories import memory_categories, timeline_by_category
+from stepscope.analyze.memory_categories import memory_categories, read_memory_timeline
 from stepscope.errors import TraceFormatError
 
 
 def test_hta_reference_row(corpus: Path) -> None:
     # GIVEN HTA's test file; THEN rows (runs of equal floor(t_ns / 1000) in file order, cumulative) match its row 744
-    t = timeline_by_category(corpus / "traces/hta/memory_analysis/memory_timeline.raw.gz")
+    _, t = read_memory_timeline(corpus / "traces/hta/memory_analysis/memory_timeline.raw.gz")
     assert list(t.row(744)[1:]) == [102440608, 102228128, 19395584, 0, 2618160128, 58417152, 41811968, 25494440]
     assert t.height == 7717 and t["time_us"].null_count() == 1
 
@@ -27,7 +27,7 @@ def test_raw_rows_coalesce_like_torch(tmp_path: Path) -> None:
             [9_000, 3, 256, 5]]
     path = tmp_path / "m.raw.json.gz"
     path.write_bytes(gzip.compress(json.dumps(rows).encode()))
-    t = timeline_by_category(path)
+    _, t = read_memory_timeline(path)
     assert t["time_us"].to_list() == [None, 5, 9]
     assert t.select("parameter", "activation", "gradient", "unknown").rows() == [
         (1024, 0, 0, 512), (1024, 256, 0, 0), (1024, 0, 256, 0)]
@@ -50,7 +50,7 @@ def test_the_timeline_is_cut_into_buckets_that_keep_each_buckets_highest_row(tmp
     rows = [[1000 * (i + 1), 2, 10 * (i % 7), 4] for i in range(1000)]
     path = tmp_path / "m.raw.json"
     path.write_text(json.dumps(rows))
-    full = timeline_by_category(path)
+    _, full = read_memory_timeline(path)
     r = memory_categories(path, buckets=10)
     assert r.timeline.height == 10 and full.height == 1000
     expected = [int(full["activation"][i * 100:(i + 1) * 100].max()) for i in range(10)]  # type: ignore[arg-type]
@@ -89,7 +89,7 @@ def test_a_real_cpu_export_raw_and_plain_agree(tmp_path: Path) -> None:
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert (raw.format, plain.format) == ("raw events", "category totals")
     assert raw.at_peak.select("category", "size_bytes").rows() == plain.at_peak.select("category", "size_bytes").rows()
-    assert timeline_by_category(tmp_path / "t.raw.json.gz").row(0)[:2] == (None, param_bytes)
+    assert read_memory_timeline(tmp_path / "t.raw.json.gz")[1].row(0)[:2] == (None, param_bytes)
     shares = dict(raw.at_peak.select("category", "size_bytes").rows())
     assert shares["optimizer_state"] >= 2 * param_bytes and shares["activation"] > 0 and shares["gradient"] > 0
 

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from builders import annotation, cpu_op, kernel, load_events, memory, python_fn, runtime, thread_name, trace
 
-from stepscope.analyze.ops import op_rows, op_table, top_ops
+from stepscope.analyze.ops import op_rows, op_table
 from stepscope.errors import UsageError
 from stepscope.reports.ops_text import format_memory, format_time_us, render_ops_table
 
@@ -155,12 +155,11 @@ def test_top_ops_on_real_gpu_traces(corpus: Path, rel: str, tmp_path: Path) -> N
     from stepscope.analyze import load
 
     t = load(corpus / rel, cache_dir=tmp_path)
-    top = top_ops(t, 10)
-    assert len(top) >= 5
-    assert all({"name", "cpu_time_us", "cuda_time_us"} <= set(e) for e in top)
-    first = top[0]["name"]
-    assert first.startswith(("aten::", "cudnn", "Optimizer")) or "gemm" in first.lower()
-    assert top[0]["self_cuda_time_us"] > 0
+    top = op_table(t, kinds=["cpu_op"], top=10)
+    assert top.sort_by == "self_device_ns" and top.ops.height >= 5
+    first = top.ops.row(0, named=True)
+    assert first["name"].startswith(("aten::", "cudnn", "Optimizer")) or "gemm" in first["name"].lower()
+    assert first["self_device_ns"] > 0 and first["device_total_ns"] >= first["self_device_ns"]
 
 
 def test_resnet_table_totals_match_the_reference_busy_time(corpus: Path, tmp_path: Path) -> None:

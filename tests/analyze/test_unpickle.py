@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope.analyze._unpickle import PlainUnpickler, load_plain_pickle
+from stepscope.analyze._unpickle import PlainUnpickler
+from stepscope.analyze.snapshot_read import read_snapshot
 from stepscope.errors import InputError, SnapshotFormatError
 
 
@@ -124,14 +125,12 @@ def test_truncated_at_every_offset_says_so() -> None:
             _load(raw[:cut], 64)
 
 
-def test_load_plain_pickle_reads_a_file_and_names_missing_ones(tmp_path: Path) -> None:
-    path = tmp_path / "p.pickle"
-    path.write_bytes(pickle.dumps({"a": [1, 2]}, protocol=4))
-    assert load_plain_pickle(path) == {"a": [1, 2]}
+def test_opening_a_snapshot_names_a_missing_file_a_directory_and_a_text_pickle(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such file"):
-        load_plain_pickle(tmp_path / "missing.pickle")
+        read_snapshot(tmp_path / "missing.pickle")
     with pytest.raises(InputError, match="is a directory"):
-        load_plain_pickle(tmp_path)
+        read_snapshot(tmp_path)
+    path = tmp_path / "p.pickle"
     path.write_bytes(b"(lp0\n.")  # protocol 0: not what torch writes
     with pytest.raises(SnapshotFormatError, match="not a pickle file"):
-        load_plain_pickle(path)
+        read_snapshot(path)
