@@ -143,8 +143,8 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -
     """
     processes = 1 if jobs == 1 or len(files) <= 1 else min(jobs, len(files))
     # Helper threads per ingest (the Parquet writer, faulting memory in ahead, hashing while reading) pay
-    # only where a core is left for them: with a process on every core, each working in turn, the corpus
-    # batch on 2 cores is 8% faster (3% on one core).
+    # only where a core is left for them: with a process on every core they would take their time from
+    # another process's file, so each process then does that work in turn on its own thread.
     spare = processes < usable_cores()
     if processes == 1:  # every file here in turn (a lone file has its spans decoded on `jobs` cores instead)
         for f in files:
