@@ -107,6 +107,7 @@ class GapsResult:
 
 
 def _gpu(frames: TraceFrames, device: int | None) -> pl.DataFrame:
+    """GPU events with a device, start and duration (of `device` alone when given), with their launch."""
     gpu = (
         frames.launches.lazy()
         .filter(pl.col("device").is_not_null() & pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())

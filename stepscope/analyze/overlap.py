@@ -41,14 +41,17 @@ class OverlapResult:
 
 
 def _length(frame: pl.DataFrame) -> int:
+    """Summed length of (start_ns, end_ns) intervals (disjoint ones: the time they cover)."""
     return int((frame["end_ns"] - frame["start_ns"]).sum() or 0) if frame.height else 0
 
 
 def _union(frame: pl.DataFrame) -> pl.DataFrame:
+    """`intervals.union` of an eager (start_ns, end_ns) frame."""
     return intervals.union(frame.lazy(), start="start_ns", end="end_ns").collect()
 
 
 def _clip(frame: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
+    """`intervals.clip` of eager frames: the union of `frame` inside `window`."""
     return intervals.clip(frame.lazy(), window.lazy()).collect()
 
 

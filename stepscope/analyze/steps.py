@@ -148,6 +148,7 @@ def _phase_split(windows: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
 
 
 def _stats(steps: pl.DataFrame) -> pl.DataFrame:
+    """metric, mean/std/p50/p95/p99/min/max (ns) across steps, for each duration column with a value."""
     clock = ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")
     known = [c for c in steps.columns if steps[c].null_count() < steps.height]  # all-null: no GPU in the trace
     metrics = [c for c in known if c.endswith("_ns") and c not in clock]
@@ -369,5 +370,6 @@ def _exposed(cpu: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
 
 
 def _mean(s: pl.Series) -> float | None:
+    """The mean as a float, None for an empty or all-null series."""
     m = s.cast(pl.Float64).mean()
     return float(m) if isinstance(m, (int, float)) and not math.isnan(m) else None
