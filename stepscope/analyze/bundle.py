@@ -18,7 +18,7 @@ from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapsResult, gpu_gaps
 from stepscope.analyze.info import TraceInfo, trace_info
 from stepscope.analyze.kernels import KernelsResult, kernel_summary
-from stepscope.analyze.memory import MemoryTimeline, memory_timeline
+from stepscope.analyze.memory import ActivationMemory, MemoryTimeline, activation_memory, memory_timeline
 from stepscope.analyze.ops import OpTable, op_table
 from stepscope.analyze.overlap import OverlapResult, cpu_gpu_overlap
 from stepscope.analyze.steps import StepsResult, step_breakdown
@@ -86,6 +86,11 @@ class TraceAnalysis:
     def memory(self) -> MemoryTimeline:
         """`stepscope memory`, at MEMORY_BUCKETS points."""
         return memory_timeline(self.frames, buckets=MEMORY_BUCKETS)
+
+    @cached_property
+    def activations(self) -> ActivationMemory:
+        """`stepscope memory --activations`: activations by layer at the memory peak."""
+        return activation_memory(self.frames)
 
     @cached_property
     def verdict(self) -> SummaryResult:
