@@ -14,6 +14,14 @@ present raw key wins): an int column takes integers within int64, integral float
 ("0x1f" included), a float column numbers and numeric strings, a text column strings (integers become their
 digits, other values their JSON text); anything else is null, never -1. json columns keep the value's JSON
 text as written. Booleans are not numbers.
+
+**Numbers beyond int64 or a double** (the same on the compiled scanner's path, which leaves them all here):
+an integer in a text field (pid, tid, name, ...) is kept as its exact digits, whatever its length
+(``"pid": 10**40`` -> ``"10000000000000000000000000000000000000000"``); in an int column it is null, in a
+float column the nearest double. A ts/dur whose value in ns does not fit int64 (beyond about ±292 years, e.g.
+``"ts": 1e17`` or a 40-digit integer), an event whose ts + dur does not, and a number beyond a double's
+range in a float column or a metadata event's args (``1e400``) raise OutOfRange: ingest refuses the file
+with a one-line error naming the event, rather than wrap around or drop the value unseen.
 """
 
 from __future__ import annotations
@@ -43,33 +51,66 @@ _NONE = type(None)
 _INTS = {int, _NONE}
 _NUMBERS = {int, float, _NONE}
 _INTS_AND_TEXTS = {int, str, _NONE}
+# the whole µs an int64 of ns holds (±9223372036854775.807 µs)
+_TIME_LIMIT_US = _INT64_MAX // 1000
+# text that reads as a number (JSON's grammar, as ts/dur are written or quoted): beyond the limit it is an error
+_NUMBER_TEXT = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$"
+
+
+class OutOfRange(ValueError):
+    """A number the tables cannot hold exactly: `index` is the event's position in the values given (see
+    the module docstring); the caller names the event's byte offset."""
+
+    def __init__(self, reason: str, index: int) -> None:
+        super().__init__(reason)
+        self.reason, self.index = reason, index
 
 
 # ----------------------------------------------------------------------------------------------- times
 
 
 def parse_time_ns(texts: pl.Series) -> pl.Series:
-    """Decimal microsecond text -> Int64 ns, exactly (see the module docstring). Non-numbers become null."""
+    """Decimal microsecond text -> Int64 ns, exactly (see the module docstring). Non-numbers become null; a
+    number beyond int64 ns raises OutOfRange."""
     cleaned = texts.str.strip_chars().str.strip_chars('"')
     micro = cleaned.cast(pl.Decimal(38, 3), strict=False)
-    return (micro * 1000).cast(pl.Int64, strict=False)
+    ns = (micro * 1000).cast(pl.Int64, strict=False)
+    beyond = ns.is_null() & cleaned.str.contains(_NUMBER_TEXT)
+    if beyond.any():
+        index = int(beyond.arg_max())  # type: ignore[arg-type]
+        raise OutOfRange(_beyond_int64_ns(cleaned[index]), index)
+    return ns
+
+
+def _beyond_int64_ns(text: str) -> str:
+    shown = text if len(text) <= 24 else f"{text[:12]}… ({len(text)} characters)"
+    return f"time {shown} µs is beyond what int64 nanoseconds hold (±9.2e18 ns, about ±292 years)"
 
 
 def times_ns(values: list[Any]) -> pl.Series | None:
     """Decoded ts/dur numbers -> Int64 ns; None when a value is a float too large to be exact (use text).
 
-    Integers are exact at any size; a float is split into whole and fractional µs so that only the
-    fraction is scaled: 1623142623460111 -> 1623142623460111000, 4458676522690.655 -> 4458676522690655000.
+    Integers are exact within int64 ns (OutOfRange beyond); a float is split into whole and fractional µs so
+    that only the fraction is scaled: 1623142623460111 -> 1623142623460111000, 4458676522690.655 ->
+    4458676522690655000.
     """
     types = set(map(type, values))
     if types <= _INTS:
         try:
-            return pl.Series(values, dtype=pl.Int64) * 1000
-        except TypeError:  # beyond int64: parse the text
+            micro = pl.Series(values, dtype=pl.Int64)
+        except (TypeError, OverflowError):  # beyond int64 (beyond 128 bits: OverflowError): parse the text
             return None
+        beyond = (micro > _TIME_LIMIT_US) | (micro < -_TIME_LIMIT_US)
+        if beyond.any():
+            index = int(beyond.arg_max())  # type: ignore[arg-type]
+            raise OutOfRange(_beyond_int64_ns(str(values[index])), index)
+        return micro * 1000
     if not types <= _NUMBERS:
         return None  # strings, booleans, …: parse the text (non-numbers become null)
-    series = pl.Series(values, dtype=pl.Float64)
+    try:
+        series = pl.Series(values, dtype=pl.Float64)
+    except OverflowError:  # an integer beyond a double's range: parse the text
+        return None
     if (series.abs() >= _EXACT_FLOAT_LIMIT_US).any():
         return None  # a float this large may have lost its last digits (…689.047 reads back as …689.0)
     whole = series.floor()
@@ -86,16 +127,18 @@ def text_series(values: list[Any]) -> pl.Series:
     become their JSON text."""
     try:
         return pl.Series(values, dtype=pl.String)  # strict: any value but str and None raises
-    except TypeError:
+    except (TypeError, OverflowError):  # (OverflowError: an integer beyond 128 bits)
         pass
     types = set(map(type, values))
-    if types <= _INTS:
-        try:
+    try:
+        if types <= _INTS:
             return pl.Series(values, dtype=pl.Int64).cast(pl.String)
-        except TypeError:  # beyond int64
-            pass
-    if types <= _INTS_AND_TEXTS:  # pids and tids of GPU traces: 7 and "stream 7" (polars writes ints' digits)
-        return pl.Series(values, dtype=pl.String, strict=False)
+        if types <= _INTS_AND_TEXTS:  # pids and tids of GPU traces: 7 and "stream 7" (polars writes ints' digits)
+            mixed = pl.Series(values, dtype=pl.String, strict=False)
+            if mixed.null_count() == values.count(None):  # (an integer beyond 128 bits would be null)
+                return mixed
+    except (TypeError, OverflowError):  # an integer beyond int64 (OverflowError beyond 128 bits): its digits
+        pass
     return pl.Series([as_text(v) for v in values], dtype=pl.String)
 
 
@@ -202,12 +245,15 @@ def _arg_series(values: list[Any], kind: ArgType) -> pl.Series:
         if types <= _INTS:
             try:
                 return pl.Series(values, dtype=pl.Int64)
-            except TypeError:  # an integer beyond int64
+            except (TypeError, OverflowError):  # an integer beyond int64
                 pass
         return pl.Series([_coerce_int(v) for v in values], dtype=pl.Int64)
     if types <= _NUMBERS:
-        return pl.Series(values, dtype=pl.Float64)
-    return pl.Series([_coerce_float(v) for v in values], dtype=pl.Float64)
+        try:
+            return pl.Series(values, dtype=pl.Float64)
+        except OverflowError:  # an integer beyond a double's range (raised below)
+            pass
+    return pl.Series([_coerce_float(v, i) for i, v in enumerate(values)], dtype=pl.Float64)
 
 
 def _json_texts(raws: list[msgspec.Raw]) -> pl.Series:
@@ -235,11 +281,16 @@ def _coerce_int(value: Any) -> int | None:
     return None
 
 
-def _coerce_float(value: Any) -> float | None:
+def _coerce_float(value: Any, index: int) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # as msgspec refuses 1e400, so an integer of 309 digits or more
+            raise OutOfRange("unreadable value in event args (Number out of range)", index) from None
     if isinstance(value, str):
         try:
             return float(value)

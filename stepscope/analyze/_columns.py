@@ -14,8 +14,9 @@ stray string `ts` or boolean pid costs only its own column.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, TypeAlias, TypeVar
@@ -28,6 +29,7 @@ from stepscope.analyze._arrow import to_arrow, to_series
 from stepscope.analyze._coerce import (
     ARG_GROUPS,
     NULL,
+    OutOfRange,
     as_text,
     group_args,
     parse_time_ns,
@@ -35,7 +37,7 @@ from stepscope.analyze._coerce import (
     text_series,
     times_ns,
 )
-from stepscope.analyze._read import Document
+from stepscope.analyze._read import NESTED_TOO_DEEP, Document
 from stepscope.analyze.schema import (
     ARG_COLUMNS,
     EVENT_SCHEMA,
@@ -119,7 +121,10 @@ def decode_span(document: bytes | bytearray | memoryview, path: str, offset: int
     anything it is not sure of (and every error) is left to the Python path, which tests hold it to.
     """
     if _scan is not None and (scanned := _scan.scan_events(document, _SLOT_KEYS, _SLOT_TYPES)) is not None:
-        return _from_scan(scanned)
+        try:
+            return _from_scan(scanned)
+        except _UNSURE:  # a value the tables cannot hold: the Python path reports it, as it would alone
+            pass
     return _decode_python(document, path, offset)
 
 
@@ -128,7 +133,10 @@ def decode_range(data: bytes | Document, a: int, b: int, path: str) -> ChunkTabl
     place by the scanner, so several threads can decode spans of one buffer at once; only a span that takes
     the Python path is copied (with its brackets)."""
     if _scan is not None and (scanned := _scan.scan_events(data, _SLOT_KEYS, _SLOT_TYPES, a, b)) is not None:
-        return _from_scan(scanned)
+        try:
+            return _from_scan(scanned)
+        except _UNSURE:  # as in decode_span
+            pass
     document = bytearray(b - a + 2)
     document[0], document[-1] = 0x5B, 0x5D  # [ ]
     document[1:-1] = memoryview(data)[a:b]
@@ -151,36 +159,84 @@ def scanner_available() -> bool:
     return _scan is not None
 
 
+#: what _from_scan raises for a span the scanner read but whose values the tables cannot hold (metadata args
+#: beyond a double, ts + dur beyond int64): the Python path reads such a span, and reports it
+_UNSURE = (OutOfRange, msgspec.ValidationError)
+
+
 def _decode_python(document: bytes | bytearray | memoryview, path: str, offset: int) -> ChunkTables | None:
-    """decode_span without the scanner: msgspec Structs, then columns built in bulk (the general path)."""
+    """decode_span without the scanner: msgspec Structs, then columns built in bulk (the general path).
+
+    `offset`: the file offset of document[1] (the span's first byte), so document[k] is at offset - 1 + k.
+    An error about one event names that event's offset."""
     try:
         events = _EVENT_DECODER.decode(document)
     except msgspec.ValidationError as exc:
+        reason, index, field = _validation_error(exc)
+        at = _event_offset(document, index, offset)
+        if "out of range" in reason:  # a number msgspec cannot hold (1e400, an integer of 4,301 digits)
+            raise TraceFormatError(f"unreadable number in event field {field!r} ({reason})", path=path,
+                                   offset=at) from None
         raise TraceFormatError(f"an entry of traceEvents is not an event object ({exc})", path=path,
-                               offset=offset) from None
+                               offset=at) from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=offset - 1 + exc.start) from None
+    except RecursionError:
+        raise TraceFormatError(NESTED_TOO_DEEP, path=path, offset=offset) from None
     except msgspec.DecodeError:
         return None
     try:
         return build_chunk(events, document)
     except UnicodeDecodeError as exc:  # inside args, which the first decode keeps raw
         raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path, offset=offset) from None
-    except msgspec.ValidationError as exc:  # a typed args key holding a number beyond a double's range
-        reason = str(exc).split(" - at ")[0]
-        raise TraceFormatError(f"unreadable value in event args ({reason})", path=path, offset=offset) from None
+    except OutOfRange as exc:
+        raise TraceFormatError(exc.reason, path=path, offset=_event_offset(document, exc.index, offset)) from None
+    except RecursionError:
+        raise TraceFormatError(NESTED_TOO_DEEP, path=path, offset=offset) from None
+
+
+_AT = re.compile(r" - at `\$(?:\[(\d+)\](?:\.(\w+))?)?")
+
+
+def _validation_error(exc: msgspec.ValidationError) -> tuple[str, int | None, str | None]:
+    """msgspec's message split: the reason, the event's index in the span and the field, where it says them.
+
+        "Number out of range - at `$[1].ts`"  ->  ("Number out of range", 1, "ts")
+    """
+    text = str(exc)
+    match = _AT.search(text)
+    if match is None:
+        return text, None, None
+    return text[: match.start()], int(match.group(1)) if match.group(1) else None, match.group(2)
+
+
+def _event_offset(document: bytes | bytearray | memoryview, index: int | None, offset: int) -> int:
+    """The file offset of event `index` of the span (a JSON array, valid but for values msgspec refuses: its
+    elements are taken raw, unread); the span's offset where the index is not known. Only for an error."""
+    if index is None:
+        return offset
+    try:
+        raws = msgspec.json.decode(document, type=list[msgspec.Raw])
+    except (msgspec.DecodeError, RecursionError):
+        return offset
+    data = bytes(document)
+    pos = 0
+    for raw in raws[: index + 1]:  # each raw element is the first copy of its text after the one before
+        pos = data.find(bytes(raw), pos)
+        start, pos = pos, pos + len(raw)
+    return offset - 1 + start
 
 
 def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) -> ChunkTables:
     """Decoded events (`body`, their JSON array, is re-read only for timestamps a float cannot hold) -> the
     events table, the flows table and the M (metadata) events; event ids count from 0 within the span."""
     n = len(events)
-    ts_ns = times_ns([e.ts for e in events])
-    dur_ns = times_ns([e.dur for e in events])
+    ts_ns = _times("ts", times_ns, [e.ts for e in events])
+    dur_ns = _times("dur", times_ns, [e.dur for e in events])
     if ts_ns is None or dur_ns is None:
         times = _TIMES_DECODER.decode(body)
-        ts_ns = parse_time_ns(raw_texts([t.ts for t in times]))
-        dur_ns = parse_time_ns(raw_texts([t.dur for t in times]))
+        ts_ns = _times("ts", parse_time_ns, raw_texts([t.ts for t in times]))
+        dur_ns = _times("dur", parse_time_ns, raw_texts([t.dur for t in times]))
         del times
     base = pl.DataFrame({
         "event_id": pl.int_range(0, n, dtype=pl.Int64, eager=True),
@@ -195,9 +251,12 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
     metadata: list[dict[str, Any]] = []
     for event_id in base.filter(_IS_METADATA)["event_id"].to_list():
         e = events[event_id]
-        margs = msgspec.json.decode(e.args) if e.args is not NULL else None
+        try:
+            margs = msgspec.json.decode(e.args) if e.args is not NULL else None
+        except msgspec.ValidationError as exc:  # a number beyond a double (1e400) or a 4,301-digit integer
+            raise OutOfRange(_args_error(exc), event_id) from None
         margs = {} if margs is None else margs  # no args, or "args": null (as the scanner reads both)
-        metadata.append({"name": e.name, "pid": as_text(e.pid), "tid": as_text(e.tid), "args": margs})
+        metadata.append({"name": as_text(e.name), "pid": as_text(e.pid), "tid": as_text(e.tid), "args": margs})
 
     flows = base.filter(_IS_FLOW)
     flow_events = _pick(events, flows["event_id"].to_list())
@@ -213,11 +272,34 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
         rows = evs.filter(pl.col("group") == _GROUP_CODE[group])
         if rows.height == 0:
             continue
-        raw_args = _pick(all_args, rows["event_id"].to_list())
-        columns = group_args(raw_args, group)
+        ids = rows["event_id"].to_list()
+        raw_args = _pick(all_args, ids)
+        try:
+            columns = group_args(raw_args, group)
+        except msgspec.ValidationError as exc:  # a typed args key holding a number beyond a double's range
+            index = _validation_error(exc)[1]
+            raise OutOfRange(_args_error(exc), ids[index] if index is not None else 0) from None
+        except OutOfRange as exc:
+            raise OutOfRange(exc.reason, ids[exc.index]) from None
         pieces.append(rows.drop("group").with_columns(raw_texts(raw_args).alias("args"), *columns))
     merged = pl.concat(pieces, how="diagonal_relaxed").sort("event_id") if pieces else evs.drop("group")
     return _chunk(_finished(merged.lazy(), merged.columns).collect(engine="in-memory"), flow_table, metadata, n)
+
+
+_Values = TypeVar("_Values")
+_Times = TypeVar("_Times", pl.Series, pl.Series | None)
+
+
+def _times(field: str, parse: Callable[[_Values], _Times], values: _Values) -> _Times:
+    """ts or dur in ns by `parse` (times_ns or parse_time_ns), a value beyond int64 ns named as the field."""
+    try:
+        return parse(values)
+    except OutOfRange as exc:
+        raise OutOfRange(f"{field}: {exc.reason}", exc.index) from None
+
+
+def _args_error(exc: msgspec.ValidationError) -> str:
+    return f"unreadable value in event args ({_validation_error(exc)[0]})"
 
 
 _IS_METADATA = pl.col("ph") == "M"
@@ -340,16 +422,26 @@ def _chunk(events: pl.DataFrame, flows: pa.Table, metadata: list[dict[str, Any]]
     """The span's ChunkTables from its finished events (see _finished), with the figures meta.json sums over
     spans taken while the events are in polars, in one call."""
     other = (pl.col("kind") == Kind.OTHER.value) & pl.col("cat").is_not_null()
-    ts_min, end_max, kinds, others = events.select(
+    ts_min, end_min, end_max, kinds, others = events.select(
         lo=pl.col("ts_ns").min(),
-        hi=(pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max(),
+        end_lo=_END_NS.min(),
+        hi=_END_NS.max(),
         kinds=pl.col("kind").value_counts().implode(),
         others=pl.col("cat").filter(other).value_counts().implode(),
     ).row(0)
+    if (end_max is not None and end_max > _INT64_MAX) or (end_min is not None and end_min < _INT64_MIN):
+        beyond = events.select(pl.col("event_id").filter(~_END_NS.is_between(_INT64_MIN, _INT64_MAX)).first())
+        raise OutOfRange("ts + dur: the event ends beyond what int64 nanoseconds hold (±9.2e18 ns, about ±292 "
+                         "years)", beyond.item())
     return ChunkTables(events=to_arrow(events, pa.schema([EVENT_SCHEMA.field(name) for name in events.columns])),
                        flows=flows, metadata=metadata, n_input=n_input, ts_min_ns=ts_min, end_max_ns=end_max,
                        kind_counts=Counter({k["kind"]: k["count"] for k in kinds}),
                        unknown_categories=Counter({c["cat"]: c["count"] for c in others}))
+
+
+# an event's end, exact (Int128: ts_ns + dur_ns of int64 values can overflow int64, which would wrap around)
+_END_NS = pl.col("ts_ns").cast(pl.Int128) + pl.col("dur_ns").fill_null(0)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _finished(frame: pl.LazyFrame, columns: list[str]) -> pl.LazyFrame:

@@ -40,6 +40,8 @@ except ImportError:  # pragma: no cover - isal is a dependency; a Python without
 _CORRUPT_GZIP: tuple[type[Exception], ...] = (gzip.BadGzipFile, zlib.error, _inflate.error, OSError)
 
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+#: msgspec reads nested arrays and objects recursively: deeper than Python's recursion limit is refused
+NESTED_TOO_DEEP = "arrays and objects nested too deeply to read (beyond Python's recursion limit)"
 
 #: A trace's JSON in memory: a bytearray, or from LARGE_BUFFER_BYTES on an anonymous mapping (see _prefaulted)
 Document: TypeAlias = bytearray | mmap.mmap
@@ -264,6 +266,8 @@ def split_document(data: bytes | Document, path: Path) -> tuple[int, int, dict[s
         top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise _decode_error(exc, data, path) from None
+    except RecursionError:
+        raise TraceFormatError(NESTED_TOO_DEEP, path=path) from None
     except msgspec.ValidationError:
         raise TraceFormatError("not a Chrome trace (the top level is neither an object nor an array)",
                                path=path) from None
@@ -283,11 +287,16 @@ def _decoded(top: dict[str, msgspec.Raw], path: Path) -> dict[str, Any]:
             meta[key] = msgspec.json.decode(value)
         except UnicodeDecodeError as exc:
             raise TraceFormatError(f"not UTF-8 text in top-level key {key!r} ({exc.reason})", path=path) from None
+        except RecursionError:
+            raise TraceFormatError(f"top-level key {key!r}: {NESTED_TOO_DEEP}", path=path) from None
+        except msgspec.ValidationError as exc:  # a number beyond a double (1e400), a 4,301-digit integer
+            reason = str(exc).split(" - at ")[0]
+            raise TraceFormatError(f"unreadable value in top-level key {key!r} ({reason})", path=path) from None
     return meta
 
 
 _EVENTS_ARRAY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_NO_TOP = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+_NO_TOP = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
 def locate_events(data: bytes | Document, path: Path) -> tuple[int, int, dict[str, Any], bool]:

@@ -12,7 +12,11 @@
  *   - ts/dur other than a number with at most 3 decimals and no exponent (or null), or beyond int64 ns;
  *   - text fields (ph ... bp, str args) holding a float, an object, an array, an integer beyond int64 or -0
  *     (booleans too, outside str args); numeric args holding an object, an array, a number beyond a double's
- *     range or a string other than a plain number; float args an integer beyond int64.
+ *     range or a string other than a plain number; float args an integer beyond int64, int args one of more
+ *     than 20 digits.
+ * So every number beyond int64 or a double, read or refused, is the Python path's (the rule is in _coerce.py).
+ *
+ * `types` holds one code per key, T_INT ... T_JSON; any other code is a ValueError.
  *
  * scan_events(document, keys, types, start, end) reads document[start:end] as the body of an array (whole
  * events and the commas between them, no brackets): a span of a larger document, read in place, so that
@@ -557,7 +561,9 @@ static int read_slot(Scan *s, State *st, int k, int64_t row) {
     Entry e = {.row = row};
     if (c->type == T_INT) {
         if (n.is_int) {
-            if (number_int64(&n, &e.v.i)) return OK; /* beyond int64: null */
+            /* beyond int64: null; beyond uint64's 20 digits, the Python path's (msgspec refuses 4,301 digits) */
+            if (n.int_len > 20) return BAIL;
+            if (number_int64(&n, &e.v.i)) return OK;
         } else {
             double d;
             if (number_double(&n, &d)) return NOMEM;
@@ -964,6 +970,12 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
         if (!PyBytes_Check(k)) {
             PyBuffer_Release(&view);
             PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return NULL;
+        }
+        if ((unsigned char)types[i] > T_JSON) {
+            PyBuffer_Release(&view);
+            PyErr_Format(PyExc_ValueError, "types[%zd] is %d: a type code must be 0 (int) to 3 (json)", i,
+                         (int)(unsigned char)types[i]);
             return NULL;
         }
         key_text[i] = PyBytes_AS_STRING(k);

@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from builders import cpu_op, kernel, trace, write_trace
 from hypothesis import HealthCheck, given, settings
@@ -126,3 +127,69 @@ def test_directory_passed_as_file(tmp_path: Path) -> None:
 def test_good_file_still_fine(tmp_path: Path) -> None:
     path = write_trace(tmp_path, json.loads(GOOD), "ok.json")
     assert ingest_trace(path, tmp_path / "o").n_events == 2
+
+
+# ----------------------------------------------------------------------------------------------- bad numbers
+
+_EVENT = '{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 2}'
+_SECOND = len('{"traceEvents": [' + _EVENT + ", ")  # the byte offset of the second event
+_DEEP = "[" * 5000 + "]" * 5000
+_BAD_NUMBERS = {
+    "metadata args 1e400": ('{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x", "v": 1e400}}',
+                            "unreadable value in event args (Number out of range)", _SECOND),
+    "ts of 40 digits": ('{"ph": "X", "cat": "cpu_op", "ts": 1' + "0" * 40 + "}", "ts: time", _SECOND),
+    "dur of 40 digits": ('{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 1' + "0" * 40 + "}", "dur: time", _SECOND),
+    "ts 1e17 µs": ('{"ph": "X", "cat": "cpu_op", "ts": 1e17}', "ts: time 1e17 µs is beyond", _SECOND),
+    "whole ts beyond int64 ns": ('{"ph": "X", "cat": "cpu_op", "ts": 100000000000000000}', "int64", _SECOND),
+    "ts as text beyond int64 ns": ('{"ph": "X", "cat": "cpu_op", "ts": "-1e17"}', "int64", _SECOND),
+    "ts + dur beyond int64 ns": ('{"ph": "X", "cat": "cpu_op", "ts": 9223372036854775, "dur": 1000}',
+                                 "ts + dur: the event ends beyond", _SECOND),
+    "ts 1e400": ('{"ph": "X", "cat": "cpu_op", "ts": 1e400}', "unreadable number in event field 'ts'", _SECOND),
+    "pid of 5000 digits": ('{"ph": "X", "ts": 1, "pid": ' + "1" * 5000 + "}",
+                           "unreadable number in event field 'pid' (Integer value out of range)", _SECOND),
+    "float args of 400 digits": ('{"ph": "X", "cat": "cpu_op", "ts": 1, "args": {"flops": ' + "1" * 400 + "}}",
+                                 "unreadable value in event args (Number out of range)", _SECOND),
+    "args nested beyond the recursion limit": ('{"ph": "X", "ts": 1, "args": {"x": ' + _DEEP + "}}",
+                                               "nested too deeply", None),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_NUMBERS), ids=list(_BAD_NUMBERS))
+def test_bad_numbers_and_deep_nesting_are_one_line_errors(case: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a trace whose second event holds a number the tables cannot hold exactly, or nests too deeply
+    event, needle, offset = _BAD_NUMBERS[case]
+    path = tmp_path / "bad.json"
+    path.write_text('{"traceEvents": [' + _EVENT + ", " + event + "]}", encoding="utf-8")
+    # WHEN `info` reads it THEN one line names the file (and the event's byte offset), and the exit code is 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["info", str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    where = f"{path} (byte {offset}): " if offset is not None else f"{path}"
+    assert err[0].startswith(f"stepscope: error: {where}")
+
+
+@pytest.mark.parametrize("top", ['"x": 1e400', '"x": ' + _DEEP])
+def test_bad_numbers_outside_trace_events_are_one_line_errors(top: str, tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"traceEvents": [' + _EVENT + "], " + top + "}", encoding="utf-8")
+    with pytest.raises(TraceFormatError, match="top-level key 'x'|nested too deeply"):
+        ingest_trace(path, tmp_path / "out")
+
+
+def test_huge_integers_in_text_fields_are_kept_as_their_digits(tmp_path: Path) -> None:
+    # GIVEN integers beyond int64 (and beyond 128 bits) where text is expected, and a ts at int64's edge
+    big = 10**40
+    path = write_trace(tmp_path, {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": big, "pid": big, "tid": 2**64, "ts": 9223372036854774, "dur": 1},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 1,
+         "args": {"correlation": 10**30, "blocks per SM": 2**70}},
+    ]}, "big.json")
+    ingest_trace(path, tmp_path / "out")
+    rows = pq.read_table(tmp_path / "out" / "events.parquet").to_pylist()
+    # THEN the digits are kept exactly, an int column leaves the value null, and the ts is exact
+    assert (rows[0]["name"], rows[0]["pid"], rows[0]["tid"]) == (str(big), str(big), str(2**64))
+    assert rows[0]["ts_ns"] == 9223372036854774000 and rows[0]["dur_ns"] == 1000
+    assert rows[1]["correlation"] is None and rows[1]["blocks_per_sm"] == float(2**70)

@@ -231,7 +231,8 @@ _NUMERIC_TEXT = st.sampled_from(["0x1f", "0X1F", "-0x10", "12", "-5", "0", "007"
 _VALUE = _JSON | _NUMERIC_TEXT
 _TIME = (st.integers(-(2**50), 2**50) | st.none() | st.sampled_from(["12.5", "x"])
          | st.integers(0, 2**52).flatmap(lambda n: st.sampled_from([n / 10, n / 100, n / 1000, n / 10000])))
-_TEXT = st.text(max_size=6) | st.integers(-(2**66), 2**66) | st.none() | st.booleans() | st.just(1.5)
+_TEXT = (st.text(max_size=6) | st.integers(-(2**66), 2**66) | st.integers(-(10**45), 10**45) | st.none()
+         | st.booleans() | st.just(1.5))
 _EVENT = st.fixed_dictionaries(
     {},
     optional={
@@ -347,3 +348,73 @@ def test_threads_read_spans_of_one_buffer_at_once() -> None:
     for i, w in enumerate(want):
         assert got[i] is not None and w is not None
         assert pa.Table.equals(got[i].events, w.events)  # type: ignore[union-attr]
+
+
+# ----------------------------------------------------------------------------------------------- bad numbers
+
+def _outcome(decode: Any, document: bytes) -> Any:
+    try:
+        return decode(document)
+    except TraceFormatError as exc:
+        return str(exc)
+
+
+_DEEP = b"[" * 5000 + b"]" * 5000
+_BAD_NUMBERS = {
+    "metadata args 1e400": b'{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x", "v": 1e400}}',
+    "metadata args of 5000 digits": b'{"ph": "M", "name": "p", "pid": 1, "args": {"v": ' + b"1" * 5000 + b"}}",
+    "ts of 40 digits": b'{"ph": "X", "ts": 1' + b"0" * 40 + b"}",
+    "dur of 40 digits": b'{"ph": "X", "ts": 1, "dur": -1' + b"0" * 40 + b"}",
+    "ts 1e17": b'{"ph": "X", "ts": 1e17}',
+    "whole ts beyond int64 ns": b'{"ph": "X", "ts": 9223372036854776}',
+    "whole ts at int64 ns's edge": b'{"ph": "X", "ts": -9223372036854775, "dur": 0}',
+    "ts with decimals at the edge": b'{"ph": "X", "ts": 9223372036854775.807}',
+    "ts with decimals beyond the edge": b'{"ph": "X", "ts": 9223372036854775.808}',
+    "ts + dur beyond int64 ns": b'{"ph": "X", "ts": 9223372036854775, "dur": 1}',
+    "ts 1e400": b'{"ph": "X", "ts": 1e400}',
+    "pid of 40 digits": b'{"ph": "X", "ts": 1, "pid": 1' + b"0" * 40 + b"}",
+    "name of 40 digits beside text": b'{"ph": "X", "ts": 1, "name": -1' + b"0" * 40 + b'}, {"ph": "X", "name": "a"}',
+    "tid beyond 128 bits in a metadata event": b'{"ph": "M", "name": "thread_name", "tid": 1' + b"0" * 40 + b"}",
+    "pid of 5000 digits": b'{"ph": "X", "ts": 1, "pid": ' + b"1" * 5000 + b"}",
+    "an int args key of 30 digits": b'{"ph": "X", "cat": "kernel", "ts": 1, "args": {"bytes": ' + b"9" * 30 + b"}}",
+    "an int args key of 5000 digits": b'{"ph": "X", "cat": "kernel", "ts": 1, "args": {"bytes": ' + b"9" * 5000 + b"}}",
+    "a float args key of 40 digits": b'{"ph": "X", "cat": "cpu_op", "ts": 1, "args": {"flops": 1' + b"0" * 40 + b"}}",
+    "a float args key of 400 digits": b'{"ph": "X", "cat": "cpu_op", "ts": 1, "args": {"flops": 1' + b"0" * 400 + b"}}",
+    "a str args key of 40 digits": b'{"ph": "X", "cat": "cpu_op", "ts": 1, "args": {"dtype": 1' + b"0" * 40 + b"}}",
+    "args nested 500 deep": b'{"ph": "X", "ts": 1, "args": {"x": ' + b"[" * 500 + b"]" * 500 + b"}}",
+    "args nested beyond the recursion limit": b'{"ph": "X", "ts": 1, "args": {"x": ' + _DEEP + b"}}",
+}
+
+
+@pytest.mark.parametrize("event", list(_BAD_NUMBERS.values()), ids=list(_BAD_NUMBERS))
+def test_numbers_beyond_int64_or_a_double_read_the_same_on_both_paths(event: bytes) -> None:
+    # GIVEN a span whose second event holds a number beyond int64 or a double, or nests deeply
+    first = b'{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 2}, '
+    document = b"[" + first + event + b"]"
+    # WHEN the scanner (where built) and the Python path read it
+    fast = _outcome(lambda d: decode_span(d, "t.json", 1), document)
+    slow = _outcome(_python, document)
+    # THEN both give the same tables or the same one-line error, naming the event where it is one event's
+    if isinstance(slow, str):
+        assert fast == slow and "\n" not in slow
+        assert slow.startswith(f"t.json (byte {1 + len(first)}): ") or "nested too deeply" in slow
+    else:
+        _assert_same(fast, slow)
+        assert slow.ts_min_ns is not None
+
+
+@needs_scanner
+def test_a_metadata_event_beyond_a_double_is_read_by_the_scanner_then_refused_as_the_python_path_does() -> None:
+    document = b'[{"ph": "M", "name": "process_name", "pid": 1, "args": {"v": 1e400}}, {"ph": "X", "ts": 1}]'
+    assert _scan(document) is not None  # valid JSON to the scanner: the error comes from decoding the args
+    with pytest.raises(TraceFormatError, match=r"^t.json \(byte 1\): unreadable value in event args"):
+        decode_span(document, "t.json", 1)
+
+
+@needs_scanner
+@pytest.mark.parametrize("code", [4, 9, 255])
+def test_scan_events_refuses_a_type_code_it_does_not_know(code: int) -> None:
+    # GIVEN a type code beyond json (3) WHEN scan_events is called THEN it raises, rather than read out of bounds
+    with pytest.raises(ValueError, match=f"types\\[1\\] is {code}"):
+        _columns._scan.scan_events(  # type: ignore[attr-defined]
+            b'[{"ph": "X", "ts": 1, "args": {"b": 1}}]', (b"a", b"b"), bytes([0, code]))
