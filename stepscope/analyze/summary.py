@@ -8,9 +8,10 @@ verdict (over the GPU span when the trace has no ProfilerStep):
 1. no_gpu              the trace holds no GPU kernel, memcpy or memset
 2. data_loading_bound  data loading the GPU does not hide >= 10% of the step (tb_plugin advises from 5%)
 3. sync_bound          the GPU sits idle behind host syncs (`stepscope gaps` cause host_sync) >= 10% of the
-                       step, or synchronizing calls (cuda/hip Device/Stream/EventSynchronize, blocking
-                       cudaMemcpy) take >= 10% of the step on the CPU while the GPU is busy < 60% (a sync
-                       while the GPU is busy only waits for work that had to run anyway)
+                       step, or synchronizing calls (`blame.is_sync_runtime`, as in `stepscope overlap`:
+                       *Synchronize, blocking cudaMemcpy / hipMemcpyWithStream) take >= 10% of the step on
+                       the CPU while the GPU is busy < 60% (a sync while the GPU is busy only waits for work
+                       that had to run anyway)
 4. transfer_bound      memcpy GPU time >= 10% of the step, or pageable memcpy >= 5%, or the GPU sits idle
                        waiting for host copies (gaps cause memcpy_wait) >= 10%
 5. launch_bound        the GPU is busy < 60% of the step (the CPU cannot feed it: launch overhead, Python,
@@ -29,15 +30,15 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from stepscope.analyze.blame import short_name
+from stepscope.analyze.blame import is_sync_runtime, short_name
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
+from stepscope.analyze.info import trace_warnings
 from stepscope.analyze.kernels import KernelsResult, kernel_summary
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.steps import DATALOADER_PATTERN, StepsResult, step_breakdown
 from stepscope.analyze.trace import Trace
 
-SYNC_PATTERN = r"^(cuda|hip)(Device|Stream|Event)Synchronize$|^(cuda|hip)Memcpy(2D|3D)?$|^(cuda|hip)DeviceSynchronize"
 TINY_KERNEL_NS = 10_000
 
 DATA_LOADING_MIN = 0.10
@@ -111,7 +112,8 @@ def decide(evidence: dict[str, float | None]) -> Rule:
 
 @dataclass(frozen=True, kw_only=True)
 class SummaryResult:
-    """Overall verdict and advice, the evidence behind it, per-step verdicts and the top places to look."""
+    """Overall verdict and advice, the evidence behind it, per-step verdicts and the top places to look, and
+    the trace's warnings (`info.trace_warnings`: missing timestamps, negative durations …) that qualify it."""
 
     verdict: Verdict
     reason: str
@@ -131,10 +133,12 @@ class SummaryResult:
     per_step: pl.DataFrame
     places: pl.DataFrame
     rules: pl.DataFrame
+    warnings: pl.DataFrame
 
 
 def _sync_calls(trace: Trace) -> pl.DataFrame:
-    return trace.runtime.filter(pl.col("name").str.contains(SYNC_PATTERN) & pl.col("dur_ns").is_not_null()).select(
+    """Synchronizing runtime calls, by the one definition `overlap`, `gaps` and `transfers` use too."""
+    return trace.runtime.filter(is_sync_runtime(pl.col("name")) & pl.col("dur_ns").is_not_null()).select(
         "name", "ts_ns", "dur_ns", "external_id").collect()
 
 
@@ -245,7 +249,8 @@ def _idle(frame: pl.DataFrame) -> dict[str, int]:
 
 def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResult | None = None,
             kernels: KernelsResult | None = None) -> SummaryResult:
-    """The overall and per-step verdict (rule table `RULES`), its evidence and the top three places.
+    """The overall and per-step verdict (rule table `RULES`), its evidence, the top three places, and the
+    trace's warnings (`info.trace_warnings`), so a damaged trace never gets an unqualified verdict.
 
     With ProfilerSteps the fractions are of the step windows (per step, and summed over steps for the overall
     verdict); without, of the analysis window of `stepscope gaps` (first to last GPU event per device).
@@ -300,5 +305,5 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         pageable_memcpy_fraction=ev["pageable_memcpy_fraction"], sync_idle_fraction=ev["sync_idle_fraction"],
         memcpy_idle_fraction=ev["memcpy_idle_fraction"], launch_idle_fraction=ev["launch_idle_fraction"],
         tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
-        places=_places(frames, rule.verdict, syncs, gaps, kernels), rules=rules,
+        places=_places(frames, rule.verdict, syncs, gaps, kernels), rules=rules, warnings=trace_warnings(frames),
     )

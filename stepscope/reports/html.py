@@ -138,11 +138,14 @@ SectionBuilder = Callable[[ReportContext], Section | None]
 
 # ---------------------------------------------------------------------------------------------- sections
 def verdict_section(ctx: ReportContext) -> Section | None:
-    """The verdict first (summary.py): what bounds the step, why, what to do, where to look."""
+    """The verdict first (summary.py): what bounds the step, why, what to do, where to look; the trace's warnings
+    (missing timestamps, negative durations …) first of all where there are any."""
     result = ctx.bundle.verdict
     name = str(result.verdict.value).replace("_", " ")
     headline = headline_items(result, skip=("verdict", "reason", "advice"))
     tables = []
+    if result.warnings.height:
+        tables.append(frame_table(result.warnings, "Warnings: the trace is odd here; read the verdict with care"))
     if result.places.height:
         tables.append(frame_table(result.places, "Where to look first"))
     if result.per_step.height:

@@ -8,11 +8,13 @@ from stepscope.reports.units import human_fraction, human_ns
 
 
 def render_summary(result: SummaryResult) -> str:
-    """Verdict block, evidence lines, per-step verdict counts, and the top places as a table."""
+    """Verdict block, the trace's warnings (if any), evidence lines, per-step verdict counts, and the top
+    places as a table."""
     lines = [
         f"verdict: {result.verdict.value}  ({result.reason})",
         f"advice:  {result.advice}",
         "",
+        *_warning_lines(result),
         (f"{result.steps_found} step{'' if result.steps_found == 1 else 's'}, {human_ns(result.wall_ns)} in all "
          f"(mean step {human_ns(result.wall_ns / result.steps_found)}); share of the step time:"
          if result.steps_found else
@@ -20,7 +22,8 @@ def render_summary(result: SummaryResult) -> str:
         (f"  GPU busy                    {human_fraction(result.gpu_busy_fraction)}"
          if result.gpu_busy_fraction is not None else f"  GPU{'':25}none recorded (no kernel/memcpy/memset)"),
         f"  exposed data loading        {human_fraction(result.data_loading_fraction)}",
-        f"  sync calls (CPU)            {human_fraction(result.sync_fraction)} ({result.sync_calls} calls)",
+        f"  sync calls (CPU)            {human_fraction(result.sync_fraction)} ({result.sync_calls} "
+        f"call{'' if result.sync_calls == 1 else 's'})",
     ]
     if result.gpu_busy_fraction is not None:
         lines += [
@@ -40,3 +43,12 @@ def render_summary(result: SummaryResult) -> str:
     if result.places.height:
         lines.append(render_frame(result.places, title="where to look").rstrip("\n"))
     return "\n".join(lines) + "\n"
+
+
+def _warning_lines(result: SummaryResult) -> list[str]:
+    """The trace's warnings before the evidence, so a damaged trace's numbers are read with them in mind."""
+    if not result.warnings.height:
+        return []
+    table = render_frame(result.warnings, title="warnings: the trace is odd here; read the numbers below with care",
+                         max_rows=None)
+    return [table, ""]

@@ -10,6 +10,7 @@ from builders import annotation, cpu_op, kernel, load_events, memcpy, runtime, s
 
 from stepscope.analyze import load
 from stepscope.analyze.gaps import gpu_gaps
+from stepscope.analyze.info import trace_warnings
 from stepscope.analyze.steps import step_breakdown
 from stepscope.analyze.summary import RULES, SummaryResult, Verdict, verdict
 
@@ -139,3 +140,12 @@ def test_resnet50_pair(corpus: Path, tmp_path: Path) -> None:
     assert r0.data_loading_fraction == pytest.approx(59_262 / 177_592, rel=0.02)  # tb_plugin: 33.37%
     assert r4.verdict is not Verdict.DATA_LOADING_BOUND
     assert r4.data_loading_fraction is not None and r4.data_loading_fraction < 0.02  # tb_plugin: 0.84%
+
+
+def test_the_verdict_carries_the_traces_warnings(tmp_path: Path) -> None:
+    # GIVEN a trace with a kernel of negative duration
+    t = load_events(tmp_path, trace(step(1, ts=0, dur=100), kernel("k", ts=2, dur=90), kernel("k3", ts=95, dur=-3)))
+    # WHEN its verdict is computed
+    r = verdict(t)
+    # THEN the warnings are info's, on the same trace
+    assert r.warnings.equals(trace_warnings(t)) and r.warnings["code"].to_list() == ["negative_durations"]

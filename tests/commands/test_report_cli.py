@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from builders import write_trace
+from builders import kernel, step, trace, write_trace
 from click.testing import CliRunner
 from report_traces import gpu_doc
 
@@ -134,3 +134,19 @@ def test_every_sample_trace_reports_cleanly(tmp_path: Path) -> None:
         text = page.read_text()
         assert "could not be built" not in text, page  # every section of every sample renders
         assert 'id="verdict"' in text and 'id="ops"' in text
+
+
+def test_the_verdict_section_shows_a_damaged_traces_warnings(tmp_path: Path) -> None:
+    # GIVEN a trace with an event without a timestamp and negative durations
+    no_ts = kernel("k2", ts=50, dur=10)
+    del no_ts["ts"]
+    src = write_trace(tmp_path / "in", trace(step(1, ts=0, dur=100), kernel("k", ts=2, dur=90), no_ts,
+                                             kernel("k3", ts=95, dur=-3)))
+    # WHEN it is reported
+    code, out = run("report", str(src), "-o", str(tmp_path / "out"))
+    # THEN the verdict section holds the warnings table, before the verdict's evidence tables
+    assert code == 0, out
+    page = (tmp_path / "out" / "index.html").read_text()
+    verdict = page[page.index('id="verdict"'):page.index('id="verdict"') + 20_000]
+    assert "Warnings: the trace is odd here" in verdict and "negative_durations" in verdict
+    assert verdict.index("Warnings:") < verdict.index("Where to look first")

@@ -31,3 +31,53 @@ def test_summary_cpu_only(tmp_path: Path) -> None:
     out = CliRunner().invoke(cli, ["summary", str(path)])
     assert out.exit_code == 0 and "verdict: no_gpu" in out.output
     assert "GPU                         none recorded" in out.output and "GPU busy" not in out.output
+
+
+def test_summary_and_overlap_count_the_same_sync_calls(tmp_path: Path) -> None:
+    # GIVEN a ROCm step whose one synchronizing call is a blocking hipMemcpyWithStream (30% of the step)
+    path = write_trace(tmp_path, trace(
+        step(1, ts=0, dur=100), runtime("hipLaunchKernel", ts=1, dur=1, correlation=1),
+        kernel("k", ts=2, dur=10, correlation=1), runtime("hipMemcpyWithStream", ts=20, dur=30),
+    ))
+    # WHEN summary and overlap read it
+    summary = CliRunner().invoke(cli, ["summary", str(path), "--json"])
+    overlap = CliRunner().invoke(cli, ["overlap", str(path), "--json"])
+    # THEN both count it as the one sync call (blame.is_sync_runtime), 30 µs
+    assert summary.exit_code == 0 and overlap.exit_code == 0, summary.output + overlap.output
+    s, o = json.loads(summary.output), json.loads(overlap.output)
+    assert s["sync_calls"] == o["sync_calls"] == 1
+    assert s["sync_fraction"] == 0.3 and o["sync_ns"] == 30_000
+    assert "sync calls (CPU)            30.0% (1 call)" in CliRunner().invoke(cli, ["summary", str(path)]).output
+
+
+def damaged_doc() -> dict[str, object]:
+    """A step whose events include one without a timestamp and two with negative durations."""
+    no_ts = kernel("k2", ts=50, dur=10)
+    del no_ts["ts"]
+    return trace(step(1, ts=0, dur=100), kernel("k", ts=2, dur=90), no_ts, kernel("k3", ts=95, dur=-3),
+                 cpu_op("aten::add", ts=3, dur=-5))
+
+
+def test_summary_shows_the_warnings_of_a_damaged_trace(tmp_path: Path) -> None:
+    # GIVEN a trace with an event without a timestamp and two negative durations
+    path = write_trace(tmp_path, damaged_doc())
+    # WHEN summary reads it, as a table and as JSON
+    out = CliRunner().invoke(cli, ["summary", str(path)])
+    data = json.loads(CliRunner().invoke(cli, ["summary", str(path), "--json"]).output)
+    # THEN the verdict comes with the warnings `info` computes: code, count, detail
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("warnings:"))
+    assert lines[start + 1].split() == ["code", "count", "detail"]
+    assert any(line.split()[:2] == ["negative_durations", "2"] for line in lines[start + 3:start + 5])
+    assert any(line.split()[:2] == ["missing_timestamps", "1"] for line in lines[start + 3:start + 5])
+    assert {w["code"]: w["count"] for w in data["warnings"]} == {"negative_durations": 2, "missing_timestamps": 1}
+
+
+def test_summary_of_a_clean_trace_has_no_warnings_block(tmp_path: Path) -> None:
+    # GIVEN a clean trace
+    path = write_trace(tmp_path, trace(step(1, ts=0, dur=100), kernel("k", ts=2, dur=90)))
+    # WHEN summary reads it
+    out = CliRunner().invoke(cli, ["summary", str(path)])
+    # THEN no warnings block
+    assert out.exit_code == 0 and "warnings:" not in out.output, out.output
