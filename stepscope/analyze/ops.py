@@ -96,14 +96,20 @@ class OpTable:
     ops: pl.DataFrame
 
 
-def resolve_sort(sort_by: str, has_device_time: bool) -> str:
-    """Our column for a --sort value (ours or torch's key); `auto` is self device time, else self CPU."""
+def resolve_sort(sort_by: str, has_device_time: bool, *, has_flops: bool = True) -> str:
+    """Our column for a --sort value (ours or torch's key); `auto` is self device time, else self CPU.
+
+    Sorting by flops on a trace without any is a UsageError: every row is null, so the order would silently be
+    by name."""
     if sort_by == "auto":
         return "self_device_ns" if has_device_time else "self_cpu_ns"
     key = TORCH_SORT_KEYS.get(sort_by, sort_by)
     if key not in SORT_COLUMNS:
         raise UsageError(f"cannot sort by {sort_by!r}; choose one of: auto, {', '.join(SORT_COLUMNS)} "
                          f"(torch's keys such as self_cpu_time_total work too)")
+    if key == "flops" and not has_flops:
+        raise UsageError("cannot sort by flops: the trace has no FLOPs (record them with "
+                         "torch.profiler.profile(with_flops=True)); choose another --sort")
     return key
 
 
@@ -261,7 +267,8 @@ def op_table(source: Source, *, group_by_shape: bool = False, sort_by: str = "au
     self_device_total = int(grouped.filter(pl.col("kind").is_in(device_kinds))["self_device_ns"].sum())
     has_device_time = bool((grouped["self_device_ns"] > 0).any())
     has_device_mem = bool((grouped["device_mem_bytes"] != 0).any())
-    sort_col = resolve_sort(sort_by, has_device_time)
+    has_flops = bool(rows["flops"].is_not_null().any())
+    sort_col = resolve_sort(sort_by, has_device_time, has_flops=has_flops)
 
     def share(col: str, total: int) -> pl.Expr:
         return (pl.col(col) / total) if total else pl.lit(None, pl.Float64)
@@ -287,5 +294,5 @@ def op_table(source: Source, *, group_by_shape: bool = False, sort_by: str = "au
         device_name="CUDA" if has_device_time or has_device_mem or self_device_total else None,
         self_cpu_total_ns=self_cpu_total, self_device_total_ns=self_device_total,
         has_memory=bool(trace.memory.select(pl.len()).collect().item()),
-        has_flops=bool(rows["flops"].is_not_null().any()), ops_shown=ops.height, ops_total=total, ops=ops,
+        has_flops=has_flops, ops_shown=ops.height, ops_total=total, ops=ops,
     )

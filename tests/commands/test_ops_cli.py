@@ -54,3 +54,25 @@ def test_corpus_trace(corpus: Path) -> None:
                                    "--top", "5"])
     assert res.exit_code == 0, res.output
     assert "CUDA Mem" in res.stdout.splitlines()[1] and "(top 5 of" in res.stdout
+
+
+def test_sort_by_flops_without_flops_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a trace recorded without with_flops=True (no op carries FLOPs)
+    path = _trace(tmp_path)
+    # WHEN ops is asked to sort by FLOPs
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ops", str(path), "--sort", "flops"])
+    # THEN a usage error (exit 2) in one line that says the trace has none, not a table sorted by name
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert "the trace has no FLOPs" in err[0] and "with_flops=True" in err[0]
+
+
+def test_sort_by_flops_with_flops(tmp_path: Path) -> None:
+    # GIVEN a trace whose ops carry FLOPs
+    path = write_trace(tmp_path, trace(cpu_op("aten::add", 0, 20, flops=10), cpu_op("aten::mm", 30, 5, flops=1000)))
+    # WHEN ops sorts by them
+    res = CliRunner().invoke(cli, ["ops", str(path), "--sort", "flops", "--json"])
+    # THEN the most FLOPs first
+    assert res.exit_code == 0, res.output
+    assert [r["name"] for r in json.loads(res.stdout)["ops"]] == ["aten::mm", "aten::add"]
