@@ -42,18 +42,31 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
                          f"{'snapshot' if isinstance(inp, Snapshot) else 'memory-timeline'}`", path=input_path)
     if isinstance(inp, TraceBatch) and not batch:
         raise UsageError("holds several traces: add --batch for one report per trace and an index", path=input_path)
-    with atomic_dir(out) as tmp:
-        if isinstance(inp, RunDir | Dataset | TraceBatch):
+    if isinstance(inp, RunDir | Dataset | TraceBatch):
+        with atomic_dir(out) as tmp:
             kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step)
-        else:
-            page = trace_report(TraceAnalysis.of(load(inp)), source=str(input_path), step=step)
+    else:
+        bundle = TraceAnalysis.of(load(inp))
+        if step is not None:
+            _check_step(bundle, step)
+        with atomic_dir(out) as tmp:
+            page = trace_report(bundle, source=str(input_path), step=step)
             (tmp / "index.html").write_text(page, encoding="utf-8")
-            kind, failed, total = "trace", [], 1
+        kind, failed, total = "trace", [], 1
     for line in failed:
         echo_failure(line)
     click.echo(f"wrote {out / 'index.html'} ({kind}, {total - len(failed)} report(s), {len(failed)} failed) "
                f"in {time.perf_counter() - start:.1f} s")
     end_batch(failed, total)
+
+
+def _check_step(bundle: TraceAnalysis, step: int) -> None:
+    """--step of a single trace must be one of its steps (as `stepscope plot timeline --step` says), checked
+    before anything is written: the report's sections would only note the problem. In a run or a batch, a
+    member without the step says so on its page."""
+    steps = bundle.frames.step_windows["step"].to_list()
+    if step not in steps:
+        raise UsageError(f"no step {step} in this trace (steps: {', '.join(map(str, steps)) or 'none'})")
 
 
 def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bool,

@@ -11,7 +11,7 @@ from builders import kernel, step, trace, write_trace
 from click.testing import CliRunner
 from report_traces import gpu_doc
 
-from stepscope.cli import cli
+from stepscope.cli import cli, main
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -150,3 +150,19 @@ def test_the_verdict_section_shows_a_damaged_traces_warnings(tmp_path: Path) -> 
     verdict = page[page.index('id="verdict"'):page.index('id="verdict"') + 20_000]
     assert "Warnings: the trace is odd here" in verdict and "negative_durations" in verdict
     assert verdict.index("Warnings:") < verdict.index("Where to look first")
+
+
+def test_a_step_the_trace_does_not_hold_is_an_error_as_in_plot(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a trace of steps 1 and 2
+    src = write_trace(tmp_path / "in", gpu_doc())
+    # WHEN report and plot are asked for step 99
+    errors = []
+    for args in (["report", str(src), "-o", str(tmp_path / "out"), "--step", "99"],
+                 ["plot", "timeline", str(src), "-o", str(tmp_path / "t.png"), "--step", "99"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        errors.append((exit_info.value.code, capsys.readouterr().err.strip().splitlines()))
+    # THEN both exit 2 with the same one line, and nothing is written
+    assert errors[0] == errors[1] == (2, ["stepscope: error: no step 99 in this trace (steps: 1, 2)"])
+    assert not (tmp_path / "out").exists() and not (tmp_path / "t.png").exists()
