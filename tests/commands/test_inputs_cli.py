@@ -89,3 +89,17 @@ def test_a_single_bad_trace_is_exit_code_2(tmp_path: Path, capsys: pytest.Captur
     for command in (["info"], ["report", "-o", str(tmp_path / "out")]):
         code, err = _run([command[0], str(bad), *command[1:]], capsys)
         assert code == 2 and len(err) == 1 and err[0].startswith(f"stepscope: error: {bad}"), err
+
+
+def test_ingest_of_an_empty_directory_is_the_same_error_as_elsewhere(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a directory with nothing in it at all
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    # WHEN ingest and info are given it
+    ingest = _run(["ingest", str(empty), "-o", str(tmp_path / "ds"), "-q"], capsys)
+    info = _run(["info", str(empty)], capsys)
+    # THEN both exit 2 with the same one line (not "0 ingested"), and no dataset is created
+    line = f"stepscope: error: {empty}: holds no trace (.json / .json.gz), capture run, dataset or ingested trace"
+    assert ingest == info == (2, [line])
+    assert not (tmp_path / "ds").exists()
