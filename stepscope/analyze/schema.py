@@ -28,7 +28,7 @@ from typing import Literal
 
 import pyarrow as pa
 
-INGEST_SCHEMA_VERSION = 1
+INGEST_SCHEMA_VERSION = 2  # 2: concrete_inputs column
 
 
 class Kind(str, enum.Enum):
@@ -137,6 +137,8 @@ ARG_COLUMNS: tuple[ArgColumn, ...] = (
               doc="op input shapes as JSON text, e.g. [[32, 3, 224, 224], []] (record_shapes)"),
     ArgColumn(column="input_types", keys=("Input type",), type="json", groups=("cpu",),
               doc="op input dtypes as JSON text (record_shapes)"),
+    ArgColumn(column="concrete_inputs", keys=("Concrete Inputs",), type="json", groups=("cpu",),
+              doc="op scalar/list argument values as JSON text, e.g. [\"\", \"[2, 2]\", \"False\"] (record_shapes)"),
     ArgColumn(column="sequence_number", keys=("Sequence number",), type="int", groups=("cpu",),
               doc="autograd sequence number (links forward op and its backward)"),
     ArgColumn(column="fwd_thread_id", keys=("Fwd thread id",), type="int", groups=("cpu",),
