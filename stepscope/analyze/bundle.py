@@ -21,6 +21,7 @@ from stepscope.analyze.kernels import KernelsResult, kernel_summary
 from stepscope.analyze.memory import ActivationMemory, MemoryTimeline, activation_memory, memory_timeline
 from stepscope.analyze.ops import OpTable, op_table
 from stepscope.analyze.overlap import OverlapResult, cpu_gpu_overlap
+from stepscope.analyze.roofline import RooflineResult, roofline
 from stepscope.analyze.steps import StepsResult, step_breakdown
 from stepscope.analyze.summary import SummaryResult, verdict
 from stepscope.analyze.timeline import GpuTimeline, gpu_timeline
@@ -91,6 +92,11 @@ class TraceAnalysis:
     def activations(self) -> ActivationMemory:
         """`stepscope memory --activations`: activations by layer at the memory peak."""
         return activation_memory(self.frames)
+
+    @cached_property
+    def roofline(self) -> RooflineResult:
+        """`stepscope flops`: FLOPs per op, achieved TFLOP/s and GB/s against the device table's peaks, MFU."""
+        return roofline(self.frames)
 
     @cached_property
     def verdict(self) -> SummaryResult:

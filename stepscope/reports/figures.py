@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from stepscope.analyze.kernels import KernelsResult
     from stepscope.analyze.ops import OpTable
     from stepscope.analyze.overlap import OverlapResult
+    from stepscope.analyze.roofline import RooflineResult
     from stepscope.analyze.steps import StepsResult
     from stepscope.analyze.timeline import GpuTimeline
     from stepscope.analyze.transfers import TransfersResult
@@ -211,6 +212,46 @@ def kernels_figure(result: KernelsResult, n: int = 12) -> bytes | None:
         ax.set_title(title, fontsize=11)
         ax.set_xlabel(f"summed duration ({ns_axis(ax)})")
         style(ax)
+    fig.tight_layout()
+    return to_png(fig)
+
+
+def roofline_figure(result: RooflineResult, n: int = 12) -> bytes | None:
+    """The roofline (log-log): attainable TFLOP/s against arithmetic intensity for the device, and each op
+    with FLOPs as a point at its achieved TFLOP/s, sized by its GPU time and coloured by family; the longest
+    ops are labelled."""
+    ops = result.ops.filter(pl.col("tflops").is_not_null() & pl.col("intensity_flop_per_byte").is_not_null()
+                            & (pl.col("tflops") > 0))
+    if ops.height == 0:
+        return None
+    fig, ax = subplots(figsize=(9, 5.2))
+    x = ops["intensity_flop_per_byte"].to_list()
+    y = ops["tflops"].to_list()
+    sizes = ops["gpu_ns"].cast(pl.Float64).to_numpy()
+    area = (20 + 600 * sizes / max(float(sizes.max()), 1.0)).tolist()
+    ridge = result.ridge_flop_per_byte
+    lo, hi = min(min(x) / 4, (ridge or min(x)) / 2), max(max(x) * 4, (ridge or max(x)) * 4)
+    if result.peak_tflops and result.bandwidth_gbps:
+        xs = np.geomspace(lo, hi, 200)
+        ax.plot(xs, np.minimum(result.peak_tflops, xs * result.bandwidth_gbps / 1e3), color="#333333", linewidth=1.5,
+                label=f"roofline: {result.device} ({result.dtype}, {result.peak_tflops:g} TFLOP/s, "
+                      f"{result.bandwidth_gbps:g} GB/s)")
+    for family in sorted(set(ops["family"].to_list())):
+        mask = [f == family for f in ops["family"].to_list()]
+        ax.scatter([v for v, m in zip(x, mask, strict=True) if m], [v for v, m in zip(y, mask, strict=True) if m],
+                   s=[v for v, m in zip(area, mask, strict=True) if m], color=color(family), alpha=0.7,
+                   edgecolors="#333333", linewidths=0.5, label=family, zorder=3)
+    for row in ops.sort("gpu_ns", descending=True).head(n).iter_rows(named=True):
+        ax.annotate(short(row["name"].removeprefix("aten::"), 28), (row["intensity_flop_per_byte"], row["tflops"]),
+                    xytext=(4, 4), textcoords="offset points", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title("Ops against the roofline (point size: GPU time)", fontsize=11, loc="left")
+    ax.legend(loc="lower right", fontsize=7, frameon=True, framealpha=0.85)
+    ax.grid(True, which="both", alpha=0.2)
+    style(ax)
     fig.tight_layout()
     return to_png(fig)
 

@@ -263,6 +263,30 @@ def kernels_section(ctx: ReportContext) -> Section | None:
                    commands=[ctx.command("kernels", ctx.source)])
 
 
+def roofline_section(ctx: ReportContext) -> Section | None:
+    """How far from the hardware limit (roofline.py): FLOPs per op, achieved TFLOP/s and GB/s against the
+    device's roofline, MFU per step, and the kernels to hand to Nsight Compute."""
+    from stepscope.reports import figures
+
+    result = ctx.bundle.roofline
+    if ctx.bundle.kernels.gpu_events == 0:
+        return None
+    if not result.shapes_recorded:
+        return Section(id="roofline", title="Hardware limits", notes=[result.note])
+    png = figures.roofline_figure(result)
+    tables = [frame_table(result.families, "By op family")]
+    if result.ops.height:
+        tables.append(frame_table(result.ops, "Per op (most GPU time first)", max_rows=25))
+    if result.steps.height:
+        tables.append(frame_table(result.steps, "MFU per step"))
+    if result.handoff.height:
+        tables.append(frame_table(result.handoff, "Far below the roofline: profile one instance with Nsight Compute"))
+    return Section(id="roofline", title="Hardware limits", headline=headline_items(result, skip=("note",)),
+                   notes=[result.note] if result.note else [],
+                   figures=[Figure(title="Roofline", png=png)] if png else [], tables=tables,
+                   commands=[ctx.command("flops", ctx.source)])
+
+
 def ops_section(ctx: ReportContext) -> Section | None:
     """key_averages()-style op table, sortable, and the top ops as bars."""
     from stepscope.reports import figures
@@ -365,6 +389,7 @@ SECTIONS: list[tuple[str, SectionBuilder]] = [
     ("overlap", overlap_section),
     ("transfers", transfers_section),
     ("kernels", kernels_section),
+    ("roofline", roofline_section),
     ("ops", ops_section),
     ("memory", memory_section),
     ("info", info_section),

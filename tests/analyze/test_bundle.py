@@ -46,6 +46,7 @@ def test_results_equal_the_analyses_run_alone(tmp_path: Path) -> None:
 
 def test_every_analysis_is_reachable(tmp_path: Path) -> None:
     bundle = TraceAnalysis.of(load_events(tmp_path, gpu_doc()))
-    for name in ("info", "gaps", "steps", "kernels", "overlap", "transfers", "ops", "memory", "activations", "verdict"):
+    for name in ("info", "gaps", "steps", "kernels", "overlap", "transfers", "ops", "memory", "activations", "roofline",
+                 "verdict"):
         assert getattr(bundle, name) is not None
     assert bundle.timeline() is not None

@@ -1,0 +1,298 @@
+"""How far from the hardware limit: achieved TFLOP/s and GB/s per op, the roofline, MFU per step, and which
+kernels to hand to Nsight Compute.
+
+Each op that `flops.op_flops` counts (the outermost op with a FLOP model) gets the GPU time of the kernels
+launched by it or by any op nested inside it (launch -> op by correlation / External id). Then, per op
+(name, family, dtype):
+
+    achieved TFLOP/s = FLOPs / GPU time        achieved GB/s = bytes / GPU time
+    intensity        = FLOPs / bytes (FLOP/byte)
+    attainable       = min(peak TFLOP/s at the op's dtype, intensity x bandwidth)      (the roofline)
+    bound            = compute where intensity >= ridge point (peak / bandwidth), else memory
+    roofline share   = achieved / attainable (for an op with no FLOPs, a copy or a norm: GB/s / bandwidth)
+
+    aten::mm bf16 on an H100 SXM (989.5 TFLOP/s, 3,350 GB/s, ridge 295 FLOP/B): 2*4096^3 FLOPs, 3*4096^2*2 B,
+    in 200 us -> 687 TFLOP/s, intensity 1365 FLOP/B (compute-bound), 69% of its roofline
+
+MFU per step = the FLOPs of the counted ops that start inside the step's window / (the step's wall time x
+the peak at the dominant dtype, the dtype holding most FLOPs). An op above its attainable figure is
+flagged: either the peak is wrong for it (an fp32 matmul that ran on TF32 tensor cores is held to the fp32
+figure) or its shapes are; an op with no FLOPs above the bandwidth read its inputs at less than their
+full size (a broadcast operand, a view) or from cache. Peaks come from `peaks` (the device table, or the
+user's overrides); on an unknown device the FLOPs are still reported, the figures needing a peak are None
+and `note` says which option supplies it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+import polars as pl
+
+from stepscope.analyze.blame import short_name
+from stepscope.analyze.flops import FlopsResult, op_flops
+from stepscope.analyze.frames import Source, TraceFrames, frames_of
+from stepscope.analyze.peaks import DTYPES, Dtype, ResolvedDevice, resolve_peaks
+from stepscope.analyze.schema import Kind
+from stepscope.analyze.window import with_step
+
+#: kernels below this share of their roofline are worth a look in Nsight Compute
+HANDOFF_BELOW = 0.5
+HANDOFF_TOP = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class RooflineResult:
+    """Headline: the device and its peaks, model FLOPs, achieved TFLOP/s and MFU over the steps.
+
+    `families`: family, calls, flops, bytes, gpu_ns, tflops, gbps (the ops below, summed per family).
+    `ops`: name, family, dtype, calls, flops, bytes, gpu_ns, tflops, gbps, intensity_flop_per_byte,
+    attainable_tflops, roofline_fraction, bound, above_peak (one row per op name x family x dtype, most GPU
+    time first). `steps`: step, wall_ns, flops, tflops, mfu_fraction. `handoff`: the kernels far below their roofline
+    that cost most, each with the `ncu` command that profiles one instance.
+    """
+
+    shapes_recorded: bool
+    device: str | None
+    peak_from: str | None
+    dtype: str | None
+    peak_tflops: float | None
+    bandwidth_gbps: float | None
+    ridge_flop_per_byte: float | None
+    model_flops: int
+    modelled_gpu_ns: int
+    achieved_tflops: float | None
+    mfu_fraction: float | None
+    unmodelled_gpu_fraction: float | None
+    ops_above_peak: int
+    note: str
+    families: pl.DataFrame
+    ops: pl.DataFrame
+    steps: pl.DataFrame
+    handoff: pl.DataFrame
+
+
+def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: float | None = None,
+             peak_bandwidth_gbps: float | None = None, dtype: Dtype | None = None) -> RooflineResult:
+    """Achieved performance per op against the device's roofline, and MFU per step (module docstring).
+
+    `flops` is `op_flops(...)` of the trace when the caller has it; `peak_tflops` / `peak_bandwidth_gbps`
+    override the device table, `dtype` the dominant dtype the MFU is measured at.
+    """
+    frames = frames_of(source)
+    flops_result = op_flops(frames) if flops is None else flops
+    counted = _counted(frames, flops_result)
+    main_dtype = dtype or _dominant_dtype(counted)
+    device = _device(frames, peak_tflops, peak_bandwidth_gbps, main_dtype)
+    ops = _per_op(frames, counted, device, peak_tflops, peak_bandwidth_gbps)
+    steps = _per_step(frames, counted, device)
+    gpu_ns = int(ops["gpu_ns"].sum() or 0)
+    total = int(counted["flops"].sum() or 0)
+    wall = int(steps["wall_ns"].sum() or 0)
+    peak = device.peak_tflops if device is not None else None
+    return RooflineResult(
+        shapes_recorded=flops_result.shapes_recorded,
+        device=device.name if device is not None else None,
+        peak_from=_origin(device),
+        dtype=main_dtype, peak_tflops=peak,
+        bandwidth_gbps=device.peak_bandwidth_gbps if device is not None else None,
+        ridge_flop_per_byte=device.ridge_point_flop_per_byte if device is not None else None,
+        model_flops=total, modelled_gpu_ns=gpu_ns,
+        achieved_tflops=total / gpu_ns / 1e3 if gpu_ns else None,
+        mfu_fraction=int(steps["flops"].sum()) / (wall * peak * 1e3) if wall and peak and steps.height else None,
+        unmodelled_gpu_fraction=flops_result.unmodelled_gpu_fraction,
+        ops_above_peak=int(ops["above_peak"].sum() or 0) if ops.height else 0,
+        note=_note(flops_result, device, main_dtype),
+        families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops),
+    )
+
+
+def _counted(frames: TraceFrames, flops: FlopsResult) -> pl.DataFrame:
+    """The counted ops (event_id, name, family, dtype, flops, bytes, ts_ns) with the GPU time of every kernel
+    launched under them (gpu_ns)."""
+    rows = flops.ops
+    if rows.height == 0:
+        return pl.DataFrame(schema={"event_id": pl.Int64, "name": pl.String, "family": pl.String,
+                                    "dtype": pl.String, "flops": pl.Int64, "bytes": pl.Int64, "ts_ns": pl.Int64,
+                                    "gpu_ns": pl.Int64})
+    kernel_ns = (
+        frames.launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("op_event_id").is_not_null())
+        .group_by("op_event_id").agg(ns=pl.col("dur_ns").sum())
+        .join(rows.select("event_id", "counting_event_id"), left_on="op_event_id", right_on="event_id")
+        .group_by("counting_event_id").agg(gpu_ns=pl.col("ns").sum())
+    )
+    return (
+        rows.filter(pl.col("counted"))
+        .select("event_id", "name", "family", "dtype", pl.col("flops").cast(pl.Int64), pl.col("bytes").cast(pl.Int64),
+                "ts_ns")
+        .join(kernel_ns, left_on="event_id", right_on="counting_event_id", how="left")
+        .with_columns(pl.col("gpu_ns").fill_null(0).cast(pl.Int64))
+    )
+
+
+def _dominant_dtype(counted: pl.DataFrame) -> Dtype | None:
+    """The dtype holding most FLOPs, where it is one the peak table knows."""
+    by = counted.filter(pl.col("flops") > 0).group_by("dtype").agg(pl.col("flops").sum()).sort(
+        "flops", "dtype", descending=[True, False])
+    for value in by["dtype"].to_list():
+        if value in DTYPES:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+def _device(frames: TraceFrames, peak_tflops: float | None, peak_bandwidth_gbps: float | None,
+            dtype: Dtype | None) -> ResolvedDevice | None:
+    """The GPU whose peaks apply: the one that ran the most kernel time (the first listed when unknown)."""
+    resolved = resolve_peaks(frames, peak_tflops=peak_tflops, peak_bandwidth_gbps=peak_bandwidth_gbps, dtype=dtype)
+    if not resolved.devices:
+        return None
+    busiest = (frames.launches.filter(pl.col("kind") == Kind.KERNEL.value).group_by("device")
+               .agg(ns=pl.col("dur_ns").sum()).sort("ns", descending=True).head(1))
+    device = resolved.for_device(int(busiest["device"][0])) if busiest.height and busiest["device"][0] is not None \
+        else None
+    return device or resolved.devices[0]
+
+
+def _per_op(frames: TraceFrames, counted: pl.DataFrame, device: ResolvedDevice | None,
+            peak_tflops: float | None, peak_bandwidth_gbps: float | None) -> pl.DataFrame:
+    """Achieved figures and the roofline per op name x family x dtype (see the module docstring)."""
+    grouped = (
+        counted.group_by("name", "family", "dtype")
+        .agg(calls=pl.len(), flops=pl.col("flops").sum(), bytes=pl.col("bytes").sum(), gpu_ns=pl.col("gpu_ns").sum())
+        .filter(pl.col("gpu_ns") > 0)
+    )
+    peaks = pl.DataFrame(
+        [{"dtype": d, "peak_tflops": _peak_at(device, d, peak_tflops)} for d in grouped["dtype"].unique().to_list()],
+        schema={"dtype": pl.String, "peak_tflops": pl.Float64})
+    bandwidth = device.peak_bandwidth_gbps if device is not None else peak_bandwidth_gbps
+    intensity = pl.col("flops") / pl.col("bytes")
+    attainable = pl.min_horizontal("peak_tflops", intensity * pl.lit(bandwidth, pl.Float64) / 1e3)
+    out = (
+        grouped.join(peaks, on="dtype", how="left")
+        .with_columns(tflops=pl.when(pl.col("flops") > 0).then(pl.col("flops") / pl.col("gpu_ns") / 1e3),
+                      gbps=pl.col("bytes") / pl.col("gpu_ns"),
+                      intensity_flop_per_byte=pl.when((pl.col("bytes") > 0) & (pl.col("flops") > 0)).then(intensity))
+        .with_columns(attainable_tflops=pl.when(pl.col("flops") > 0).then(attainable))
+        .with_columns(roofline_fraction=pl.when(pl.col("flops") > 0)
+                      .then(pl.col("tflops") / pl.col("attainable_tflops"))
+                      .otherwise(pl.col("gbps") / pl.lit(bandwidth, pl.Float64)),
+                      bound=pl.when(pl.col("flops") == 0).then(pl.lit("memory"))
+                      .when(pl.col("intensity_flop_per_byte").is_null() | pl.col("peak_tflops").is_null()
+                            | pl.lit(bandwidth is None)).then(None)
+                      .when(pl.col("intensity_flop_per_byte") * pl.lit(bandwidth, pl.Float64) / 1e3
+                            >= pl.col("peak_tflops")).then(pl.lit("compute")).otherwise(pl.lit("memory")))
+        .with_columns(above_peak=pl.col("roofline_fraction").fill_null(0.0) > 1.0)
+    )
+    return out.select(
+        "name", "family", "dtype", "calls", "flops", "bytes", "gpu_ns", "tflops", "gbps", "intensity_flop_per_byte",
+        "attainable_tflops", "roofline_fraction", "bound", "above_peak",
+    ).sort("gpu_ns", "name", descending=[True, False])
+
+
+def _families(ops: pl.DataFrame) -> pl.DataFrame:
+    """The per-op rows summed per family: calls, FLOPs, bytes, GPU time, achieved TFLOP/s and GB/s."""
+    return (
+        ops.group_by("family").agg(pl.col("calls", "flops", "bytes", "gpu_ns").sum())
+        .with_columns(tflops=pl.when(pl.col("flops") > 0).then(pl.col("flops") / pl.col("gpu_ns") / 1e3),
+                      gbps=pl.col("bytes") / pl.col("gpu_ns"))
+        .sort("gpu_ns", "family", descending=[True, False])
+    )
+
+
+def _peak_at(device: ResolvedDevice | None, dtype: str | None, override: float | None) -> float | None:
+    """The peak TFLOP/s an op of `dtype` is held to: the override, else the device row's figure."""
+    if override is not None:
+        return override
+    if device is None or device.row is None or dtype not in DTYPES:
+        return None
+    return device.row.peak_tflops(dtype)
+
+
+def _per_step(frames: TraceFrames, counted: pl.DataFrame, device: ResolvedDevice | None) -> pl.DataFrame:
+    """step, wall_ns, flops, tflops, mfu_fraction: the counted ops' FLOPs by the step window holding their start."""
+    windows = frames.step_windows
+    schema = {"step": pl.Int64, "wall_ns": pl.Int64, "flops": pl.Int64, "tflops": pl.Float64,
+              "mfu_fraction": pl.Float64}
+    if windows.height == 0:
+        return pl.DataFrame(schema=schema)
+    stepped = with_step(counted.select("ts_ns", "flops"), windows, at="ts_ns")
+    per = stepped.filter(pl.col("step").is_not_null()).group_by("step").agg(flops=pl.col("flops").sum())
+    peak = device.peak_tflops if device is not None else None
+    return (
+        windows.select("step", "wall_ns").join(per, on="step", how="left")
+        .with_columns(pl.col("flops").fill_null(0))
+        .with_columns(tflops=pl.col("flops") / pl.col("wall_ns") / 1e3)
+        .with_columns(mfu_fraction=pl.col("tflops") / peak if peak else pl.lit(None, pl.Float64))
+        .select(list(schema)).cast(schema)  # type: ignore[arg-type]
+        .sort("step")
+    )
+
+
+def _handoff(frames: TraceFrames, ops: pl.DataFrame) -> pl.DataFrame:
+    """The longest kernels of the ops furthest below their roofline, with an `ncu` command that profiles one
+    instance of each (the kernel by a name regex, the instance by --launch-skip)."""
+    schema = {"op": pl.String, "kernel": pl.String, "gpu_ns": pl.Int64, "roofline_fraction": pl.Float64,
+              "command": pl.String}
+    slow = ops.filter(pl.col("roofline_fraction") < HANDOFF_BELOW).sort("gpu_ns", descending=True).head(HANDOFF_TOP)
+    if slow.height == 0:
+        return pl.DataFrame(schema=schema)
+    kernels = frames.launches.filter(pl.col("kind") == Kind.KERNEL.value).select(
+        "name", "op_name", "ts_ns", "dur_ns").sort("ts_ns")
+    rows = []
+    for op in slow.iter_rows(named=True):  # a handful of rows
+        mine = kernels.filter(pl.col("op_name") == op["name"])
+        if mine.height == 0:
+            continue
+        top = mine.group_by("name").agg(ns=pl.col("dur_ns").sum()).sort("ns", descending=True)["name"][0]
+        short = str(pl.select(short_name(pl.lit(top))).item())
+        regex = re.escape(short.split("::")[-1])
+        same = kernels.filter(pl.col("name").str.contains(regex, literal=False))
+        skip = max(0, same.height // 2)  # an instance from the middle of the capture, past warm-up
+        command = shlex.join(["ncu", "--kernel-name", f"regex:{regex}", "--launch-skip", str(skip),
+                              "--launch-count", "1", "--section", "SpeedOfLight", "--section",
+                              "MemoryWorkloadAnalysis", "--section", "ComputeWorkloadAnalysis", "-o", "stepscope_ncu",
+                              "python", "train.py"])
+        rows.append({"op": op["name"], "kernel": short, "gpu_ns": int(mine["dur_ns"].sum()),
+                     "roofline_fraction": op["roofline_fraction"], "command": command})
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _origin(device: ResolvedDevice | None) -> str | None:
+    """Where the peaks came from, in words: the table row and its source, or the override."""
+    if device is None:
+        return None
+    if device.tflops_from == "override" or device.bandwidth_from == "override":
+        return "--peak-tflops / --peak-bandwidth"
+    return f"{device.row.name} ({device.row.source})" if device.row is not None else None
+
+
+def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None) -> str:
+    """What the reader must know before trusting the figures: no shapes, an unknown device, no peak, ops
+    whose recorded inputs do not resolve their FLOP model."""
+    note = _peak_note(flops, device, dtype)
+    if flops.ops_skipped and flops.shapes_recorded:
+        reasons = flops.ops.filter(pl.col("skip_reason").is_not_null()).group_by("skip_reason").len().sort(
+            "len", descending=True)
+        first = f" (most: {reasons['skip_reason'][0]})" if reasons.height else ""
+        note = (note + "; " if note else "") + (f"{flops.ops_skipped:,} ops with a FLOP model could not be "
+                                                 f"counted from what was recorded{first}")
+    return note
+
+
+def _peak_note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None) -> str:
+    """The part of the note about shapes and peaks."""
+    if not flops.shapes_recorded:
+        return ("the trace has no input shapes: profile with record_shapes=True to get FLOPs, the roofline "
+                "and MFU")
+    if device is None:
+        return "the trace lists no GPU: pass --peak-tflops and --peak-bandwidth to compare with a peak"
+    if device.row is None and (device.peak_tflops is None or device.peak_bandwidth_gbps is None):
+        return (f"unknown device {device.name!r}: pass --peak-tflops (at {dtype or 'the dominant dtype'}) and "
+                "--peak-bandwidth (GB/s) to compare with its peak")
+    if dtype is None:
+        return "no op in this trace has a FLOP model (matmul, convolution, attention): nothing to hold to a peak"
+    if device.peak_tflops is None:
+        return f"{device.name} has no {dtype} figure in the peak table: pass --peak-tflops"
+    return ""
