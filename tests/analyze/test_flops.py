@@ -370,3 +370,15 @@ def test_json_args_round_trip_into_resolve() -> None:
     dims, types = json.dumps([[3, 4], [4, 5]]), json.dumps([F32, F32])
     assert resolve("aten::mm", dims, types, None) == (120, 4 * (12 + 20 + 15), "fp32", None)
     assert resolve("aten::nonexistent", dims, types, None)[3] == "no FLOP model for this op"
+
+
+def test_addmm_flops_match_tracelens_published_gemm_table(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN the vLLM graph-capture trace whose GEMMs TraceLens tabulated (its GEMM.csv: aten::addmm, 72 calls,
+    # 10,474.588 GFLOP, counting 2*M*N*K plus M*N for the bias)
+    capture = next((corpus / "traces/tracelens/inference/vllm_prefilldecode_piecewise/capture_traces").iterdir())
+    rows = op_flops(load(capture, cache_dir=tmp_path)).ops.filter(pl.col("name") == "aten::addmm")
+    # WHEN our 2*M*N*K (torch's rule: no bias term) gets TraceLens's bias term added back
+    bias = sum(json.loads(d)[1][0] * json.loads(d)[2][1] for d in rows["input_dims"].to_list())
+    # THEN the totals agree to the published precision
+    assert rows.height == 72
+    assert (int(rows["flops"].sum()) + bias) / 1e9 == pytest.approx(10_474.588, abs=0.001)
