@@ -100,8 +100,8 @@ class TraceAnalysis:
 
     @cached_property
     def verdict(self) -> SummaryResult:
-        """`stepscope summary`, from this bundle's gaps, steps and kernels."""
-        return verdict(self.frames, gaps=self.gaps, steps=self.steps, kernels=self.kernels)
+        """`stepscope summary`, from this bundle's gaps, steps, kernels and roofline."""
+        return verdict(self.frames, gaps=self.gaps, steps=self.steps, kernels=self.kernels, limits=self.roofline)
 
     def timeline(self, step: int | None = None) -> GpuTimeline | None:
         """The GPU timeline of `step` (default: the median step), idle gaps from this bundle's gaps."""

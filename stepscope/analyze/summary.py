@@ -35,6 +35,7 @@ from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
 from stepscope.analyze.info import trace_warnings
 from stepscope.analyze.kernels import KernelsResult, kernel_summary
+from stepscope.analyze.roofline import RooflineResult, roofline
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.steps import DATALOADER_PATTERN, StepsResult, step_breakdown
 from stepscope.analyze.trace import Trace
@@ -134,6 +135,25 @@ class SummaryResult:
     places: pl.DataFrame
     rules: pl.DataFrame
     warnings: pl.DataFrame
+    mfu_fraction: float | None = None
+    profile_next: str | None = None
+
+
+#: Nsight Systems over a capture range the program opens and closes (torch.cuda.profiler.start()/stop() around
+#: a few steps), CUDA API and NVTX with the Python backtrace of each CUDA call: where the CPU makes the GPU wait
+NSYS_COMMAND = ("nsys profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi --capture-range-end=stop "
+                "--python-backtrace=cuda --sample=none -o stepscope_nsys python train.py")
+
+
+def profile_next_command(verdict: Verdict, limits: RooflineResult) -> str | None:
+    """The tool to run next where a trace cannot say more: for a GPU-bound step, Nsight Compute on the kernel
+    furthest below its roofline (`roofline.handoff`); for a launch-, sync- or transfer-bound step, Nsight Systems
+    with the CPU side's call stacks (NSYS_COMMAND); None otherwise (data loading is the input pipeline's)."""
+    if verdict is Verdict.GPU_BOUND and limits.handoff.height:
+        return str(limits.handoff["command"][0])
+    if verdict in (Verdict.LAUNCH_BOUND, Verdict.SYNC_BOUND, Verdict.TRANSFER_BOUND):
+        return NSYS_COMMAND
+    return None
 
 
 def _sync_calls(trace: Trace) -> pl.DataFrame:
@@ -248,19 +268,22 @@ def _idle(frame: pl.DataFrame) -> dict[str, int]:
 
 
 def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResult | None = None,
-            kernels: KernelsResult | None = None) -> SummaryResult:
+            kernels: KernelsResult | None = None, limits: RooflineResult | None = None) -> SummaryResult:
     """The overall and per-step verdict (rule table `RULES`), its evidence, the top three places, and the
     trace's warnings (`info.trace_warnings`), so a damaged trace never gets an unqualified verdict.
 
     With ProfilerSteps the fractions are of the step windows (per step, and summed over steps for the overall
     verdict); without, of the analysis window of `stepscope gaps` (first to last GPU event per device).
-    `gaps` (`gpu_gaps`, every gap), `steps` (`step_breakdown`) and `kernels` (`kernel_summary`) save
-    recomputing them where the caller (the bundle, `stepscope.analyze.bundle`) already has them.
+    `mfu_fraction` is the roofline's MFU over the steps (None without shapes, steps or a known device);
+    `profile_next` the command that looks deeper where this verdict points (`profile_next_command`).
+    `gaps` (`gpu_gaps`, every gap), `steps` (`step_breakdown`), `kernels` (`kernel_summary`) and `limits`
+    (`roofline`) save recomputing them where the caller (the bundle, `stepscope.analyze.bundle`) already has them.
     """
     frames = frames_of(source)
     trace = frames.trace
     gaps = gpu_gaps(frames) if gaps is None else gaps
     br = step_breakdown(frames, gaps=gaps) if steps is None else steps
+    limits = roofline(frames) if limits is None else limits
     syncs = _sync_calls(trace)
     gpu_events = int(trace.gpu.select(pl.len()).collect().item())
     if br.steps_found:
@@ -306,4 +329,5 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         memcpy_idle_fraction=ev["memcpy_idle_fraction"], launch_idle_fraction=ev["launch_idle_fraction"],
         tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
         places=_places(frames, rule.verdict, syncs, gaps, kernels), rules=rules, warnings=trace_warnings(frames),
+        mfu_fraction=limits.mfu_fraction, profile_next=profile_next_command(rule.verdict, limits),
     )

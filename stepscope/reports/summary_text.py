@@ -36,12 +36,16 @@ def render_summary(result: SummaryResult) -> str:
             "  (every cause: `stepscope gaps`)",
             f"  kernels < 10 µs             {human_fraction(result.tiny_kernel_fraction)} of kernels",
         ]
+    if result.mfu_fraction is not None:
+        lines.append(f"  MFU (model FLOPs / peak)    {human_fraction(result.mfu_fraction)}  (`stepscope flops`)")
     if result.per_step.height:
         counts = result.per_step.group_by("verdict").len().sort("len", descending=True)
         lines.append("per step: " + ", ".join(f"{v} ×{n}" for v, n in counts.iter_rows()))
     lines.append("")
     if result.places.height:
         lines.append(render_frame(result.places, title="where to look").rstrip("\n"))
+    if result.profile_next:
+        lines += ["", f"profile next: {result.profile_next}"]
     return "\n".join(lines) + "\n"
 
 
