@@ -14,8 +14,11 @@ launched by it or by any op nested inside it (launch -> op by correlation / Exte
     aten::mm bf16 on an H100 SXM (989.5 TFLOP/s, 3,350 GB/s, ridge 295 FLOP/B): 2*4096^3 FLOPs, 3*4096^2*2 B,
     in 200 us -> 687 TFLOP/s, intensity 1365 FLOP/B (compute-bound), 69% of its roofline
 
-MFU per step = the FLOPs of the counted ops that start inside the step's window / (the step's wall time x
-the peak at the dominant dtype, the dtype holding most FLOPs). An op above its attainable figure is
+MFU per step = the model FLOPs of the counted ops that start inside the step's window / (the step's wall time
+x the peak at the dominant dtype, the dtype holding most FLOPs). Where activation checkpointing's
+recomputation is visible (reentrant `torch.utils.checkpoint`: the forward ops re-run directly inside
+`CheckpointFunctionBackward`, not inside a backward node of their own), those FLOPs are recomputed work:
+they count in HFU (hardware FLOPs utilization) and not in MFU. An op above its attainable figure is
 flagged: either the peak is wrong for it (an fp32 matmul that ran on TF32 tensor cores is held to the fp32
 figure) or its shapes are; an op with no FLOPs above the bandwidth read its inputs at less than their
 full size (a broadcast operand, a view) or from cache. Peaks come from `peaks` (the device table, or the
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from stepscope.analyze.blame import short_name
+from stepscope.analyze.blame import innermost, short_name
 from stepscope.analyze.flops import FlopsResult, op_flops
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.peaks import DTYPES, Dtype, ResolvedDevice, resolve_peaks
@@ -50,7 +53,8 @@ class RooflineResult:
     `families`: family, calls, flops, bytes, gpu_ns, tflops, gbps (the ops below, summed per family).
     `ops`: name, family, dtype, calls, flops, bytes, gpu_ns, tflops, gbps, intensity_flop_per_byte,
     attainable_tflops, roofline_fraction, bound, above_peak (one row per op name x family x dtype, most GPU
-    time first). `steps`: step, wall_ns, flops, tflops, mfu_fraction. `handoff`: the kernels far below their roofline
+    time first). `steps`: step, wall_ns, flops (model FLOPs), hardware_flops (with recomputation),
+    tflops, mfu_fraction. `handoff`: the kernels far below their roofline
     that cost most, each with the `ncu` command that profiles one instance.
     """
 
@@ -62,9 +66,11 @@ class RooflineResult:
     bandwidth_gbps: float | None
     ridge_flop_per_byte: float | None
     model_flops: int
+    recomputed_flops: int
     modelled_gpu_ns: int
     achieved_tflops: float | None
     mfu_fraction: float | None
+    hfu_fraction: float | None
     unmodelled_gpu_fraction: float | None
     ops_above_peak: int
     note: str
@@ -83,14 +89,16 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
     """
     frames = frames_of(source)
     flops_result = op_flops(frames) if flops is None else flops
-    counted = _counted(frames, flops_result)
+    counted = _with_recompute(frames, _counted(frames, flops_result))
     main_dtype = dtype or _dominant_dtype(counted)
     device = _device(frames, peak_tflops, peak_bandwidth_gbps, main_dtype)
     ops = _per_op(frames, counted, device, peak_tflops, peak_bandwidth_gbps)
     steps = _per_step(frames, counted, device)
     gpu_ns = int(ops["gpu_ns"].sum() or 0)
     total = int(counted["flops"].sum() or 0)
+    recomputed = int(counted.filter("recomputed")["flops"].sum() or 0)
     wall = int(steps["wall_ns"].sum() or 0)
+    hardware = int(steps["hardware_flops"].sum() or 0)
     peak = device.peak_tflops if device is not None else None
     return RooflineResult(
         shapes_recorded=flops_result.shapes_recorded,
@@ -99,9 +107,10 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
         dtype=main_dtype, peak_tflops=peak,
         bandwidth_gbps=device.peak_bandwidth_gbps if device is not None else None,
         ridge_flop_per_byte=device.ridge_point_flop_per_byte if device is not None else None,
-        model_flops=total, modelled_gpu_ns=gpu_ns,
+        model_flops=total - recomputed, recomputed_flops=recomputed, modelled_gpu_ns=gpu_ns,
         achieved_tflops=total / gpu_ns / 1e3 if gpu_ns else None,
         mfu_fraction=int(steps["flops"].sum()) / (wall * peak * 1e3) if wall and peak and steps.height else None,
+        hfu_fraction=hardware / (wall * peak * 1e3) if wall and peak and steps.height and recomputed else None,
         unmodelled_gpu_fraction=flops_result.unmodelled_gpu_fraction,
         ops_above_peak=int(ops["above_peak"].sum() or 0) if ops.height else 0,
         note=_note(flops_result, device, main_dtype),
@@ -116,7 +125,7 @@ def _counted(frames: TraceFrames, flops: FlopsResult) -> pl.DataFrame:
     if rows.height == 0:
         return pl.DataFrame(schema={"event_id": pl.Int64, "name": pl.String, "family": pl.String,
                                     "dtype": pl.String, "flops": pl.Int64, "bytes": pl.Int64, "ts_ns": pl.Int64,
-                                    "gpu_ns": pl.Int64})
+                                    "pid": pl.String, "tid": pl.String, "gpu_ns": pl.Int64})
     kernel_ns = (
         frames.launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("op_event_id").is_not_null())
         .group_by("op_event_id").agg(ns=pl.col("dur_ns").sum())
@@ -126,10 +135,26 @@ def _counted(frames: TraceFrames, flops: FlopsResult) -> pl.DataFrame:
     return (
         rows.filter(pl.col("counted"))
         .select("event_id", "name", "family", "dtype", pl.col("flops").cast(pl.Int64), pl.col("bytes").cast(pl.Int64),
-                "ts_ns")
+                "ts_ns", "pid", "tid")
         .join(kernel_ns, left_on="event_id", right_on="counting_event_id", how="left")
         .with_columns(pl.col("gpu_ns").fill_null(0).cast(pl.Int64))
     )
+
+
+def _with_recompute(frames: TraceFrames, counted: pl.DataFrame) -> pl.DataFrame:
+    """`counted` plus `recomputed`: the op runs directly inside CheckpointFunctionBackward (the innermost
+    autograd node around it is the checkpoint's own, so it is the forward re-run, not a backward op).
+
+        evaluate_function: CheckpointFunctionBackward > aten::linear              -> recomputed
+        evaluate_function: CheckpointFunctionBackward > evaluate_function: AddmmBackward0 > aten::mm -> not
+    """
+    nodes = frames.trace.cpu.filter(pl.col("name").str.starts_with(_NODE))
+    points = counted.select(pl.col("pid", "tid").fill_null(""), "ts_ns")
+    node = innermost(nodes, points)["name"] if counted.height else pl.Series("name", [], dtype=pl.String)
+    return counted.with_columns(recomputed=(node == _NODE + "CheckpointFunctionBackward").fill_null(False))
+
+
+_NODE = "autograd::engine::evaluate_function: "
 
 
 def _dominant_dtype(counted: pl.DataFrame) -> Dtype | None:
@@ -213,16 +238,17 @@ def _peak_at(device: ResolvedDevice | None, dtype: str | None, override: float |
 def _per_step(frames: TraceFrames, counted: pl.DataFrame, device: ResolvedDevice | None) -> pl.DataFrame:
     """step, wall_ns, flops, tflops, mfu_fraction: the counted ops' FLOPs by the step window holding their start."""
     windows = frames.step_windows
-    schema = {"step": pl.Int64, "wall_ns": pl.Int64, "flops": pl.Int64, "tflops": pl.Float64,
-              "mfu_fraction": pl.Float64}
+    schema = {"step": pl.Int64, "wall_ns": pl.Int64, "flops": pl.Int64, "hardware_flops": pl.Int64,
+              "tflops": pl.Float64, "mfu_fraction": pl.Float64}
     if windows.height == 0:
         return pl.DataFrame(schema=schema)
-    stepped = with_step(counted.select("ts_ns", "flops"), windows, at="ts_ns")
-    per = stepped.filter(pl.col("step").is_not_null()).group_by("step").agg(flops=pl.col("flops").sum())
+    stepped = with_step(counted.select("ts_ns", "flops", "recomputed"), windows, at="ts_ns")
+    per = stepped.filter(pl.col("step").is_not_null()).group_by("step").agg(
+        flops=pl.col("flops").filter(~pl.col("recomputed")).sum(), hardware_flops=pl.col("flops").sum())
     peak = device.peak_tflops if device is not None else None
     return (
         windows.select("step", "wall_ns").join(per, on="step", how="left")
-        .with_columns(pl.col("flops").fill_null(0))
+        .with_columns(pl.col("flops", "hardware_flops").fill_null(0))
         .with_columns(tflops=pl.col("flops") / pl.col("wall_ns") / 1e3)
         .with_columns(mfu_fraction=pl.col("tflops") / peak if peak else pl.lit(None, pl.Float64))
         .select(list(schema)).cast(schema)  # type: ignore[arg-type]
