@@ -23,10 +23,16 @@ def trace_argument(func: F) -> F:
 
 
 def format_options(func: F) -> F:
-    """--format table|json|csv (with --json / --csv shortcuts) and -o/--output FILE."""
+    """--format table|json|csv (with --json / --csv shortcuts), --table NAME (the one CSV table) and
+    -o/--output FILE."""
     func = click.option(
         "-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
-        help="Write to FILE instead of standard output (written atomically).",
+        help="Write to FILE instead of standard output (written atomically; its directory must exist). CSV of "
+             "several tables: one file per table, FILE.<table>.csv.",
+    )(func)
+    func = click.option(
+        "--table", "table", metavar="NAME", default=None,
+        help="With --csv: write only this table (default: every table, each after a '# NAME' line).",
     )(func)
     func = click.option("--csv", "as_csv", is_flag=True, help="Shortcut for --format csv.")(func)
     func = click.option("--json", "as_json", is_flag=True, help="Shortcut for --format json.")(func)
@@ -37,23 +43,51 @@ def format_options(func: F) -> F:
     return func
 
 
-def resolve_format(fmt: str | None, as_json: bool, as_csv: bool) -> OutputFormat:
-    """Combine --format/--json/--csv; conflicting choices are a usage error, never silently resolved."""
+def resolve_format(fmt: str | None, as_json: bool, as_csv: bool, table: str | None = None) -> OutputFormat:
+    """Combine --format/--json/--csv (and --table, CSV only); conflicting choices are a usage error, never
+    silently resolved."""
     chosen = {c for c in (fmt, "json" if as_json else None, "csv" if as_csv else None) if c}
     if len(chosen) > 1:
         raise click.UsageError(f"conflicting output formats: {', '.join(sorted(chosen))}")
-    return _OUTPUT_FORMATS[chosen.pop()] if chosen else "table"
+    out = _OUTPUT_FORMATS[chosen.pop()] if chosen else "table"
+    if table is not None and out != "csv":
+        raise click.UsageError(f"--table picks one CSV table: use it with --csv, not --format {out}")
+    return out
 
 
 def emit(text: str, output: Path | None) -> None:
-    """Write command output to stdout or, atomically, to a file."""
+    """Write command output to stdout or, atomically, to a file (whose directory must exist: one UsageError
+    naming it otherwise, `stepscope._io.check_output_path`)."""
     if output is None:
         click.echo(text, nl=not text.endswith("\n"))
         return
     from stepscope._io import atomic_write_text
 
-    atomic_write_text(output, text)
+    atomic_write_text(output, text, create_parents=False)
     click.echo(f"wrote {output}", err=True)
+
+
+def emit_result(result: Any, fmt: OutputFormat, output: Path | None, *, table: str | None = None,
+                max_rows: int | None = 50) -> None:
+    """Render `result` in `fmt` (`reports.text.render`) and write it (`emit`); CSV of several tables to a file
+    is one file per table, FILE.<table>.csv (out.csv -> out.gaps.csv, out.per_device.csv), each atomically."""
+    from stepscope.reports.text import csv_tables, join_csv_tables, render
+
+    if fmt != "csv":
+        emit(render(result, fmt, table=table, max_rows=max_rows), output)
+        return
+    parts = csv_tables(result, table)
+    if output is None or len(parts) == 1:
+        emit(join_csv_tables(parts), output)
+        return
+    from stepscope._io import atomic_write_text, check_output_path
+
+    check_output_path(output)
+    stem = output.name.removesuffix(".csv")
+    paths = {name: output.with_name(f"{stem}.{name}.csv") for name in parts}
+    for name, text in parts.items():
+        atomic_write_text(paths[name], text, create_parents=False)
+    click.echo(f"wrote {', '.join(map(str, paths.values()))}", err=True)
 
 
 def echo_failure(line: str) -> None:

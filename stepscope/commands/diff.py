@@ -23,13 +23,16 @@ from stepscope.reports.text import render
 def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool) -> None:
     """AFTER vs BEFORE: median step time, GPU busy share, memory peak, and the ops and kernels whose time
     changed most (delta = after - before; negative is faster)."""
+    from stepscope._io import atomic_dir, check_output_path
+
+    if out is not None:
+        check_output_path(out)  # before the work, not after it
     result = diff_traces(load(before), load(after), top=top)
     emit(render(result, "json" if as_json else "table"), None)
     if out is not None:
-        from stepscope._io import atomic_dir
         from stepscope.reports.html import diff_report
 
         page = diff_report(result, reproduce=[f"stepscope diff {before} {after} -o {out}"])
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, create_parents=False) as tmp:
             (tmp / "index.html").write_text(page, encoding="utf-8")
         click.echo(f"wrote {out / 'index.html'}", err=True)

@@ -10,8 +10,7 @@ import click
 from stepscope.analyze import load
 from stepscope.analyze.gaps import gpu_gaps
 from stepscope.commands._duration import Duration
-from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
-from stepscope.reports.text import render
+from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 
 
 @click.command("gaps")
@@ -24,11 +23,11 @@ from stepscope.reports.text import render
               help="steps: the ProfilerStep windows; trace: first to last GPU event.")
 @format_options
 def command(trace: Path, min_gap: int, top: int, device: int | None, window: str, fmt: str | None, as_json: bool,
-            as_csv: bool, output: Path | None) -> None:
+            as_csv: bool, table: str | None, output: Path | None) -> None:
     """Why is the GPU idle? Busy time per device, and each idle gap with the CPU op / Python line on the
     launching thread during it and a cause: host_sync, data_loading, communication_wait, memcpy_wait,
     launch_overhead or other."""
-    chosen = resolve_format(fmt, as_json, as_csv)
+    chosen = resolve_format(fmt, as_json, as_csv, table)
     result = gpu_gaps(load(trace), min_gap_ns=min_gap, window=window, device=device,  # type: ignore[arg-type]
                       top=top or None)
     if result.devices_with_gpu_work == 0 and chosen == "table":
@@ -37,4 +36,4 @@ def command(trace: Path, min_gap: int, top: int, device: int | None, window: str
         return
     if chosen == "table":  # trace-clock timestamps mean nothing on a terminal; JSON/CSV keep them
         result = dataclasses.replace(result, gaps=result.gaps.drop("start_ns", "end_ns"))
-    emit(render(result, chosen, table="gaps" if chosen == "csv" else None), output)
+    emit_result(result, chosen, output, table=table)

@@ -8,14 +8,14 @@ import click
 
 from stepscope.analyze import load
 from stepscope.analyze.info import trace_info
-from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
-from stepscope.reports.text import render
+from stepscope.commands._options import emit_result, format_options, resolve_format, trace_argument
 
 
 @click.command("info")
 @trace_argument
 @format_options
-def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, output: Path | None) -> None:
+def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
+            output: Path | None) -> None:
     """What TRACE holds (devices, ranks, steps, events by kind, profiler options) and what is odd about it."""
     result = trace_info(load(trace))
-    emit(render(result, resolve_format(fmt, as_json, as_csv), max_rows=None), output)
+    emit_result(result, resolve_format(fmt, as_json, as_csv, table), output, table=table, max_rows=None)

@@ -16,7 +16,8 @@ from stepscope.reports.text import render_json
 @click.command("ingest")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "dataset", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Dataset directory (created if missing; re-ingesting an unchanged file is skipped).")
+              help="Dataset directory (created if missing, in a directory that exists; re-ingesting an unchanged file "
+                   "is skipped).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help=f"Parallel processes (default: the cores this process may use, {usable_cores()}).")
 @click.option("--force", is_flag=True, help="Re-ingest files even when unchanged.")
@@ -29,9 +30,11 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
     Query it directly: pl.scan_parquet("DATASET/**/events.parquet", hive_partitioning=True).
     A bad file is reported with its reason and the rest go on; the exit code is 1 if any failed.
     """
+    from stepscope._io import output_dir
     from stepscope.analyze.inputs import find_trace_files
 
     total = len(find_trace_files(list(paths)))
+    output_dir(dataset)
     show = not quiet and not as_json
     with click.progressbar(length=total, label="ingesting", file=sys.stderr,
                            hidden=not show, show_pos=True) as bar:

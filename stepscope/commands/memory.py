@@ -10,8 +10,7 @@ import click
 from stepscope.analyze import load
 from stepscope.analyze.inputs import MemoryTimeline, resolve
 from stepscope.analyze.memory import activation_memory, memory_timeline
-from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
-from stepscope.reports.text import render
+from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 
 NO_EVENTS = ("no [memory] events in this trace: capture with torch.profiler.profile(profile_memory=True) "
              "to see memory over time\n")
@@ -30,15 +29,15 @@ NO_MODULES = ("no nn.Module frames in this trace: capture with torch.profiler.pr
               help="Activations per nn.Module at the peak and what checkpointing could save (with_modules).")
 @format_options
 def command(trace: Path, top: int, buckets: int, by_layer: bool, fmt: str | None, as_json: bool, as_csv: bool,
-            output: Path | None) -> None:
+            table: str | None, output: Path | None) -> None:
     """Memory over time from TRACE's [memory] events: per-device peak (time, step, op), reserved vs
     allocated, MiB allocated per op (self and inclusive), and allocations never freed in the trace."""
-    chosen = resolve_format(fmt, as_json, as_csv)
+    chosen = resolve_format(fmt, as_json, as_csv, table)
     source = resolve(trace)
     if isinstance(source, MemoryTimeline):
         from stepscope.analyze.memory_categories import memory_categories
 
-        emit(render(memory_categories(trace), chosen, max_rows=20), output)
+        emit_result(memory_categories(trace), chosen, output, table=table, max_rows=20)
         return
     loaded = load(source)
     if by_layer:
@@ -46,10 +45,10 @@ def command(trace: Path, top: int, buckets: int, by_layer: bool, fmt: str | None
         if layers.module_frames == 0 and chosen == "table":
             emit(NO_MODULES, output)
             return
-        emit(render(layers, chosen), output)
+        emit_result(layers, chosen, output, table=table)
         return
     result = memory_timeline(loaded, buckets=buckets, top=top)
     if result.memory_events == 0 and chosen == "table":
         emit(NO_EVENTS, output)
         return
-    emit(render(result, chosen), output)
+    emit_result(result, chosen, output, table=table)

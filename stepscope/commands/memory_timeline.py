@@ -8,14 +8,14 @@ import click
 
 from stepscope.analyze.inputs import MemoryTimeline, describe, resolve
 from stepscope.analyze.memory_categories import memory_categories
-from stepscope.commands._options import emit, format_options, resolve_format
-from stepscope.reports.text import render
+from stepscope.commands._options import emit_result, format_options, resolve_format
 
 
 @click.command("memory-timeline")
 @click.argument("file", type=click.Path(path_type=Path))
 @format_options
-def command(file: Path, fmt: str | None, as_json: bool, as_csv: bool, output: Path | None) -> None:
+def command(file: Path, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
+            output: Path | None) -> None:
     """Bytes per category (parameter, optimizer state, input, temporary, activation, gradient, autograd
     detail, unknown) over time and at the peak, from torch.profiler's export_memory_timeline output
     (`*.raw.json.gz` as written by stepscope capture, or the [times, sizes] JSON)."""
@@ -24,4 +24,5 @@ def command(file: Path, fmt: str | None, as_json: bool, as_csv: bool, output: Pa
         from stepscope.errors import UsageError
 
         raise UsageError(f"is {describe(source)}, not an export_memory_timeline file", path=file)
-    emit(render(memory_categories(file), resolve_format(fmt, as_json, as_csv), max_rows=20), output)
+    emit_result(memory_categories(file), resolve_format(fmt, as_json, as_csv, table), output, table=table,
+                max_rows=20)

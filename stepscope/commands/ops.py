@@ -8,9 +8,8 @@ import click
 
 from stepscope.analyze import load
 from stepscope.analyze.ops import ROW_KINDS, SORT_COLUMNS, op_table
-from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
+from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 from stepscope.reports.ops_text import render_ops_table
-from stepscope.reports.text import render
 
 
 @click.command("ops")
@@ -25,15 +24,17 @@ from stepscope.reports.text import render
               help="Only rows of this kind (repeatable), e.g. --kind cpu_op to hide kernels and annotations.")
 @format_options
 def command(trace: Path, sort_by: str, top: int, group_by_shape: bool, kinds: tuple[str, ...], fmt: str | None,
-            as_json: bool, as_csv: bool, output: Path | None) -> None:
+            as_json: bool, as_csv: bool, table: str | None, output: Path | None) -> None:
     """Per-op totals of TRACE as torch's prof.key_averages().table() prints them, from the trace alone.
 
     Rows are what torch's table holds: CPU ops, Python frames, annotations, runtime calls, and GPU kernels /
     copies / GPU-side annotations (which torch leaves out of the Self CUDA % denominator, so those can pass
     100%). The table output uses torch's column names and formats; --json/--csv give raw values (ns, bytes).
     """
-    chosen = resolve_format(fmt, as_json, as_csv)
+    chosen = resolve_format(fmt, as_json, as_csv, table)
     result = op_table(load(trace), group_by_shape=group_by_shape, sort_by=sort_by, top=top or None,
                       kinds=kinds or None)
-    text = render_ops_table(result) if chosen == "table" else render(result, chosen)
-    emit(text, output)
+    if chosen == "table":
+        emit(render_ops_table(result), output)
+    else:
+        emit_result(result, chosen, output, table=table)

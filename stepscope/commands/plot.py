@@ -28,10 +28,11 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     kernels (GPU time by category, top kernels), ops (top ops by self CPU and device time), memory
     (allocated/reserved over time, peak marked; by category for an export_memory_timeline file) or
     snapshot (a CUDA memory snapshot .pickle as TRACE) or transfers (copy time and bytes per step)."""
-    from stepscope._io import atomic_write_bytes
+    from stepscope._io import atomic_write_bytes, check_output_path
 
     png: bytes | None
     source = resolve(trace)
+    check_output_path(output)
     if kind == "snapshot" and not isinstance(source, Snapshot):
         from stepscope.errors import UsageError
 
@@ -51,7 +52,7 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
         if png is None:
             click.echo(f"no allocation history in {trace}: nothing to plot, {output} not written")
             return
-        atomic_write_bytes(output, png)
+        atomic_write_bytes(output, png, create_parents=False)
         click.echo(f"wrote {output}", err=True)
         return
     bundle = TraceAnalysis.of(load(source))
@@ -60,7 +61,7 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     if png is None:
         click.echo(f"{empty}: nothing to plot, {output} not written")
         return
-    atomic_write_bytes(output, png)
+    atomic_write_bytes(output, png, create_parents=False)
     click.echo(f"wrote {output}", err=True)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from stepscope._io import atomic_dir
+from stepscope._io import atomic_dir, check_output_path
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.collection import Collection, Member, members, page_names, run_facts, side_files, straggler
 from stepscope.analyze.inputs import Dataset, MemoryTimeline, RunDir, Snapshot, TraceBatch, describe, resolve
@@ -42,14 +42,15 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
                          f"{'snapshot' if isinstance(inp, Snapshot) else 'memory-timeline'}`", path=input_path)
     if isinstance(inp, TraceBatch) and not batch:
         raise UsageError("holds several traces: add --batch for one report per trace and an index", path=input_path)
+    check_output_path(out)
     if isinstance(inp, RunDir | Dataset | TraceBatch):
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, create_parents=False) as tmp:
             kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step)
     else:
         bundle = TraceAnalysis.of(load(inp))
         if step is not None:
             _check_step(bundle, step)
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, create_parents=False) as tmp:
             page = trace_report(bundle, source=str(input_path), step=step)
             (tmp / "index.html").write_text(page, encoding="utf-8")
         kind, failed, total = "trace", [], 1

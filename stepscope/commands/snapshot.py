@@ -9,8 +9,7 @@ import click
 from stepscope.analyze.inputs import Snapshot, describe, resolve
 from stepscope.analyze.snapshot import activation_estimate, analyze_snapshot
 from stepscope.analyze.snapshot_read import read_snapshot
-from stepscope.commands._options import emit, format_options, resolve_format
-from stepscope.reports.text import render
+from stepscope.commands._options import emit_result, format_options, resolve_format
 
 
 @click.command("snapshot")
@@ -21,7 +20,7 @@ from stepscope.reports.text import render
               help="Which layer's activations hold the most at the peak, and what checkpointing could save.")
 @format_options
 def command(file: Path, top: int, device: int | None, activations: bool, fmt: str | None, as_json: bool,
-            as_csv: bool, output: Path | None) -> None:
+            as_csv: bool, table: str | None, output: Path | None) -> None:
     """Peak allocated memory, the live blocks at the peak by the user code that allocated them, the largest
     allocations, segments and fragmentation, and OOM events, from a torch.cuda.memory._dump_snapshot pickle.
 
@@ -35,4 +34,4 @@ def command(file: Path, top: int, device: int | None, activations: bool, fmt: st
     tables = read_snapshot(file)
     result = activation_estimate(tables, device=device) if activations else analyze_snapshot(
         tables, top=top, device=device)
-    emit(render(result, resolve_format(fmt, as_json, as_csv), max_rows=top or None), output)
+    emit_result(result, resolve_format(fmt, as_json, as_csv, table), output, table=table, max_rows=top or None)

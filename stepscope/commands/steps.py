@@ -9,8 +9,7 @@ import click
 
 from stepscope.analyze import load
 from stepscope.analyze.steps import step_breakdown
-from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
-from stepscope.reports.text import render
+from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 
 _ABSOLUTE = ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")  # clock readings, not durations
 
@@ -18,7 +17,8 @@ _ABSOLUTE = ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")  # clock readin
 @click.command("steps")
 @trace_argument
 @format_options
-def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, output: Path | None) -> None:
+def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
+            output: Path | None) -> None:
     """Per ProfilerStep of TRACE: window, GPU busy/idle, kernel/memcpy/memset time, data loading / forward /
     backward / optimizer CPU time, stats across steps, outlier steps and per-module time."""
     result = step_breakdown(load(trace))
@@ -26,7 +26,7 @@ def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, output: P
         emit("no ProfilerStep#N spans in this trace: profile with a schedule and call prof.step() "
              "once per iteration to get per-step figures\n", output)
         return
-    out_fmt = resolve_format(fmt, as_json, as_csv)
+    out_fmt = resolve_format(fmt, as_json, as_csv, table)
     if out_fmt == "table":
         result = dataclasses.replace(result, steps=result.steps.drop(_ABSOLUTE))
-    emit(render(result, out_fmt, max_rows=None), output)
+    emit_result(result, out_fmt, output, table=table, max_rows=None)

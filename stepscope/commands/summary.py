@@ -8,17 +8,20 @@ import click
 
 from stepscope.analyze import load
 from stepscope.analyze.summary import verdict
-from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
+from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 from stepscope.reports.summary_text import render_summary
-from stepscope.reports.text import render
 
 
 @click.command("summary")
 @trace_argument
 @format_options
-def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, output: Path | None) -> None:
+def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
+            output: Path | None) -> None:
     """One verdict for TRACE (gpu_bound, launch_bound, data_loading_bound, sync_bound, transfer_bound,
     no_gpu) from an ordered rule table, with the evidence, per-step verdicts and the top places to look."""
     result = verdict(load(trace))
-    out_fmt = resolve_format(fmt, as_json, as_csv)
-    emit(render_summary(result) if out_fmt == "table" else render(result, out_fmt), output)
+    out_fmt = resolve_format(fmt, as_json, as_csv, table)
+    if out_fmt == "table":
+        emit(render_summary(result), output)
+    else:
+        emit_result(result, out_fmt, output, table=table)

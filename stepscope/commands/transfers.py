@@ -8,20 +8,20 @@ import click
 
 from stepscope.analyze import load
 from stepscope.analyze.transfers import transfers
-from stepscope.commands._options import emit, format_options, resolve_format, trace_argument
-from stepscope.reports.text import render
+from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 
 
 @click.command("transfers")
 @trace_argument
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Worst copies to list.")
 @format_options
-def command(trace: Path, top: int, fmt: str | None, as_json: bool, as_csv: bool, output: Path | None) -> None:
+def command(trace: Path, top: int, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
+            output: Path | None) -> None:
     """HtoD / DtoH / DtoD copies: bytes, GB/s, pageable vs pinned, sync vs async, the part the GPU spent
     waiting (not overlapped by kernels), CPU time blocked, per direction and step, and where the worst came from."""
-    chosen = resolve_format(fmt, as_json, as_csv)
+    chosen = resolve_format(fmt, as_json, as_csv, table)
     result = transfers(load(trace), top=top)
     if result.copies_total == 0 and chosen == "table":
         emit("no memcpy events in this trace: no host/device copies to analyze\n", output)
         return
-    emit(render(result, chosen, table="copies" if chosen == "csv" else None), output)
+    emit_result(result, chosen, output, table=table)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import polars as pl
 
+from stepscope.errors import UsageError
 from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 if TYPE_CHECKING:
@@ -65,13 +66,21 @@ def render_json(result: Any, *, table: str | None = None, max_rows: int | None =
     return json.dumps(to_jsonable(result), indent=2, ensure_ascii=False) + "\n"
 
 
-def render_csv(result: Any, table: str | None = None, *, max_rows: int | None = None) -> str:
-    """One table of the result (the first, or the one named) as CSV with raw (unformatted) values, every row."""
+def csv_tables(result: Any, table: str | None = None) -> dict[str, str]:
+    """Each table of the result (or only the one named) as CSV with raw (unformatted) values, every row.
+
+    An unknown `table` is a UsageError naming the tables there are."""
     tables = result_tables(result)
     if not tables:
         raise ValueError("this result has no table to write as CSV")
-    name = table if table is not None else next(iter(tables))
-    frame = tables[name]
+    if table is not None:
+        if table not in tables:
+            raise UsageError(f"no table {table!r} in this result; choose one of: {', '.join(tables)}")
+        tables = {table: tables[table]}
+    return {name: _frame_csv(frame) for name, frame in tables.items()}
+
+
+def _frame_csv(frame: pl.DataFrame) -> str:
     flat = frame.with_columns(
         [pl.col(c).cast(pl.String) for c, t in frame.schema.items() if isinstance(t, (pl.List, pl.Struct, pl.Array))]
     )
@@ -81,6 +90,23 @@ def render_csv(result: Any, table: str | None = None, *, max_rows: int | None = 
     for row in flat.iter_rows():
         writer.writerow(["" if v is None else v for v in row])
     return buf.getvalue()
+
+
+def join_csv_tables(parts: Mapping[str, str]) -> str:
+    """One CSV table as it is; several as sections, each after a `# <table>` line, a blank line between.
+
+        {"a": "x\n1\n"}                  -> x / 1
+        {"a": "x\n1\n", "b": "y\n2\n"}   -> # a / x / 1 / (blank) / # b / y / 2
+    """
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    return "\n".join(f"# {name}\n{text}" for name, text in parts.items())
+
+
+def render_csv(result: Any, table: str | None = None, *, max_rows: int | None = None) -> str:
+    """Every table of the result (or the one named) as CSV with raw values, every row: a result of one table
+    is plain CSV; of several, one section per table (`join_csv_tables`)."""
+    return join_csv_tables(csv_tables(result, table))
 
 
 def format_value(name: str, value: Any) -> str:
@@ -172,7 +198,7 @@ def render_headline(headline: Mapping[str, Any]) -> str:
 
 
 def render_table(result: Any, *, table: str | None = None, max_rows: int | None = 50) -> str:
-    """Headline figures, then each table of the result under its name (all tables: `table` picks the CSV one)."""
+    """Headline figures, then each table of the result under its name (all tables: `table` picks a CSV one)."""
     parts = []
     head = render_headline(result_headline(result))
     if head:
@@ -183,7 +209,7 @@ def render_table(result: Any, *, table: str | None = None, max_rows: int | None 
 
 
 class Renderer(Protocol):
-    """Writes one result in one format; `table` names the table a one-table format writes."""
+    """Writes one result in one format; `table` names the one table CSV writes (default: every table)."""
 
     def __call__(self, result: Any, *, table: str | None = ..., max_rows: int | None = ...) -> str: ...
 

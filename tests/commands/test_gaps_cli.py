@@ -23,7 +23,7 @@ def test_gaps_min_gap_json_and_csv(tmp_path: Path) -> None:
     assert res.exit_code == 0 and "idle by cause:" in res.stdout
     data = json.loads(runner.invoke(cli, ["gaps", str(path), "--json"]).stdout)
     assert data["idle_ns"] == 50_000 and data["gaps"][0]["dur_ns"] == 50_000
-    csv = runner.invoke(cli, ["gaps", str(path), "--csv", "--min-gap", "1ms"]).stdout.splitlines()
+    csv = runner.invoke(cli, ["gaps", str(path), "--csv", "--table", "gaps", "--min-gap", "1ms"]).stdout.splitlines()
     assert csv[0].startswith("device,step,since_start_ns,dur_ns,cause") and len(csv) == 1
     table = runner.invoke(cli, ["gaps", str(path), "--device", "0"]).stdout
     assert "start_ns" not in table and "  start  " not in table  # trace-clock times only in JSON/CSV

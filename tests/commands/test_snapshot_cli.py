@@ -25,7 +25,8 @@ def test_snapshot_table_json_and_activations(corpus: Path) -> None:
     act = runner.invoke(cli, ["snapshot", str(path), "--activations"])
     assert act.exit_code == 0 and "checkpoint saving estimate" in act.stdout
     csv = runner.invoke(cli, ["snapshot", str(path), "--csv"])
-    assert csv.stdout.splitlines()[0].startswith("device,trace_entries,trace_start_time_us")
+    assert csv.stdout.splitlines()[0].startswith("# ")  # every table, each after its name
+    assert csv.stdout.splitlines()[1].startswith("device,trace_entries,trace_start_time_us")
 
 
 def test_a_snapshot_without_history_says_so(tmp_path: Path) -> None:
@@ -38,7 +39,7 @@ def test_a_snapshot_without_history_says_so(tmp_path: Path) -> None:
 def test_memory_timeline_cli(corpus: Path) -> None:
     path = corpus / "traces/hta/memory_analysis/memory_timeline.raw.gz"
     res = CliRunner().invoke(cli, ["memory-timeline", str(path), "--csv"])
-    assert res.exit_code == 0 and res.stdout.splitlines()[:2] == ["category,size_bytes,share_fraction",
+    assert res.exit_code == 0 and res.stdout.splitlines()[1:3] == ["category,size_bytes,share_fraction",
                                                                   "activation,2592465920,0.8409364611962662"]
     table = CliRunner().invoke(cli, ["memory-timeline", str(path)])
     assert "peak total        2.87 GiB" in table.stdout

@@ -43,6 +43,6 @@ def test_transfers_table_top_and_csv(tmp_path: Path) -> None:
     assert res.exit_code == 0 and "by direction:" in res.stdout and "pageable copies  1" in res.stdout
     worst = res.stdout.split("worst:")[1].split("copies:")[0]
     assert "HtoD" in worst and "DtoH" not in worst
-    csv = runner.invoke(cli, ["transfers", str(path), "--csv"]).stdout.splitlines()
+    csv = runner.invoke(cli, ["transfers", str(path), "--csv", "--table", "copies"]).stdout.splitlines()
     assert len(csv) == 3 and "direction" in csv[0]
     assert runner.invoke(cli, ["transfers", str(path), "--top", "0"]).exit_code == 2
