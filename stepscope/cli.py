@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "snapshot": "snapshot",
     "memory-timeline": "memory_timeline",
     "kernels": "kernels",
+    "flops": "flops",
     "steps": "steps",
     "summary": "summary",
     "gaps": "gaps",

@@ -15,6 +15,7 @@ from functools import cached_property
 import polars as pl
 
 from stepscope.analyze import window as _window
+from stepscope.analyze.blame import innermost
 from stepscope.analyze.trace import Trace
 from stepscope.analyze.window import WindowKind
 
@@ -28,8 +29,9 @@ class TraceFrames:
 
     @cached_property
     def launches(self) -> pl.DataFrame:
-        """`Trace.launches()`, collected: every GPU event with its launch call and issuing op."""
-        return self.trace.launches().collect()
+        """`Trace.launches()`, collected: every GPU event with its launch call and issuing op (`ops_by_nesting`
+        where the External ids do not name it)."""
+        return ops_by_nesting(self.trace, self.trace.launches().collect())
 
     @cached_property
     def profiler_steps(self) -> pl.DataFrame:
@@ -69,3 +71,27 @@ Source = Trace | TraceFrames
 def frames_of(source: Source) -> TraceFrames:
     """The derived frames of `source`: itself when it already is a `TraceFrames`, else new ones."""
     return source if isinstance(source, TraceFrames) else TraceFrames(source)
+
+
+def ops_by_nesting(trace: Trace, links: pl.DataFrame) -> pl.DataFrame:
+    """`links` (`Trace.launches()`) with the issuing op found by nesting where its External id found none:
+    the innermost CPU op enclosing the launch call on the call's thread.
+
+    Some Kineto versions give a runtime call and its kernel the correlation id as External id, a number the
+    ops' own External ids never take (PARAM's DLRM traces), so no kernel links to an op by id; the launch
+    call still runs inside the op that issued it:
+
+        aten::mm(External id=112) > cudaLaunchKernel(External id=40875, correlation=40875) -> aten::mm
+    """
+    missing = links["op_event_id"].is_null() & links["launch_ts_ns"].is_not_null()
+    if not missing.any():
+        return links
+    points = links.filter(missing).select(pid="launch_pid", tid="launch_tid", ts_ns="launch_ts_ns")
+    found = innermost(trace.cpu_ops, points)
+    index = links.with_row_index("_row").filter(missing)["_row"]
+    fill = pl.DataFrame({"_row": index, "_op": found["event_id"], "_name": found["name"]})
+    return (
+        links.with_row_index("_row").join(fill, on="_row", how="left")
+        .with_columns(op_event_id=pl.coalesce("op_event_id", "_op"), op_name=pl.coalesce("op_name", "_name"))
+        .drop("_row", "_op", "_name")
+    )

@@ -15,15 +15,19 @@ launched by it or by any op nested inside it (launch -> op by correlation / Exte
     in 200 us -> 687 TFLOP/s, intensity 1365 FLOP/B (compute-bound), 69% of its roofline
 
 MFU per step = the model FLOPs of the counted ops that start inside the step's window / (the step's wall time
-x the peak at the dominant dtype, the dtype holding most FLOPs). Where activation checkpointing's
-recomputation is visible (reentrant `torch.utils.checkpoint`: the forward ops re-run directly inside
-`CheckpointFunctionBackward`, not inside a backward node of their own), those FLOPs are recomputed work:
-they count in HFU (hardware FLOPs utilization) and not in MFU. An op above its attainable figure is
-flagged: either the peak is wrong for it (an fp32 matmul that ran on TF32 tensor cores is held to the fp32
-figure) or its shapes are; an op with no FLOPs above the bandwidth read its inputs at less than their
-full size (a broadcast operand, a view) or from cache. Peaks come from `peaks` (the device table, or the
-user's overrides); on an unknown device the FLOPs are still reported, the figures needing a peak are None
-and `note` says which option supplies it.
+x the peak at the dominant dtype, the dtype holding most FLOPs). On a GPU trace only ops that launched
+kernels count (an op with none ran on the CPU: a data-loading transform). A step holding a matmul,
+convolution or attention op whose recorded inputs do not resolve its FLOPs has no MFU: its FLOPs would be a
+lower bound. Where activation checkpointing's recomputation is visible (reentrant `torch.utils.checkpoint`:
+the forward ops re-run directly inside `CheckpointFunctionBackward`, not inside a backward node of their
+own), those FLOPs are recomputed work: they count in HFU (hardware FLOPs utilization) and not in MFU.
+
+An fp32 op whose kernels run on TF32 tensor cores (by their cuBLAS / CUTLASS names, `TF32_KERNEL`) is
+held to the TF32 peak and shows as dtype tf32. An op above its attainable figure is flagged: either the
+peak is wrong for it or its shapes are; an op with no FLOPs above the bandwidth read its inputs at less
+than their full size (a broadcast operand, a view) or from cache. Peaks come from `peaks` (the device
+table, or the user's overrides); on an unknown device the FLOPs are still reported, the figures needing a
+peak are None and `note` says which option supplies it.
 """
 
 from __future__ import annotations
@@ -35,11 +39,16 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze.blame import innermost, short_name
-from stepscope.analyze.flops import FlopsResult, op_flops
+from stepscope.analyze.flops import FLOP_FAMILIES, FlopsResult, op_flops
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.peaks import DTYPES, Dtype, ResolvedDevice, resolve_peaks
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.window import with_step
+
+#: an fp32 op's kernel that runs on TF32 tensor cores (cuBLAS / CUTLASS names): the op is held to the TF32 peak
+#:   cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4   ampere_tf32_s1688gemm_tf32_128x128_16x3_nn
+#:   sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32   (not: ampere_sgemm_128x64_nn, SIMT fp32)
+TF32_KERNEL = r"(?i)tf32|tensorop_s\d{3,}"
 
 #: kernels below this share of their roofline are worth a look in Nsight Compute
 HANDOFF_BELOW = 0.5
@@ -48,13 +57,16 @@ HANDOFF_TOP = 3
 
 @dataclass(frozen=True, kw_only=True)
 class RooflineResult:
-    """Headline: the device and its peaks, model FLOPs, achieved TFLOP/s and MFU over the steps.
+    """Headline: the device and its peaks, model FLOPs, achieved TFLOP/s (the FLOPs over the GPU time of the ops
+    that have FLOPs; `modelled_gpu_ns` is the time of every op with a model, bytes-only ones too) and MFU over
+    the steps.
 
     `families`: family, calls, flops, bytes, gpu_ns, tflops, gbps (the ops below, summed per family).
     `ops`: name, family, dtype, calls, flops, bytes, gpu_ns, tflops, gbps, intensity_flop_per_byte,
     attainable_tflops, roofline_fraction, bound, above_peak (one row per op name x family x dtype, most GPU
     time first). `steps`: step, wall_ns, flops (model FLOPs), hardware_flops (with recomputation),
-    tflops, mfu_fraction. `handoff`: the kernels far below their roofline
+    uncounted_ops (FLOP-bearing ops whose FLOPs could not be counted: the step's tflops and MFU are then
+    None), tflops, mfu_fraction. `handoff`: the kernels far below their roofline
     that cost most, each with the `ncu` command that profiles one instance.
     """
 
@@ -89,16 +101,22 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
     """
     frames = frames_of(source)
     flops_result = op_flops(frames) if flops is None else flops
-    counted = _with_recompute(frames, _counted(frames, flops_result))
+    every = _with_recompute(frames, _counted(frames, flops_result))
+    # on a GPU trace, an op that launched no kernel ran on the CPU (a data-loading transform): not GPU work
+    gpu_trace = bool(frames.launches.height)
+    counted = every.filter(pl.col("gpu_ns") > 0) if gpu_trace else every
     main_dtype = dtype or _dominant_dtype(counted)
     device = _device(frames, peak_tflops, peak_bandwidth_gbps, main_dtype)
     ops = _per_op(frames, counted, device, peak_tflops, peak_bandwidth_gbps)
-    steps = _per_step(frames, counted, device)
+    missing = _uncounted(flops_result)
+    steps = _per_step(frames, counted, missing, device)
     gpu_ns = int(ops["gpu_ns"].sum() or 0)
+    flop_ns = int(ops.filter(pl.col("flops") > 0)["gpu_ns"].sum() or 0)  # achieved: over the FLOP ops' time
     total = int(counted["flops"].sum() or 0)
     recomputed = int(counted.filter("recomputed")["flops"].sum() or 0)
     wall = int(steps["wall_ns"].sum() or 0)
     hardware = int(steps["hardware_flops"].sum() or 0)
+    exact = steps.height > 0 and int(steps["uncounted_ops"].sum()) == 0
     peak = device.peak_tflops if device is not None else None
     return RooflineResult(
         shapes_recorded=flops_result.shapes_recorded,
@@ -108,12 +126,13 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
         bandwidth_gbps=device.peak_bandwidth_gbps if device is not None else None,
         ridge_flop_per_byte=device.ridge_point_flop_per_byte if device is not None else None,
         model_flops=total - recomputed, recomputed_flops=recomputed, modelled_gpu_ns=gpu_ns,
-        achieved_tflops=total / gpu_ns / 1e3 if gpu_ns else None,
-        mfu_fraction=int(steps["flops"].sum()) / (wall * peak * 1e3) if wall and peak and steps.height else None,
-        hfu_fraction=hardware / (wall * peak * 1e3) if wall and peak and steps.height and recomputed else None,
+        achieved_tflops=total / flop_ns / 1e3 if flop_ns else None,
+        mfu_fraction=int(steps["flops"].sum()) / (wall * peak * 1e3) if wall and peak and exact else None,
+        hfu_fraction=hardware / (wall * peak * 1e3) if wall and peak and exact and recomputed else None,
         unmodelled_gpu_fraction=flops_result.unmodelled_gpu_fraction,
         ops_above_peak=int(ops["above_peak"].sum() or 0) if ops.height else 0,
-        note=_note(flops_result, device, main_dtype),
+        note=_note(flops_result, device, main_dtype, steps,
+                   cpu_side=every.filter(pl.col("flops") > 0).height - counted.filter(pl.col("flops") > 0).height),
         families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops),
     )
 
@@ -128,16 +147,20 @@ def _counted(frames: TraceFrames, flops: FlopsResult) -> pl.DataFrame:
                                     "pid": pl.String, "tid": pl.String, "gpu_ns": pl.Int64})
     kernel_ns = (
         frames.launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("op_event_id").is_not_null())
-        .group_by("op_event_id").agg(ns=pl.col("dur_ns").sum())
+        .group_by("op_event_id").agg(ns=pl.col("dur_ns").sum(),
+                                     tf32=pl.col("name").str.contains(TF32_KERNEL).any())
         .join(rows.select("event_id", "counting_event_id"), left_on="op_event_id", right_on="event_id")
-        .group_by("counting_event_id").agg(gpu_ns=pl.col("ns").sum())
+        .group_by("counting_event_id").agg(gpu_ns=pl.col("ns").sum(), tf32=pl.col("tf32").any())
     )
     return (
         rows.filter(pl.col("counted"))
         .select("event_id", "name", "family", "dtype", pl.col("flops").cast(pl.Int64), pl.col("bytes").cast(pl.Int64),
                 "ts_ns", "pid", "tid")
         .join(kernel_ns, left_on="event_id", right_on="counting_event_id", how="left")
-        .with_columns(pl.col("gpu_ns").fill_null(0).cast(pl.Int64))
+        .with_columns(pl.col("gpu_ns").fill_null(0).cast(pl.Int64),
+                      dtype=pl.when((pl.col("dtype") == "fp32") & pl.col("tf32").fill_null(False))
+                      .then(pl.lit("tf32")).otherwise(pl.col("dtype")))
+        .drop("tf32")
     )
 
 
@@ -235,21 +258,34 @@ def _peak_at(device: ResolvedDevice | None, dtype: str | None, override: float |
     return device.row.peak_tflops(dtype)
 
 
-def _per_step(frames: TraceFrames, counted: pl.DataFrame, device: ResolvedDevice | None) -> pl.DataFrame:
-    """step, wall_ns, flops, tflops, mfu_fraction: the counted ops' FLOPs by the step window holding their start."""
+def _uncounted(flops: FlopsResult) -> pl.DataFrame:
+    """ts_ns of each matmul / convolution / attention op whose recorded inputs did not resolve its FLOPs and
+    that no counted op encloses (`aten::conv2d` and the `aten::cudnn_convolution` inside it: both)."""
+    rows = flops.ops.filter(pl.col("skip_reason").is_not_null() & pl.col("counting_event_id").is_null()
+                            & pl.col("family").is_in(list(FLOP_FAMILIES)))
+    return rows.select("ts_ns")
+
+
+def _per_step(frames: TraceFrames, counted: pl.DataFrame, missing: pl.DataFrame,
+              device: ResolvedDevice | None) -> pl.DataFrame:
+    """step, wall_ns, flops, hardware_flops, uncounted_ops, tflops, mfu_fraction: the counted ops' FLOPs by
+    the step window holding their start. A step holding a FLOP-bearing op that could not be counted
+    (`_uncounted`) has no TFLOP/s or MFU: its FLOPs would be a lower bound, not the figure."""
     windows = frames.step_windows
     schema = {"step": pl.Int64, "wall_ns": pl.Int64, "flops": pl.Int64, "hardware_flops": pl.Int64,
-              "tflops": pl.Float64, "mfu_fraction": pl.Float64}
+              "uncounted_ops": pl.Int64, "tflops": pl.Float64, "mfu_fraction": pl.Float64}
     if windows.height == 0:
         return pl.DataFrame(schema=schema)
     stepped = with_step(counted.select("ts_ns", "flops", "recomputed"), windows, at="ts_ns")
     per = stepped.filter(pl.col("step").is_not_null()).group_by("step").agg(
         flops=pl.col("flops").filter(~pl.col("recomputed")).sum(), hardware_flops=pl.col("flops").sum())
+    gaps = with_step(missing, windows, at="ts_ns").filter(pl.col("step").is_not_null()).group_by("step").agg(
+        uncounted_ops=pl.len())
     peak = device.peak_tflops if device is not None else None
     return (
-        windows.select("step", "wall_ns").join(per, on="step", how="left")
-        .with_columns(pl.col("flops", "hardware_flops").fill_null(0))
-        .with_columns(tflops=pl.col("flops") / pl.col("wall_ns") / 1e3)
+        windows.select("step", "wall_ns").join(per, on="step", how="left").join(gaps, on="step", how="left")
+        .with_columns(pl.col("flops", "hardware_flops", "uncounted_ops").fill_null(0))
+        .with_columns(tflops=pl.when(pl.col("uncounted_ops") == 0).then(pl.col("flops") / pl.col("wall_ns") / 1e3))
         .with_columns(mfu_fraction=pl.col("tflops") / peak if peak else pl.lit(None, pl.Float64))
         .select(list(schema)).cast(schema)  # type: ignore[arg-type]
         .sort("step")
@@ -294,17 +330,27 @@ def _origin(device: ResolvedDevice | None) -> str | None:
     return f"{device.row.name} ({device.row.source})" if device.row is not None else None
 
 
-def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None) -> str:
+def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None, steps: pl.DataFrame, *,
+          cpu_side: int) -> str:
     """What the reader must know before trusting the figures: no shapes, an unknown device, no peak, ops
-    whose recorded inputs do not resolve their FLOP model."""
-    note = _peak_note(flops, device, dtype)
+    whose recorded inputs do not resolve their FLOP model (and the MFU refused for it), no steps to hold
+    MFU to, ops with FLOPs that ran on the CPU and are left out."""
+    parts = [_peak_note(flops, device, dtype)]
     if flops.ops_skipped and flops.shapes_recorded:
         reasons = flops.ops.filter(pl.col("skip_reason").is_not_null()).group_by("skip_reason").len().sort(
             "len", descending=True)
         first = f" (most: {reasons['skip_reason'][0]})" if reasons.height else ""
-        note = (note + "; " if note else "") + (f"{flops.ops_skipped:,} ops with a FLOP model could not be "
-                                                 f"counted from what was recorded{first}")
-    return note
+        parts.append(f"{flops.ops_skipped:,} ops with a FLOP model could not be counted from what was "
+                     f"recorded{first}")
+    uncounted = int(steps["uncounted_ops"].sum()) if steps.height else 0
+    if uncounted:
+        parts.append(f"no MFU: {uncounted:,} matmul/convolution/attention ops of the steps are among them, so the "
+                     "steps' FLOPs would be a lower bound")
+    elif steps.height == 0 and flops.shapes_recorded and dtype is not None:
+        parts.append("no MFU: the trace has no ProfilerStep# windows to hold the FLOPs to (MFU is per step)")
+    if cpu_side:
+        parts.append(f"{cpu_side:,} ops with FLOPs launched no GPU kernel (they ran on the CPU) and are left out")
+    return "; ".join(p for p in parts if p)
 
 
 def _peak_note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None) -> str:

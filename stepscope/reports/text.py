@@ -13,6 +13,7 @@ import enum
 import io
 import json
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -192,6 +193,9 @@ def render_headline(headline: Mapping[str, Any]) -> str:
         if isinstance(v, Mapping):
             v = ", ".join(f"{kk}={format_value(k, vv)}" for kk, vv in v.items()) or "-"
             out.append(f"{label[k]:<{width}}  {v}")
+        elif isinstance(v, str) and len(v) > MAX_CELL:  # a sentence (a note, a source): wrapped, never cut
+            lines = textwrap.wrap(v.replace("\n", " "), width=max(40, 100 - width - 2))
+            out.append(f"{label[k]:<{width}}  " + f"\n{'':<{width}}  ".join(lines))
         else:
             out.append(f"{label[k]:<{width}}  {format_value(k, v)}")
     return "\n".join(out)
