@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Literal, get_args
 
 from stepscope.analyze.frames import Source, frames_of
@@ -209,13 +211,45 @@ def resolve_peaks(source: Source, *, peak_tflops: float | None = None, peak_band
     its name in `.unknown`), so a report can say "unknown device". A trace listing no GPU gives no entry,
     or one pseudo-device (id and name None) when both overrides are given."""
     _check_overrides(peak_tflops, peak_bandwidth_gbps, dtype)
-    listed = frames_of(source).trace.meta.devices
-    devices = tuple(resolve_device(d.name, device_id=d.id, peak_tflops=peak_tflops,
-                                   peak_bandwidth_gbps=peak_bandwidth_gbps, dtype=dtype) for d in listed)
+    meta = frames_of(source).trace.meta
+    listed = [(d.id, d.name) for d in meta.devices]
+    if not listed or not all(name for _, name in listed):
+        captured = manifest_device(Path(meta.source.path), meta.rank)
+        if captured is not None:
+            listed = [(i, name or captured[1]) for i, name in listed] or [captured]
+    devices = tuple(resolve_device(name, device_id=i, peak_tflops=peak_tflops,
+                                   peak_bandwidth_gbps=peak_bandwidth_gbps, dtype=dtype) for i, name in listed)
     if not devices and peak_tflops is not None and peak_bandwidth_gbps is not None:
         devices = (resolve_device(None, peak_tflops=peak_tflops, peak_bandwidth_gbps=peak_bandwidth_gbps,
                                   dtype=dtype),)
     return ResolvedPeaks(dtype=dtype, devices=devices)
+
+
+def manifest_device(trace_path: Path, rank: int | None) -> tuple[int | None, str] | None:
+    """(index, name) of the GPU a stepscope capture's manifest records for this trace, for a trace whose
+    deviceProperties lists no GPU or no name (vLLM's traces leave the name empty); None where no manifest
+    next to the trace (or one directory up, for rank_N/) says `device.type` "cuda" for its rank.
+
+        run/manifest_rank_1.json {"distributed": {"rank": 1}, "device": {"type": "cuda", "index": 1,
+                                  "name": "NVIDIA H100 80GB HBM3"}}   -> (1, "NVIDIA H100 80GB HBM3") for rank 1
+    """
+    for home in (trace_path.parent, trace_path.parent.parent):
+        for manifest in sorted(home.glob("manifest*.json")):
+            try:
+                doc = json.loads(manifest.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # a damaged manifest says nothing; the trace is still analyzed
+            if not isinstance(doc, dict):
+                continue
+            distributed, device = doc.get("distributed"), doc.get("device")
+            ranked = distributed.get("rank") if isinstance(distributed, dict) else None
+            if rank is not None and ranked is not None and ranked != rank:
+                continue
+            if isinstance(device, dict) and device.get("type") == "cuda" and isinstance(device.get("name"), str) \
+                    and device["name"]:
+                index = device.get("index")
+                return (index if isinstance(index, int) else None), device["name"]
+    return None
 
 
 def peaks_for(source: Source, *, peak_tflops: float | None = None, peak_bandwidth_gbps: float | None = None,

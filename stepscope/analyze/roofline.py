@@ -361,8 +361,9 @@ def _peak_note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype |
     if device is None:
         return "the trace lists no GPU: pass --peak-tflops and --peak-bandwidth to compare with a peak"
     if device.row is None and (device.peak_tflops is None or device.peak_bandwidth_gbps is None):
-        return (f"unknown device {device.name!r}: pass --peak-tflops (at {dtype or 'the dominant dtype'}) and "
-                "--peak-bandwidth (GB/s) to compare with its peak")
+        which = f"unknown device {device.name!r}" if device.name else "the trace does not name its GPU"
+        return (f"{which}: pass --peak-tflops (at {dtype or 'the dominant dtype'}) and --peak-bandwidth (GB/s) to "
+                "compare with its peak")
     if dtype is None:
         return "no op in this trace has a FLOP model (matmul, convolution, attention): nothing to hold to a peak"
     if device.peak_tflops is None:

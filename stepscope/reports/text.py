@@ -194,7 +194,8 @@ def render_headline(headline: Mapping[str, Any]) -> str:
             v = ", ".join(f"{kk}={format_value(k, vv)}" for kk, vv in v.items()) or "-"
             out.append(f"{label[k]:<{width}}  {v}")
         elif isinstance(v, str) and len(v) > MAX_CELL:  # a sentence (a note, a source): wrapped, never cut
-            lines = textwrap.wrap(v.replace("\n", " "), width=max(40, 100 - width - 2))
+            lines = textwrap.wrap(v.replace("\n", " "), width=max(40, 100 - width - 2), break_on_hyphens=False,
+                                  break_long_words=False)
             out.append(f"{label[k]:<{width}}  " + f"\n{'':<{width}}  ".join(lines))
         else:
             out.append(f"{label[k]:<{width}}  {format_value(k, v)}")

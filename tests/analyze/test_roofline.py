@@ -201,3 +201,18 @@ def test_recomputation_counts_in_hfu_not_in_model_flops(tmp_path: Path) -> None:
     # THEN the model FLOPs are those without checkpointing and the recomputed ones the forward re-run
     assert result.model_flops == model.get_total_flops()
     assert result.recomputed_flops == executed.get_total_flops() - model.get_total_flops() > 0
+
+
+def test_a_trace_without_a_device_name_takes_it_from_the_capture_manifest(tmp_path: Path) -> None:
+    # GIVEN a trace whose deviceProperties names no GPU (as vLLM's), captured by stepscope on an H100
+    doc = _doc(device="")
+    manifest = {"manifest_version": 1, "distributed": {"rank": None},
+                "device": {"type": "cuda", "index": 0, "name": "NVIDIA H100 80GB HBM3"}}
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "manifest.json").write_text(json.dumps(manifest))
+    with_manifest = roofline(load_events(tmp_path, doc))
+    assert (with_manifest.device, with_manifest.peak_tflops) == ("NVIDIA H100 80GB HBM3", 989.5)
+    # AND without the manifest it is an unknown device, saying which options to pass
+    (tmp_path / "traces" / "manifest.json").unlink()
+    without = roofline(load_events(tmp_path / "again", doc))
+    assert without.peak_tflops is None and "--peak-tflops" in without.note
