@@ -13,7 +13,7 @@ from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.inputs import MemoryTimeline, Snapshot, describe, resolve
 from stepscope.commands._options import trace_argument
 
-KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot", "transfers")
+KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot", "transfers", "roofline")
 
 
 @click.command("plot")
@@ -27,7 +27,8 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     cause), steps (CPU phases and GPU busy/idle per step), gaps (idle by cause, gap-length histogram),
     kernels (GPU time by category, top kernels), ops (top ops by self CPU and device time), memory
     (allocated/reserved over time, peak marked; by category for an export_memory_timeline file) or
-    snapshot (a CUDA memory snapshot .pickle as TRACE) or transfers (copy time and bytes per step)."""
+    snapshot (a CUDA memory snapshot .pickle as TRACE) or transfers (copy time and bytes per step) or roofline
+    (ops as points on the device's roofline, log-log, sized by GPU time)."""
     from stepscope._io import atomic_write_bytes, check_output_path
 
     png: bytes | None
@@ -86,6 +87,8 @@ _TRACE_FIGURES: dict[str, tuple[Callable[[TraceAnalysis, int | None], bytes | No
     "transfers": (lambda b, _: _figures().transfers_figure(b.transfers), "no host/device copies in this trace"),
     "kernels": (lambda b, _: _figures().kernels_figure(b.kernels), "no GPU work in this trace"),
     "ops": (lambda b, _: _figures().ops_figure(b.ops), "no ops in this trace"),
+    "roofline": (lambda b, _: _figures().roofline_figure(b.roofline),
+                 "no op with FLOPs and GPU time, or no known peak (see `stepscope flops`)"),
     "memory": (lambda b, _: _memory_figures().memory_figure(b.memory),
                "no [memory] events in this trace: capture with profile_memory=True"),
 }

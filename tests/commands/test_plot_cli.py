@@ -35,3 +35,14 @@ def test_plot_snapshot(corpus: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["plot", "snapshot", str(snap), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert mpimg.imread(out).shape[1] > 600
+
+
+def test_plot_roofline(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "roofline.png"
+    src = corpus / "traces/tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+    result = CliRunner().invoke(cli, ["plot", "roofline", str(src), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert mpimg.imread(out).shape[1] > 600
+    cpu = write_trace(tmp_path, trace(cpu_op("aten::mm", ts=0, dur=20)))
+    none = CliRunner().invoke(cli, ["plot", "roofline", str(cpu), "-o", str(tmp_path / "r.png")])
+    assert none.exit_code == 0 and "nothing to plot" in none.output and not (tmp_path / "r.png").exists()
