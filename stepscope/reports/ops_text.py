@@ -87,9 +87,13 @@ def _headers(cols: _Columns) -> list[str]:
     return headers
 
 
+#: the Name cell of events the trace wrote without a `name` (pooled into one row, as torch pools by name)
+UNNAMED = "(no name)"
+
+
 def _row(r: dict[str, Any], cols: _Columns, max_name_width: int, max_shapes_width: int) -> list[str]:
     """One op's cells, formatted as torch formats them, matching `_headers`."""
-    name = r["name"]
+    name = r["name"] if r["name"] is not None else UNNAMED  # a trace event written without a name
     if len(name) >= max_name_width - 3:
         name = name[: max_name_width - 3] + "..."
     row = [name, format_share(r["self_cpu_fraction"]), format_time_us(r["self_cpu_ns"] / 1e3),

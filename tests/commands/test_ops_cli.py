@@ -76,3 +76,14 @@ def test_sort_by_flops_with_flops(tmp_path: Path) -> None:
     # THEN the most FLOPs first
     assert res.exit_code == 0, res.output
     assert [r["name"] for r in json.loads(res.stdout)["ops"]] == ["aten::mm", "aten::add"]
+
+
+def test_an_event_without_a_name_is_a_row_not_a_crash(tmp_path: Path) -> None:
+    doc = trace(cpu_op("aten::mm", ts=0, dur=20, external_id=1))
+    doc["traceEvents"].append({"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": 10, "dur": 5,
+                               "args": {"device": 0, "stream": 7, "correlation": 1}})
+    path = write_trace(tmp_path, doc)
+    for args in ([], ["--group-by-shape"], ["--json"], ["--csv"]):
+        res = CliRunner().invoke(cli, ["ops", str(path), *args])
+        assert res.exit_code == 0, (args, res.output)
+    assert "(no name)" in CliRunner().invoke(cli, ["ops", str(path)]).output
