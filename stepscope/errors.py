@@ -78,3 +78,15 @@ class CaptureError(StepscopeError):
     """Capture could not run (torch missing, the user's script failed, the output directory is unusable)."""
 
     exit_code = 3
+
+
+class ScriptFailed(CaptureError):
+    """The profiled script raised, or exited with a non-zero code; exit code 3 like every CaptureError.
+
+    `script_traceback` is the script's error as Python prints it (None for SystemExit, which prints none);
+    the capture command writes it to stderr above its one-line message.
+    """
+
+    def __init__(self, message: str, *, script_traceback: str | None) -> None:
+        super().__init__(message)
+        self.script_traceback = script_traceback

@@ -6,6 +6,9 @@ Schema, manifest_version 1 (times in integer or float nanoseconds; null where un
 
     manifest_version      1
     status                "ok" | "failed"          error: "<ExceptionType>: message" when the loop raised
+    error_traceback       the loop's error as Python prints it ("Traceback (most recent call last): …", with
+                          chained errors; under `stepscope capture`, the script's frames only); null when it
+                          did not raise, and for SystemExit
     command               argv (the profiled program's command line), launcher_argv (this process's
                           sys.argv), cwd, host, pid, started_at / ended_at (ISO 8601, local time with offset)
     distributed           rank, local_rank, world_size, local_world_size, group_rank, launcher

@@ -14,8 +14,9 @@ What counts as a step:
     torchrun --nproc-per-node 2 -m stepscope capture -o runs/ddp -- train.py     # one trace per rank
 
 A training script with several optimizers advances once per optimizer step (two per iteration for a GAN);
-use --step-on there. If the script raises, what was recorded is exported, the manifest says "failed", and
-a CaptureError names the script's error.
+use --step-on there. If the script raises, what was recorded is exported, the manifest says "failed" and keeps
+the script's traceback, and a ScriptFailed (a CaptureError) names the script's error and carries that traceback
+as `python train.py` would print it: the frames of this runner and runpy left out.
 """
 
 from __future__ import annotations
@@ -25,17 +26,18 @@ import os
 import runpy
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 from stepscope.capture.options import CaptureOptions
 from stepscope.capture.session import ProfileSession, import_torch
-from stepscope.errors import CaptureError
+from stepscope.errors import CaptureError, ScriptFailed
 
 # interpreter flags that do not change what runs; anything else (-c, -X …) is refused with a clear message
 _HARMLESS_PYTHON_FLAGS = {"-u", "-B", "-O", "-OO", "-E", "-s", "-I", "-q"}
@@ -182,13 +184,31 @@ def _run(target: Target) -> None:
             runpy.run_path(str(target.script), run_name="__main__")
 
 
+def _script_traceback(exc: BaseException) -> str:
+    """`exc` formatted as `python script.py` prints it: the leading frames (run_script, _run, runpy) dropped.
+
+    Traceback (most recent call last):               Traceback (most recent call last):
+      File ".../stepscope/capture/runner.py", …         File "train.py", line 9, in <module>
+      File "<frozen runpy>", line 291, in run_path  ->  File "train.py", line 3, in step
+      File "train.py", line 9, in <module>            RuntimeError: boom
+      File "train.py", line 3, in step
+    RuntimeError: boom
+    """
+    machinery = {_run.__code__.co_filename, runpy.run_path.__code__.co_filename}
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in machinery:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 def run_script(target: Target, out_dir: Path, options: CaptureOptions, *, step_on: str | None = None,
                step_on_annotation: str | None = None, command: list[str] | None = None,
                overwrite: bool = False) -> ProfileSession:
     """Run `target` under a profiling session and return it (files, manifest).
 
-    Raises CaptureError, after exporting what was recorded and writing the manifest, when the script fails
-    (an exception, or SystemExit with a non-zero code) or when no step reached the profiler's active phase.
+    Raises ScriptFailed (a CaptureError), after exporting what was recorded and writing the manifest, when the
+    script fails (an exception, or SystemExit with a non-zero code); CaptureError when no step reached the
+    profiler's active phase.
     """
     if step_on and step_on_annotation:
         raise CaptureError("--step-on and --step-on-annotation cannot be combined: choose one")
@@ -212,6 +232,7 @@ def run_script(target: Target, out_dir: Path, options: CaptureOptions, *, step_o
                 session.error = f"SystemExit: {exc.code}"
         except BaseException as exc:  # noqa: BLE001 - reported below, after the trace and manifest are written
             failure = exc
+            session.error_traceback = _script_traceback(exc)
         finally:
             undo()
         first_active = options.profiler_start + options.wait + options.warmup
@@ -223,7 +244,8 @@ def run_script(target: Target, out_dir: Path, options: CaptureOptions, *, step_o
                              f"baseline {options.baseline} + wait {options.wait} + warmup {options.warmup} + 1)")
         session.finish(failure)
     if failure is not None:
-        raise CaptureError(f"the script failed ({session.error}); what was recorded is in {out_dir}") from failure
+        raise ScriptFailed(f"the script failed ({session.error}); what was recorded is in {out_dir}",
+                           script_traceback=session.error_traceback) from failure
     if session.error:
         hint = "" if step_on or step_on_annotation else "; for inference loops use --step-on FUNCTION"
         raise CaptureError(f"{session.error}: lower --skip-first/--baseline/--wait/--warmup{hint}")

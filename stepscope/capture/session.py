@@ -19,7 +19,8 @@ over the profiled window and dumped as `<worker>.memory_snapshot.pickle` at its 
 re-raised). With shapes, memory and stacks on, `<worker>.memory_timeline.raw.json.gz` is exported too (CPU
 and CUDA). `manifest.json` describes the run (stepscope.capture.manifest).
 
-When the loop raises, what was recorded is exported, the manifest says "failed", and the error propagates.
+When the loop raises, what was recorded is exported, the manifest says "failed" (with the error's traceback),
+and the error propagates.
 torch is imported only when a session starts, so `import stepscope.capture` works without it.
 """
 
@@ -30,6 +31,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -80,6 +82,7 @@ class ProfileSession:
         self.file_info: dict[str, dict[str, Any]] = {}
         self.problems: list[str] = []
         self.error: str | None = None
+        self.error_traceback: str | None = None
         self.manifest: dict[str, Any] = {}
         self.manifest_path: Path | None = None
         self._torch: Any = None
@@ -130,6 +133,8 @@ class ProfileSession:
         self._finished = True
         if exc is not None and self.error is None:
             self.error = f"{type(exc).__name__}: {exc}".strip()
+        if exc is not None and self.error_traceback is None and not isinstance(exc, SystemExit):
+            self.error_traceback = "".join(traceback.format_exception(exc))
         oom = exc is not None and isinstance(exc, self._torch.cuda.OutOfMemoryError)
         try:
             self._stop_profiler(oom=oom)
@@ -280,6 +285,7 @@ class ProfileSession:
             "manifest_version": MANIFEST_VERSION,
             "status": "failed" if self.error else "ok",
             "error": self.error,
+            "error_traceback": self.error_traceback,
             "command": {"argv": self.command, "launcher_argv": list(sys.argv), "cwd": os.getcwd(),
                         "host": socket.gethostname(), "pid": os.getpid(), "started_at": self._started_at,
                         "ended_at": _now()},

@@ -47,6 +47,7 @@ def command(out_dir: Path, overwrite: bool, skip_first: int, baseline: int, wait
     """
     from stepscope.capture.options import CaptureOptions
     from stepscope.capture.runner import parse_target, run_script
+    from stepscope.errors import ScriptFailed
 
     if step_on and step_on_annotation:
         raise click.UsageError("--step-on and --step-on-annotation cannot be combined")
@@ -55,8 +56,13 @@ def command(out_dir: Path, overwrite: bool, skip_first: int, baseline: int, wait
                              with_stack=not no_stack, with_modules=not no_modules, with_flops=flops,
                              memory_snapshot=not no_snapshot, snapshot_max_entries=snapshot_max_entries,
                              batch_size=batch_size, device=device)
-    session = run_script(parse_target(command), out_dir, options, step_on=step_on,
-                         step_on_annotation=step_on_annotation, command=list(command), overwrite=overwrite)
+    try:
+        session = run_script(parse_target(command), out_dir, options, step_on=step_on,
+                             step_on_annotation=step_on_annotation, command=list(command), overwrite=overwrite)
+    except ScriptFailed as exc:  # the script's traceback, as python would print it, above stepscope's one line
+        if exc.script_traceback:
+            click.echo(exc.script_traceback, err=True, nl=False)
+        raise
     traces = sum(1 for p in session.files if p.name.endswith(".pt.trace.json.gz"))
     ratio = session.manifest.get("overhead_ratio")
     overhead = f", profiled/baseline step {ratio:.2f}x" if ratio else ""

@@ -45,6 +45,17 @@ for _ in range(12):
     generate(torch.randn(2, 8))
 """
 
+# raises inside a function: line 5 is the raise, line 8 the call
+FAIL = """import torch
+
+def train_step(i):
+    if i == 2:
+        raise RuntimeError(f"boom at step {i}")
+
+for i in range(10):
+    train_step(i)
+"""
+
 ANNOTATED = """
 import torch
 model = torch.nn.Linear(8, 8)
@@ -154,21 +165,70 @@ def test_a_distributed_run_directory_ingests(tmp_path: Path, monkeypatch: pytest
     assert res.exit_code == 0 and "1 ingested" in res.output
 
 
+def _capture_process(run: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m stepscope capture -o RUN ARGS` in a child process: the real exit code and stderr."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    return subprocess.run([sys.executable, "-m", "stepscope", "capture", "-o", str(run), *args], capture_output=True,
+                          text=True, timeout=120, check=False, env=env)
+
+
 def test_a_failing_script_leaves_a_readable_trace_and_one_clear_error_line(tmp_path: Path) -> None:
     script = _write(tmp_path, "train.py", TRAIN)
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "stepscope", "capture", "-o", str(run), "--skip-first", "0",
-                           "--baseline", "0", "--wait", "0", "--warmup", "1", "--active", "5", "--no-stack", "--",
-                           "python", str(script), "20", "3"], capture_output=True, text=True, timeout=120,
-                          check=False, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    proc = _capture_process(run, tmp_path, "--skip-first", "0", "--baseline", "0", "--wait", "0", "--warmup", "1",
+                            "--active", "5", "--no-stack", "--", "python", str(script), "20", "3")
     assert proc.returncode == 3, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("stepscope: error:")]
     assert len(errors) == 1 and "RuntimeError: boom at step 3" in errors[0] and str(run) in errors[0]
-    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1] == errors[0]  # the summary line comes last, below the script's traceback
     m = manifest(run)
     assert m["status"] == "failed" and m["error"] == "RuntimeError: boom at step 3"
     (trace,) = traces(run)
     assert profiler_steps(trace) == [1, 2, 3]  # steps 1-2 finished, step 3 failed part-way
+
+
+def test_a_failing_script_prints_and_keeps_its_traceback_as_python_would(tmp_path: Path) -> None:
+    # GIVEN a script that raises inside a function (line 5), called from module level (line 8)
+    script = _write(tmp_path, "fail.py", FAIL)
+    run = tmp_path / "run"
+    # WHEN it is captured
+    proc = _capture_process(run, tmp_path, *SCHEDULE, "--no-stack", "--", "python", str(script))
+    # THEN stderr holds the script's traceback, as `python fail.py` prints it, then stepscope's one line; exit 3
+    assert proc.returncode == 3, proc.stderr
+    expected = (f'Traceback (most recent call last):\n'
+                f'  File "{script}", line 8, in <module>\n    train_step(i)\n'
+                f'  File "{script}", line 5, in train_step\n    raise RuntimeError(f"boom at step {{i}}")\n'
+                f'RuntimeError: boom at step 2\n')
+    assert expected + "stepscope: error: the script failed (RuntimeError: boom at step 2)" in proc.stderr
+    assert "runpy" not in proc.stderr and "runner.py" not in proc.stderr  # stepscope's own frames left out
+    # AND the manifest keeps the same traceback beside its one-line error
+    m = manifest(run)
+    assert m["status"] == "failed" and m["error"] == "RuntimeError: boom at step 2"
+    assert m["error_traceback"] == expected
+
+
+def test_each_rank_of_a_failing_run_keeps_its_own_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _write(tmp_path, "train.py", TRAIN)
+    run = tmp_path / "run"
+    for rank, fail_at in ((0, "2"), (1, "3")):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        res = _capture(run, *SCHEDULE, "--no-stack", "--", str(script), "8", fail_at)
+        error = res.exception  # type: ignore[attr-defined]
+        assert isinstance(error, CaptureError) and error.exit_code == 3
+        assert "Traceback (most recent call last)" in res.stderr  # type: ignore[attr-defined]
+    for rank, step in ((0, 2), (1, 3)):
+        tb = manifest(run, f"manifest.rank{rank}.json")["error_traceback"]
+        assert f'File "{script}", line 9, in <module>' in tb and tb.endswith(f"RuntimeError: boom at step {step}\n")
+
+
+def test_a_script_that_exits_non_zero_fails_without_a_traceback(tmp_path: Path) -> None:
+    script = _write(tmp_path, "exit.py", "import sys\nsys.exit(4)\n")
+    run = tmp_path / "run"
+    res = _capture(run, *SCHEDULE, "--no-stack", "--", str(script))
+    assert isinstance(res.exception, CaptureError) and "SystemExit: 4" in str(res.exception)  # type: ignore[attr-defined]
+    assert "Traceback" not in res.stderr  # type: ignore[attr-defined]  # as python prints none for sys.exit
+    assert manifest(run)["error"] == "SystemExit: 4" and manifest(run)["error_traceback"] is None
 
 
 def test_a_script_with_too_few_steps_is_an_error_with_the_arithmetic(tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ def test_repeat_exports_one_trace_per_active_cycle(tmp_path: Path) -> None:
 def test_manifest_is_complete_and_lists_every_file_with_its_size(tmp_path: Path) -> None:
     _loop(tmp_path, 10, skip_first=1, baseline=3, wait=1, warmup=1, active=2, batch_size=4)
     m = manifest(tmp_path)
-    assert m["manifest_version"] == 1 and m["status"] == "ok" and m["error"] is None
+    assert m["manifest_version"] == 1 and m["status"] == "ok" and m["error"] is None and m["error_traceback"] is None
     assert m["command"]["argv"] == sys.argv and m["command"]["started_at"] and m["command"]["host"]
     assert m["versions"]["torch"] == torch.__version__ and m["versions"]["python"]
     assert m["device"]["type"] == "cpu" and m["device"]["torch_threads"] >= 1
@@ -115,6 +115,9 @@ def test_an_error_in_the_loop_leaves_a_trace_and_a_failed_manifest(tmp_path: Pat
     m = manifest(tmp_path)
     assert m["status"] == "failed" and m["error"] == "RuntimeError: boom at step 3"
     assert m["files"][0]["complete"] is False
+    tb = m["error_traceback"]  # and the manifest keeps where it was raised
+    assert tb.startswith("Traceback (most recent call last):") and tb.endswith("RuntimeError: boom at step 3\n")
+    assert f'File "{__file__}"' in tb and "in _loop" in tb
 
 
 def test_a_short_loop_says_so_and_writes_no_trace(tmp_path: Path) -> None:
