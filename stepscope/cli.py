@@ -37,9 +37,37 @@ COMMANDS: dict[str, str] = {
 }
 
 
+# command name -> its line in `stepscope --help`, so the list needs no command imported (each command's own
+# --help has its whole text; tests/commands/test_cli_start.py keeps the two tables' names the same)
+SUMMARIES: dict[str, str] = {
+    "capture": "Run a training/inference script under the profiler: traces, snapshots, a manifest.",
+    "diff": "Did my change help? Verdicts, step time, idle by cause, ops and kernels: AFTER vs BEFORE.",
+    "flops": "FLOPs per op, achieved TFLOP/s and GB/s against the roofline, MFU per step.",
+    "gaps": "Why is the GPU idle? Every idle gap, its cause, and the CPU op and Python line behind it.",
+    "info": "What a trace holds (devices, ranks, steps, events) and what is odd about it.",
+    "ingest": "Parse traces into a Parquet dataset, once (in parallel; unchanged files skipped).",
+    "kernels": "GPU time by kernel name and by category (GEMM, convolution, attention, ...).",
+    "memory": "Memory over time from a trace's [memory] events: the peak, the op at it, never freed.",
+    "memory-timeline": "Bytes per category (parameters, optimizer state, activations, ...) over time.",
+    "ops": "Per-op totals as torch's key_averages().table() prints them, from the trace alone.",
+    "overlap": "CPU/GPU overlap, launch queue depth and the sync points.",
+    "plot": "Write one figure of the report as a PNG.",
+    "report": "One self-contained HTML report: a trace, a capture run, or a batch.",
+    "snapshot": "What held CUDA memory at the peak of a memory snapshot, by allocating line.",
+    "steps": "Per step: wall, GPU busy and idle, data loading / forward / backward / optimizer.",
+    "summary": "One verdict per step and overall (GPU-, launch-, data-loading-, sync-, transfer-bound).",
+    "transfers": "Host/device copies: bytes, GB/s, pageable vs pinned, exposed time.",
+}
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list from `SUMMARIES`: `stepscope --help` imports no command (and so no polars)."""
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, SUMMARIES.get(name, "")) for name in self.list_commands(ctx)])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module_name = COMMANDS.get(cmd_name)

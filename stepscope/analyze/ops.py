@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -39,6 +39,9 @@ from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.nesting import children_sum, collapse_repeated, parent_index, sort_for_nesting, subtree_sum
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.vocab import CPU_ROW_KINDS, DEVICE_ROW_KINDS, SORT_COLUMNS
+from stepscope.analyze.vocab import ROW_KINDS as ROW_KINDS  # re-exported with SortColumn for the op table's callers
+from stepscope.analyze.vocab import SortColumn as SortColumn
 from stepscope.errors import UsageError
 
 #: torch's `_filter_name`: events dropped before the table is built
@@ -47,19 +50,10 @@ FILTERED_NAMES: tuple[str, ...] = (
     "profiler::_record_function_enter", "profiler::_record_function_enter_new", "profiler::_record_function_exit",
     "aten::is_leaf", "aten::output_nr", "aten::_version",
 )
-CPU_ROW_KINDS: tuple[Kind, ...] = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER)
-DEVICE_ROW_KINDS: tuple[Kind, ...] = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET, Kind.GPU_USER_ANNOTATION)
-#: every kind a row can have ("memory": [memory] instants outside any CPU event)
-ROW_KINDS: tuple[str, ...] = tuple(k.value for k in (*CPU_ROW_KINDS, *DEVICE_ROW_KINDS, Kind.MEMORY))
 #: c10 DeviceType codes torch counts as CPU memory (CPU, MKLDNN, IDEEP) and as device memory
 CPU_DEVICE_TYPES: tuple[int, ...] = (0, 2, 5)
 DEVICE_DEVICE_TYPES: tuple[int, ...] = (1, 6, 12, 20)
 
-SortColumn = Literal[
-    "calls", "self_cpu_ns", "cpu_total_ns", "cpu_avg_ns", "self_device_ns", "device_total_ns", "device_avg_ns",
-    "cpu_mem_bytes", "self_cpu_mem_bytes", "device_mem_bytes", "self_device_mem_bytes", "flops",
-]
-SORT_COLUMNS: tuple[str, ...] = SortColumn.__args__  # type: ignore[attr-defined]
 #: torch's sort_by keys -> ours, so `--sort self_cuda_time_total` works as pasted from a notebook
 TORCH_SORT_KEYS: dict[str, str] = {
     "count": "calls", "self_cpu_time_total": "self_cpu_ns", "cpu_time_total": "cpu_total_ns",

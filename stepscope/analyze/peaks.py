@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from stepscope.analyze.frames import Source, frames_of
+from stepscope.analyze.vocab import DTYPES as DTYPES  # re-exported with Dtype: callers import them from here
+from stepscope.analyze.vocab import Dtype as Dtype
 from stepscope.errors import UsageError
 
-Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
-DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 PeakOrigin = Literal["table", "override"]
 
 # Table columns (unit suffix dropped) that give each dtype's peak. fp64 and fp32 may run on vector units or

@@ -22,32 +22,17 @@ Kind normalization (three generations of Kineto category names -> one vocabulary
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
 
+from stepscope.analyze.vocab import Kind as Kind  # re-exported: analyses import Kind from here
+
 INGEST_SCHEMA_VERSION = 2  # 2: concrete_inputs column
 
 
-class Kind(str, enum.Enum):
-    """What an event is, whatever its trace generation called it."""
-
-    CPU_OP = "cpu_op"
-    PYTHON_FUNCTION = "python_function"
-    USER_ANNOTATION = "user_annotation"
-    GPU_USER_ANNOTATION = "gpu_user_annotation"
-    KERNEL = "kernel"
-    MEMCPY = "memcpy"
-    MEMSET = "memset"
-    RUNTIME = "runtime"
-    DRIVER = "driver"
-    MEMORY = "memory"
-    SYNC = "sync"
-    OTHER = "other"
-
-
+# Kind lives in vocab (no pyarrow there), so the CLI can offer kinds without importing the schema
 KIND_BY_CATEGORY: dict[str, Kind] = {
     "cpu_op": Kind.CPU_OP,
     "Operator": Kind.CPU_OP,

@@ -6,10 +6,7 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.diff import diff_traces
 from stepscope.commands._options import emit
-from stepscope.reports.text import render
 
 
 @click.command("diff")
@@ -24,6 +21,9 @@ def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool
     """AFTER vs BEFORE: median step time, GPU busy share, memory peak, and the ops and kernels whose time
     changed most (delta = after - before; negative is faster)."""
     from stepscope._io import atomic_dir, check_output_path
+    from stepscope.analyze import load
+    from stepscope.analyze.diff import diff_traces
+    from stepscope.reports.text import render
 
     if out is not None:
         check_output_path(out)  # before the work, not after it

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import get_args
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.peaks import Dtype
-from stepscope.analyze.roofline import roofline
+from stepscope.analyze.vocab import DTYPES, Dtype
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
-from stepscope.reports.text import render_frame, render_headline, result_headline
 
 #: --by -> the tables shown in a terminal (JSON always holds every table)
 _VIEWS = {"op": ("ops", "handoff"), "family": ("families",), "step": ("steps",)}
@@ -26,7 +22,7 @@ _VIEWS = {"op": ("ops", "handoff"), "family": ("families",), "step": ("steps",)}
               help="The device's dense peak TFLOP/s at the dominant dtype (default: the device table).")
 @click.option("--peak-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
               help="The device's memory bandwidth in GB/s (default: the device table).")
-@click.option("--dtype", type=click.Choice(get_args(Dtype)), default=None,
+@click.option("--dtype", type=click.Choice(DTYPES), default=None,
               help="The dtype MFU is measured at (default: the one holding most FLOPs).")
 @format_options
 def command(trace: Path, by: str | None, peak_tflops: float | None, peak_bandwidth: float | None, dtype: Dtype | None,
@@ -35,6 +31,9 @@ def command(trace: Path, by: str | None, peak_tflops: float | None, peak_bandwid
     record_shapes=True), its kernels' GPU time, achieved TFLOP/s and GB/s, arithmetic intensity and share of
     the roofline (peaks from the device table, or --peak-tflops / --peak-bandwidth), MFU per step, and the
     `ncu` command for the kernels furthest below their roofline."""
+    from stepscope.analyze import load
+    from stepscope.analyze.roofline import roofline
+    from stepscope.reports.text import render_frame, render_headline, result_headline
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
     result = roofline(load(trace), peak_tflops=peak_tflops, peak_bandwidth_gbps=peak_bandwidth, dtype=dtype)
     if out_fmt == "table":

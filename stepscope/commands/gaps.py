@@ -7,8 +7,6 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.gaps import gpu_gaps
 from stepscope.commands._duration import Duration
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 
@@ -27,6 +25,8 @@ def command(trace: Path, min_gap: int, top: int, device: int | None, window: str
     """Why is the GPU idle? Busy time per device, and each idle gap with the CPU op / Python line on the
     launching thread during it and a cause: host_sync, data_loading, communication_wait, memcpy_wait,
     launch_overhead or other."""
+    from stepscope.analyze import load
+    from stepscope.analyze.gaps import gpu_gaps
     chosen = resolve_format(fmt, as_json, as_csv, table)
     result = gpu_gaps(load(trace), min_gap_ns=min_gap, window=window, device=device,  # type: ignore[arg-type]
                       top=top or None)

@@ -8,9 +8,7 @@ from pathlib import Path
 import click
 
 from stepscope.analyze._workers import usable_cores
-from stepscope.analyze.dataset import FileOutcome, ingest_many
 from stepscope.commands._options import echo_failure, emit, end_batch
-from stepscope.reports.text import render_json
 
 
 @click.command("ingest")
@@ -31,7 +29,9 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
     A bad file is reported with its reason and the rest go on; the exit code is 1 if any failed.
     """
     from stepscope._io import output_dir
+    from stepscope.analyze.dataset import FileOutcome, ingest_many
     from stepscope.analyze.inputs import find_trace_files
+    from stepscope.reports.text import render_json
 
     total = len(find_trace_files(list(paths)))
     output_dir(dataset)

@@ -7,10 +7,7 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.kernels import kernel_summary
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
-from stepscope.reports.text import render_frame, render_headline, result_headline
 
 
 @click.command("kernels")
@@ -22,6 +19,9 @@ from stepscope.reports.text import render_frame, render_headline, result_headlin
 def command(trace: Path, top: int, by: str, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
             output: Path | None) -> None:
     """GPU time of TRACE by kernel name and by category (memcpy/memset included); busy = union of GPU work."""
+    from stepscope.analyze import load
+    from stepscope.analyze.kernels import kernel_summary
+    from stepscope.reports.text import render_frame, render_headline, result_headline
     result = kernel_summary(load(trace), top=top)
     if result.gpu_events == 0:
         emit("no GPU kernels, memcpy or memset in this trace (CPU-only trace)\n", output)

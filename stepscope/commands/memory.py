@@ -7,9 +7,6 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.inputs import MemoryTimeline, resolve
-from stepscope.analyze.memory import activation_memory, memory_timeline
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 
 NO_EVENTS = ("no [memory] events in this trace: capture with torch.profiler.profile(profile_memory=True) "
@@ -32,6 +29,9 @@ def command(trace: Path, top: int, buckets: int, by_layer: bool, fmt: str | None
             table: str | None, output: Path | None) -> None:
     """Memory over time from TRACE's [memory] events: per-device peak (time, step, op), reserved vs
     allocated, MiB allocated per op (self and inclusive), and allocations never freed in the trace."""
+    from stepscope.analyze import load
+    from stepscope.analyze.inputs import MemoryTimeline, resolve
+    from stepscope.analyze.memory import activation_memory, memory_timeline
     chosen = resolve_format(fmt, as_json, as_csv, table)
     source = resolve(trace)
     if isinstance(source, MemoryTimeline):

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze.inputs import MemoryTimeline, describe, resolve
-from stepscope.analyze.memory_categories import memory_categories
 from stepscope.commands._options import emit_result, format_options, resolve_format
 
 
@@ -19,6 +17,8 @@ def command(file: Path, fmt: str | None, as_json: bool, as_csv: bool, table: str
     """Bytes per category (parameter, optimizer state, input, temporary, activation, gradient, autograd
     detail, unknown) over time and at the peak, from torch.profiler's export_memory_timeline output
     (`*.raw.json.gz` as written by stepscope capture, or the [times, sizes] JSON)."""
+    from stepscope.analyze.inputs import MemoryTimeline, describe, resolve
+    from stepscope.analyze.memory_categories import memory_categories
     source = resolve(file)
     if not isinstance(source, MemoryTimeline):
         from stepscope.errors import UsageError

@@ -6,10 +6,8 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.ops import ROW_KINDS, SORT_COLUMNS, op_table
+from stepscope.analyze.vocab import ROW_KINDS, SORT_COLUMNS
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
-from stepscope.reports.ops_text import render_ops_table
 
 
 @click.command("ops")
@@ -31,6 +29,9 @@ def command(trace: Path, sort_by: str, top: int, group_by_shape: bool, kinds: tu
     copies / GPU-side annotations (which torch leaves out of the Self CUDA % denominator, so those can pass
     100%). The table output uses torch's column names and formats; --json/--csv give raw values (ns, bytes).
     """
+    from stepscope.analyze import load
+    from stepscope.analyze.ops import op_table
+    from stepscope.reports.ops_text import render_ops_table
     chosen = resolve_format(fmt, as_json, as_csv, table)
     result = op_table(load(trace), group_by_shape=group_by_shape, sort_by=sort_by, top=top or None,
                       kinds=kinds or None)

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.overlap import cpu_gpu_overlap
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 
 
@@ -18,6 +16,8 @@ def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: st
             output: Path | None) -> None:
     """GPU utilization, CPU busy share and the share where both run, launch latency per stream, kernel queue
     depth over time, and the synchronizing runtime calls with where in Python they come from."""
+    from stepscope.analyze import load
+    from stepscope.analyze.overlap import cpu_gpu_overlap
     chosen = resolve_format(fmt, as_json, as_csv, table)
     result = cpu_gpu_overlap(load(trace))
     if result.gpu_events == 0 and chosen == "table":

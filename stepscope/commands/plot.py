@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.bundle import TraceAnalysis
-from stepscope.analyze.inputs import MemoryTimeline, Snapshot, describe, resolve
 from stepscope.commands._options import trace_argument
+
+if TYPE_CHECKING:
+    from stepscope.analyze.bundle import TraceAnalysis
 
 KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot", "transfers", "roofline")
 
@@ -30,6 +31,9 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     snapshot (a CUDA memory snapshot .pickle as TRACE) or transfers (copy time and bytes per step) or roofline
     (ops as points on the device's roofline, log-log, sized by GPU time)."""
     from stepscope._io import atomic_write_bytes, check_output_path
+    from stepscope.analyze import load
+    from stepscope.analyze.bundle import TraceAnalysis
+    from stepscope.analyze.inputs import MemoryTimeline, Snapshot, describe, resolve
 
     png: bytes | None
     source = resolve(trace)

@@ -6,9 +6,6 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze.inputs import Snapshot, describe, resolve
-from stepscope.analyze.snapshot import activation_estimate, analyze_snapshot
-from stepscope.analyze.snapshot_read import read_snapshot
 from stepscope.commands._options import emit_result, format_options, resolve_format
 
 
@@ -26,6 +23,9 @@ def command(file: Path, top: int, device: int | None, activations: bool, fmt: st
 
     The pickle is read as data only: a pickle that asks to run code is refused.
     """
+    from stepscope.analyze.inputs import Snapshot, describe, resolve
+    from stepscope.analyze.snapshot import activation_estimate, analyze_snapshot
+    from stepscope.analyze.snapshot_read import read_snapshot
     source = resolve(file)
     if not isinstance(source, Snapshot):
         from stepscope.errors import UsageError

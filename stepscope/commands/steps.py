@@ -7,8 +7,6 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.steps import step_breakdown
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 
 _ABSOLUTE = ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")  # clock readings, not durations
@@ -21,6 +19,8 @@ def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: st
             output: Path | None) -> None:
     """Per ProfilerStep of TRACE: window, GPU busy/idle, kernel/memcpy/memset time, data loading / forward /
     backward / optimizer CPU time, stats across steps, outlier steps and per-module time."""
+    from stepscope.analyze import load
+    from stepscope.analyze.steps import step_breakdown
     result = step_breakdown(load(trace))
     if result.steps_found == 0:
         emit("no ProfilerStep#N spans in this trace: profile with a schedule and call prof.step() "

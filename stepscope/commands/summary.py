@@ -6,10 +6,7 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.summary import verdict
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
-from stepscope.reports.summary_text import render_summary
 
 
 @click.command("summary")
@@ -19,6 +16,9 @@ def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: st
             output: Path | None) -> None:
     """One verdict for TRACE (gpu_bound, launch_bound, data_loading_bound, sync_bound, transfer_bound,
     no_gpu) from an ordered rule table, with the evidence, per-step verdicts and the top places to look."""
+    from stepscope.analyze import load
+    from stepscope.analyze.summary import verdict
+    from stepscope.reports.summary_text import render_summary
     result = verdict(load(trace))
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
     if out_fmt == "table":

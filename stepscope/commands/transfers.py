@@ -6,8 +6,6 @@ from pathlib import Path
 
 import click
 
-from stepscope.analyze import load
-from stepscope.analyze.transfers import transfers
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
 
 
@@ -19,6 +17,8 @@ def command(trace: Path, top: int, fmt: str | None, as_json: bool, as_csv: bool,
             output: Path | None) -> None:
     """HtoD / DtoH / DtoD copies: bytes, GB/s, pageable vs pinned, sync vs async, the part the GPU spent
     waiting (not overlapped by kernels), CPU time blocked, per direction and step, and where the worst came from."""
+    from stepscope.analyze import load
+    from stepscope.analyze.transfers import transfers
     chosen = resolve_format(fmt, as_json, as_csv, table)
     result = transfers(load(trace), top=top)
     if result.copies_total == 0 and chosen == "table":
