@@ -1,11 +1,14 @@
 """Who was on the CPU at a moment: the helpers that gaps, overlap, transfers and summary share.
 
 `innermost` finds the innermost CPU op / Python frame / runtime call enclosing given points on given threads;
-`source_frames` keeps the Python frames that name a source line; `is_sync_runtime` tells a runtime call that
-blocks the host; `short_name` trims a kernel name for tables.
+`source_frames` keeps the Python frames that name a source line, and `python_lines` picks the user's line
+among them (`is_library_frame`); `is_sync_runtime` tells a runtime call that blocks the host; `short_name`
+trims a kernel name for tables.
 """
 
 from __future__ import annotations
+
+import sys
 
 import polars as pl
 
@@ -69,3 +72,48 @@ def source_frames(trace: Trace) -> pl.LazyFrame:
         train.py(88): train_step                            -> kept
     """
     return trace.python.filter(pl.col("name").str.contains(r"\(\d+\): "))
+
+
+#: top-level packages whose frames are not where a user looks: torch's own stack, the compilers under it,
+#: the standard library, and this package's capture runner. A frame in one of them is shown as the context of
+#: the user's line that called into it, never instead of it.
+LIBRARY_PACKAGES: frozenset[str] = frozenset(
+    {"torch", "torchvision", "torchaudio", "functorch", "triton", "numpy", "tqdm", "stepscope"}
+    | set(sys.stdlib_module_names))
+
+
+#: absolute paths of installed packages, the standard library, and this package's capture runner
+_LIBRARY_PATH = r"(site|dist)-packages[/\\]|[/\\]lib[/\\]python3\.\d+[/\\]|[/\\]stepscope[/\\]capture[/\\]"
+
+
+def is_library_frame(name: pl.Expr) -> pl.Expr:
+    """True for a Python frame (`path(N): function`) in a library rather than the user's code: generated code
+    (`<frozen os>`, `<string>`, `<eval_with_key>.3`), anything under site-packages / dist-packages or the
+    interpreter's lib/python3.X, and a path (as the profiler writes it, relative to its sys.path entry)
+    whose first component is one of LIBRARY_PACKAGES.
+
+        torch/utils/_device.py(99): __torch_function__        -> True
+        typing.py(1737): __instancecheck__                    -> True (standard library)
+        sglang/srt/model_executor/model_runner.py(12): run    -> False
+        train.py(88): train_step                              -> False
+    """
+    path = name.str.extract(r"^(.*?)\(\d+\): ", 1).fill_null("")
+    top = path.str.extract(r"^([^/\\]+?)(?:\.py)?(?:[/\\]|$)", 1)
+    return (path.str.starts_with("<") | path.str.contains(_LIBRARY_PATH)
+            | top.is_in(list(LIBRARY_PACKAGES)).fill_null(False))
+
+
+def python_lines(trace: Trace, points: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
+    """For each point (pid, tid, ts_ns): the user's line (the innermost frame enclosing it that is not a
+    library frame; the innermost frame of all where every frame is a library's) and, as context, the
+    innermost frame when that one is a library's (None otherwise).
+
+        train.py(88): step > torch/nn/modules/module.py(1501): _call_impl > point
+        -> ("train.py(88): step", "torch/nn/modules/module.py(1501): _call_impl")
+    """
+    frames = source_frames(trace)
+    inner = innermost(frames, points)["name"]
+    user = innermost(frames.filter(~is_library_frame(pl.col("name"))), points)["name"]
+    library = pl.select(pl.when(is_library_frame(pl.lit(inner))).then(pl.lit(inner))).to_series() \
+        if len(inner) else inner
+    return user.fill_null(inner).alias("python"), library.alias("library")

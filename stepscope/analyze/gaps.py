@@ -11,8 +11,10 @@ Definitions:
 one call stack, so op, Python frame and runtime call are consistent with each other). The thread is the
 one that launched the GPU event right after the gap; where that is unknown, the main thread (the one
 holding the ProfilerStep spans). Reported: the innermost CPU op (`blamed_op`), Python frame
-(`blamed_python`, with_stack traces; the innermost frame naming a source line, `file.py(N): fn`, so
-C builtins such as `<built-in method item …>` are skipped) and runtime call (`blamed_runtime`) enclosing the midpoint.
+(`blamed_python`, with_stack traces: the innermost frame of the user's code naming a source line,
+`file.py(N): fn`, so C builtins such as `<built-in method item …>` are skipped and a frame inside torch or
+the standard library never hides the user's line that called it; that library frame is `blamed_library`,
+see `blame.python_lines`) and runtime call (`blamed_runtime`) enclosing the midpoint.
 
 **Cause** — ordered rules, the first that holds wins:
 
@@ -55,7 +57,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.blame import innermost, is_sync_runtime, short_name, source_frames
+from stepscope.analyze.blame import innermost, is_sync_runtime, python_lines, short_name
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.window import WindowKind, with_step
@@ -87,9 +89,9 @@ class GapsResult:
     """Per-device busy/window/utilization, every idle gap with blame and cause, idle by cause, a histogram.
 
     `gaps` columns: device, step, since_start_ns (the gap's start since the window began), dur_ns, cause,
-    blamed_op, blamed_python, blamed_runtime, prev_kernel, next_kernel, tid (the blamed thread), start_ns and end_ns
-    (on the trace's clock). Totals (`idle_ns`, `idle_by_cause`, `histogram`) count every gap, whatever
-    `min_gap_ns` and `top` leave in `gaps`.
+    blamed_op, blamed_python, blamed_library, blamed_runtime, prev_kernel, next_kernel, tid (the blamed thread),
+    start_ns and end_ns (on the trace's clock). Totals (`idle_ns`, `idle_by_cause`, `histogram`) count every
+    gap, whatever `min_gap_ns` and `top` leave in `gaps`.
     """
 
     window_kind: str
@@ -147,9 +149,9 @@ def _blame(frames: TraceFrames, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.Dat
     ).with_row_index("gap")
     points = g.select(pl.col("pid", "tid").fill_null(""), ts_ns="mid_ns")
     op = innermost(trace.cpu_ops, points)
-    g = g.with_columns(blamed_op=op["name"], blamed_op_id=op["event_id"],
-                       blamed_python=innermost(source_frames(trace), points)["name"],
-                       blamed_runtime=innermost(trace.runtime, points)["name"])
+    user_line, library_line = python_lines(trace, points)
+    g = g.with_columns(blamed_op=op["name"], blamed_op_id=op["event_id"], blamed_python=user_line,
+                       blamed_library=library_line, blamed_runtime=innermost(trace.runtime, points)["name"])
 
     def gaps_inside(events: pl.LazyFrame, on: list[str]) -> pl.Series:
         """Gap rows whose midpoint lies in one of `events` (matched on `on`): the events are merged per
@@ -203,7 +205,7 @@ def _unblamed(gaps: pl.DataFrame) -> pl.DataFrame:
     """`_blame`'s text columns, all null: for a trace with no gaps, so the columns exist either way."""
     return gaps.with_columns(pl.lit(None, pl.String).alias(c) for c in (
         "prev_kernel", "next_kernel", "launch_pid", "launch_tid", "pid", "tid", "blamed_op", "blamed_python",
-        "blamed_runtime", "cause"))
+        "blamed_library", "blamed_runtime", "cause"))
 
 
 def _per_device(windows: pl.DataFrame, busy: pl.DataFrame, gaps: pl.DataFrame) -> pl.DataFrame:
@@ -242,8 +244,9 @@ def _gaps_table(gaps: pl.DataFrame, windows: pl.DataFrame, min_gap_ns: int) -> p
     return gaps.filter(pl.col("dur_ns") >= min_gap_ns).sort("dur_ns", descending=True).select(
         "device", "step", since_start_ns=pl.col("start_ns") - pl.lit(first, pl.Int64), dur_ns="dur_ns",
         cause="cause",
-        blamed_op="blamed_op", blamed_python="blamed_python", blamed_runtime="blamed_runtime",
-        prev_kernel=short_name(pl.col("prev_kernel")), next_kernel=short_name(pl.col("next_kernel")), tid="tid",
+        blamed_op="blamed_op", blamed_python="blamed_python", blamed_library="blamed_library",
+        blamed_runtime="blamed_runtime", prev_kernel=short_name(pl.col("prev_kernel")),
+        next_kernel=short_name(pl.col("next_kernel")), tid="tid",
         start_ns="start_ns", end_ns="end_ns")
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.blame import innermost, is_sync_runtime, source_frames
+from stepscope.analyze.blame import innermost, is_sync_runtime, python_lines
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.trace import Trace
 
@@ -123,13 +123,12 @@ def _queue_depth(gpu: pl.DataFrame) -> pl.DataFrame:
 
 
 def _sync_calls(trace: Trace) -> pl.DataFrame:
-    """Synchronizing runtime calls (pid, tid, ts_ns, dur_ns, name) with the innermost Python frame and op
-    enclosing each (`python`, `op`; null where none)."""
+    """Synchronizing runtime calls (pid, tid, ts_ns, dur_ns, name) with the user's Python line and the op
+    enclosing each (`python`: `blame.python_lines`; `op`; null where none)."""
     syncs = trace.runtime.filter(is_sync_runtime(pl.col("name"))).select(
         "pid", "tid", "ts_ns", "dur_ns", "name").collect()
     points = syncs.select("pid", "tid", "ts_ns")
-    return syncs.with_columns(python=innermost(source_frames(trace), points)["name"],
-                              op=innermost(trace.cpu_ops, points)["name"])
+    return syncs.with_columns(python=python_lines(trace, points)[0], op=innermost(trace.cpu_ops, points)["name"])
 
 
 def _sync_sources(syncs: pl.DataFrame) -> pl.DataFrame:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.blame import innermost, is_sync_runtime, source_frames
+from stepscope.analyze.blame import is_sync_runtime, python_lines
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.window import with_step
@@ -85,7 +85,7 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
     copies = copies.with_columns(covered_ns(copies.select("device", "start_ns", "end_ns"), busy))
     points = copies.select(pid=pl.col("launch_pid").fill_null(""), tid=pl.col("launch_tid").fill_null(""),
                            ts_ns=pl.col("launch_ts_ns").fill_null(0))
-    copies = copies.with_columns(python_line=innermost(source_frames(trace), points)["name"])
+    copies = copies.with_columns(python_line=python_lines(trace, points)[0])
     copies = with_step(copies, frames.step_windows)
     copies = copies.with_columns(pl.col("bytes").cast(pl.Int64))
     table = copies.select(

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepscope.analyze import load
+from stepscope.analyze.blame import is_library_frame
 from stepscope.analyze.gaps import BACK_TO_BACK_NS, gpu_gaps
 
 
@@ -51,6 +52,45 @@ def test_item_sync_gap_is_host_sync_and_blamed_on_the_op_and_python_line(tmp_pat
     assert (gap["blamed_op"], gap["blamed_python"], gap["blamed_runtime"]) == (
         "aten::_local_scalar_dense", "model.py(42): forward", "cudaStreamSynchronize")
     assert (gap["prev_kernel"], gap["next_kernel"], gap["step"]) == ("A", "B", 1)
+
+
+def test_the_python_line_is_the_users_not_a_frame_inside_torch(tmp_path: Path) -> None:
+    # GIVEN the sync runs inside torch's own frames, called from the user's model.py (a frame inside torch
+    # was once shown as the place to look: torch/utils/_device.py(99): __torch_function__)
+    doc = trace(
+        step(1, ts=-5, dur=190),
+        *_launched("A", at=-4, gpu_at=0, dur=100, corr=1),
+        python_fn("train.py(10): <module>", ts=90, dur=110),
+        python_fn("model.py(42): forward", ts=95, dur=100),
+        python_fn("torch/nn/modules/module.py(1501): _call_impl", ts=96, dur=95),
+        python_fn("typing.py(1737): __instancecheck__", ts=97, dur=90),
+        python_fn("torch/utils/_device.py(99): __torch_function__", ts=98, dur=85),
+        cpu_op("aten::item", ts=100, dur=80),
+        runtime("cudaStreamSynchronize", ts=103, dur=75),
+        *_launched("B", at=182, gpu_at=185, dur=10, corr=2),
+    )
+    gap = gpu_gaps(load_events(tmp_path, doc)).gaps.filter(pl.col("dur_ns") > 10_000).row(0, named=True)
+    # THEN the line shown is the user's innermost one, and the torch frame under it is the context
+    assert (gap["blamed_python"], gap["blamed_library"]) == (
+        "model.py(42): forward", "torch/utils/_device.py(99): __torch_function__")
+
+
+def test_library_frames() -> None:
+    names = {
+        "torch/utils/_device.py(99): __torch_function__": True,
+        "typing.py(1737): __instancecheck__": True,  # the standard library
+        "logging/__init__.py(1489): info": True,
+        "<frozen os>(674): __getitem__": True,
+        "<eval_with_key>.3(5): forward": True,  # torch.fx generated code
+        "/usr/lib/python3.11/threading.py(1045): run": True,
+        "/home/u/.venv/lib/python3.11/site-packages/vllm/worker.py(3): execute_model": True,
+        "/work/main/stepscope/capture/runner.py(197): _run": True,
+        "sglang/srt/model_executor/model_runner.py(12): forward": False,
+        "train.py(88): train_step": False,
+        "torchtune/recipes/full_finetune.py(5): train": False,  # a package named like torch is not torch
+    }
+    frame = pl.DataFrame({"name": list(names)}).with_columns(lib=is_library_frame(pl.col("name")))
+    assert dict(frame.iter_rows()) == names
 
 
 @pytest.mark.parametrize(("extra", "next_kind", "cause"), [
