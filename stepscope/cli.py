@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "gaps": "gaps",
     "overlap": "overlap",
     "transfers": "transfers",
+    "comm": "comm",
 }
 
 
@@ -41,6 +42,7 @@ COMMANDS: dict[str, str] = {
 # --help has its whole text; tests/commands/test_cli_start.py keeps the two tables' names the same)
 SUMMARIES: dict[str, str] = {
     "capture": "Run a training/inference script under the profiler: traces, snapshots, a manifest.",
+    "comm": "Collectives across ranks: matched calls, aligned clocks, arrival skew, waits, busbw, straggler.",
     "diff": "Did my change help? Verdicts, step time, idle by cause, ops and kernels: AFTER vs BEFORE.",
     "flops": "FLOPs per op, achieved TFLOP/s and GB/s against the roofline, MFU per step.",
     "gaps": "Why is the GPU idle? Every idle gap, its cause, and the CPU op and Python line behind it.",

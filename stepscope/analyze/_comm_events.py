@@ -1,0 +1,219 @@
+"""The collectives of one rank's trace, one row each: what it is, its group, its size and when it ran.
+
+Where the time is: a rank's communication kernels when it has any (NCCL / RCCL: `ncclKernel_*`,
+`ncclDevKernel_*`, `rcclKernel_*`), else its CPU-side collectives (`gloo:all_reduce` and the other
+`<backend>:<op>` annotations a CPU backend runs on its worker threads), else `record_param_comms` ops.
+
+What it is, first answer wins (so an all-to-all that NCCL runs as grouped send/recv reads all_to_all):
+
+    the call's `Collective name` (kernel args, else the record_param_comms op that launched it)
+    the enclosing `nccl:<op>` / `gloo:<op>` annotation's name
+    the kernel's name
+
+    ncclDevKernel_AllReduce_Sum_f32_RING_LL (Collective name "allreduce")   -> all_reduce
+    ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t inside nccl:all_to_all       -> all_to_all
+    ncclDevKernel_SendRecv (Collective name "send")                         -> send_recv
+    gloo:all_reduce                                                         -> all_reduce
+
+Sizes: `In msg nelems` / `Out msg nelems` / `dtype` (the call's args, else its record_param_comms op), else
+the enclosing annotation's recorded input shape and type (record_shapes), summed over its tensors. The
+message size is nccl-tests' "size": max(in, out) elements x the element size (the whole output of an
+all_gather, the whole input of a reduce_scatter).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import polars as pl
+
+from stepscope.analyze.blame import innermost
+from stepscope.analyze.trace import Trace
+
+#: a communication kernel's name
+COMM_KERNEL = r"(?i)(nccl|rccl)"
+#: CPU-side collective annotations: the backend, a colon, the op (gloo:all_reduce, nccl:all_to_all)
+COMM_ANNOTATION = r"^(nccl|rccl|gloo|mpi|ucc|xccl|hccl):[a-z_]+$"
+PARAM_COMMS = "record_param_comms"
+
+#: normalized collective <- name prefixes (lower case, letters only), first match wins
+_TYPE_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("reducescatter", "reduce_scatter"), ("allreduce", "all_reduce"), ("allgather", "all_gather"),
+    ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("barrier", "barrier"), ("sendrecv", "send_recv"),
+    ("send", "send_recv"), ("recv", "send_recv"), ("gather", "gather"), ("scatter", "scatter"),
+    ("reduce", "reduce"),
+)
+
+#: element size in bytes by dtype, under its canonical name
+ELEMENT_BYTES: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "complex64": 8, "complex128": 16,
+}
+_DTYPE_ALIASES: dict[str, str] = {
+    "float": "float32", "double": "float64", "half": "float16", "long": "int64", "longint": "int64",
+    "int": "int32", "short": "int16", "shortint": "int16", "char": "int8", "signedchar": "int8", "byte": "uint8",
+    "unsignedchar": "uint8", "complexfloat": "complex64", "complexdouble": "complex128",
+}
+
+
+#: one rank's collectives (`rank_calls`), one row each
+CALL_SCHEMA: dict[str, pl.DataType] = {
+    "source": pl.String(), "name": pl.String(), "collective": pl.String(), "process_group": pl.String(),
+    "group_ranks": pl.String(), "group_size": pl.Int64(), "seq": pl.Int64(), "in_nelems": pl.Int64(),
+    "out_nelems": pl.Int64(), "dtype": pl.String(), "message_bytes": pl.Int64(), "ts_ns": pl.Int64(),
+    "dur_ns": pl.Int64(), "device": pl.Int64(), "stream": pl.Int64(),
+}
+
+
+def collective_type(name: str | None) -> str | None:
+    """The normalized collective of a kernel, op or annotation name; None when it names none.
+
+        ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL -> reduce_scatter     _allgather_base -> all_gather
+        gloo:all_reduce -> all_reduce                                       alltoall_base   -> all_to_all
+    """
+    if not name:
+        return None
+    low = name.lower()
+    m = re.search(r"(?:nccl|rccl)(?:dev)?kernel_([a-z]+)", low)
+    token = m.group(1) if m else re.sub(r"[^a-z]", "", low.split(":", 1)[-1])
+    return next((label for prefix, label in _TYPE_PREFIXES if token.startswith(prefix)), None)
+
+
+def canonical_dtype(dtype: str | None) -> str | None:
+    """Float / float / c10::Half / long int -> float32 / float32 / float16 / int64; None stays None."""
+    if not dtype:
+        return None
+    key = re.sub(r"[\s_]", "", dtype.lower().removeprefix("c10::"))
+    name = _DTYPE_ALIASES.get(key, key)
+    return next((c for c in ELEMENT_BYTES if c.replace("_", "") == name), name)
+
+
+def _mapped(frame: pl.DataFrame, col: str, fn: Callable[[str | None], str | None]) -> pl.Expr:
+    """`fn` applied to each distinct value of a string column (a handful per trace), as an expression."""
+    table = {v: fn(v) for v in frame[col].cast(pl.String).unique().drop_nulls().to_list()}
+    return pl.col(col).cast(pl.String).replace_strict(table, default=None, return_dtype=pl.String)
+
+
+def rank_calls(trace: Trace, *, pg_config: Mapping[str, Any] | None = None) -> pl.DataFrame:
+    """Every collective of one trace (see the module docstring), sorted by start: the CALL_SCHEMA columns.
+
+    `pg_config` (distributedInfo's, by pg_name) fills the ranks of a group that the call does not list.
+    """
+    kernels = trace.kernels.filter(pl.col("name").str.contains(COMM_KERNEL)).collect()
+    if kernels.height:
+        calls = _kernel_calls(trace, kernels)
+    else:
+        cpu = _with_seq(trace.cpu.filter(pl.col("dur_ns").is_not_null()))
+        calls = cpu.filter(pl.col("name").str.contains(COMM_ANNOTATION)).collect()
+        if calls.height == 0:
+            calls = cpu.filter((pl.col("name") == PARAM_COMMS) & pl.col("collective_name").is_not_null()).collect()
+        calls = _with_sizes(calls.with_columns(source=pl.lit("cpu"), ann_name=pl.col("name")))
+    return _finish(calls, pg_config or {})
+
+
+def _kernel_calls(trace: Trace, kernels: pl.DataFrame) -> pl.DataFrame:
+    """Kernels with their launching record_param_comms op's args and the enclosing `nccl:<op>` annotation."""
+    launches = trace.launches().select("gpu_event_id", "launch_pid", "launch_tid", "launch_ts_ns").collect()
+    linked = kernels.join(launches, left_on="event_id", right_on="gpu_event_id", how="left")
+    points = linked.select(pid="launch_pid", tid="launch_tid", ts_ns="launch_ts_ns")
+    cpu = trace.cpu.filter(pl.col("dur_ns").is_not_null())
+    op = innermost(cpu.filter(pl.col("name") == PARAM_COMMS), points)["event_id"]
+    ann = innermost(cpu.filter(pl.col("name").str.contains(COMM_ANNOTATION)), points)["event_id"]
+    arg_cols = ["collective_name", "in_msg_nelems", "out_msg_nelems", "dtype", "process_group_name",
+                "process_group_ranks", "group_size", "seq"]
+    ops = _with_seq(trace.cpu_ops.filter(pl.col("name") == PARAM_COMMS)).select("event_id", *arg_cols).collect()
+    anns = trace.cpu.filter(pl.col("name").str.contains(COMM_ANNOTATION)).select(
+        "event_id", ann_name="name", input_dims="input_dims", input_types="input_types").collect()
+    linked = (
+        _with_seq(linked.lazy()).collect()
+        .drop("input_dims", "input_types")
+        .with_columns(op_event_id=op, ann_event_id=ann)
+        .join(ops.rename({c: f"op_{c}" for c in arg_cols}), left_on="op_event_id", right_on="event_id", how="left")
+        .join(anns, left_on="ann_event_id", right_on="event_id", how="left")
+        .with_columns([pl.coalesce(c, f"op_{c}").alias(c) for c in arg_cols])
+        .with_columns(source=pl.lit("kernel"))
+    )
+    return _with_sizes(linked)
+
+
+def _with_seq(frame: pl.LazyFrame) -> pl.LazyFrame:
+    """`seq`: the c10d sequence number Kineto writes as args `Seq` (newer torch), else null."""
+    return frame.with_columns(seq=pl.col("args").str.json_path_match("$.Seq").cast(pl.Int64, strict=False))
+
+
+def _with_sizes(calls: pl.DataFrame) -> pl.DataFrame:
+    """Fill nelems and dtype from the annotation's recorded shapes where the args give none."""
+    for col in ("collective_name", "in_msg_nelems", "out_msg_nelems", "dtype", "process_group_name",
+                "process_group_ranks", "group_size", "seq", "ann_name", "input_dims", "input_types"):
+        if col not in calls.columns:
+            calls = calls.with_columns(pl.lit(None).alias(col))
+    shapes = [_shape_size(d, t) for d, t in zip(calls["input_dims"].to_list(), calls["input_types"].to_list(),
+                                                strict=True)]
+    return calls.with_columns(
+        shape_nelems=pl.Series([s[0] for s in shapes], dtype=pl.Int64),
+        shape_dtype=pl.Series([s[1] for s in shapes], dtype=pl.String),
+    )
+
+
+def _shape_size(dims: str | None, types: str | None) -> tuple[int | None, str | None]:
+    """Elements and dtype of an annotation's tensors: Input Dims [[64, 64]], Input type ["float"] -> 4096, float.
+
+    Tensors of the first tensor's dtype are summed (a coalesced call lists several); none -> (None, None).
+    """
+    import json
+
+    try:
+        shapes = json.loads(dims) if dims else []
+        kinds = json.loads(types) if types else []
+    except ValueError:
+        return None, None
+    total, dtype = None, None
+    for shape, kind in zip(shapes, kinds, strict=False):
+        if not isinstance(shape, list) or not shape or not all(isinstance(x, int) for x in shape):
+            continue
+        if dtype is None:
+            dtype = str(kind)
+        if str(kind) == dtype:
+            n = 1
+            for x in shape:
+                n *= x
+            total = (total or 0) + n
+    return total, dtype
+
+
+def _finish(calls: pl.DataFrame, pg_config: Mapping[str, Any]) -> pl.DataFrame:
+    """The CALL_SCHEMA columns of `rank_calls`, sorted by start."""
+    if calls.height == 0:
+        return pl.DataFrame(schema=CALL_SCHEMA)
+    calls = calls.with_columns(dtype=pl.coalesce(pl.col("dtype").cast(pl.String), "shape_dtype"))
+    collective = pl.coalesce(*(_mapped(calls, c, collective_type) for c in ("collective_name", "ann_name", "name")))
+    group = pl.col("process_group_name").cast(pl.String)
+    ranks_of = {str(k): v for k, v in pg_config.items()}
+    out = calls.with_columns(
+        collective=collective.fill_null("unknown"),
+        process_group=group if len(ranks_of) != 1 else group.fill_null(next(iter(ranks_of))),
+        in_nelems=pl.coalesce("in_msg_nelems", "shape_nelems").cast(pl.Int64),
+        out_nelems=pl.coalesce("out_msg_nelems", "shape_nelems").cast(pl.Int64),
+        dtype=_mapped(calls, "dtype", canonical_dtype),
+    ).with_columns(
+        group_ranks=pl.coalesce(
+            pl.col("process_group_ranks").cast(pl.String),
+            pl.col("process_group").replace_strict({k: str(v) for k, v in ranks_of.items()}, default=None,
+                                                   return_dtype=pl.String)),
+        message_bytes=pl.max_horizontal("in_nelems", "out_nelems")
+        * pl.col("dtype").replace_strict(ELEMENT_BYTES, default=None, return_dtype=pl.Int64),
+    )
+    return out.select(pl.col(c).cast(t) for c, t in CALL_SCHEMA.items()).sort("ts_ns")
+
+
+def pg_config_of(distributed: Mapping[str, Any] | None) -> dict[str, list[int]]:
+    """distributedInfo's pg_config as pg_name -> ranks (empty when the trace has none)."""
+    out: dict[str, list[int]] = {}
+    for entry in (distributed or {}).get("pg_config") or []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("ranks"), list):
+            out[str(entry.get("pg_name"))] = [int(r) for r in entry["ranks"] if isinstance(r, int)]
+    return out
+

@@ -1,0 +1,169 @@
+"""The ranks of a run, each with its collectives: what `stepscope comm` reads before it matches anything.
+
+Inputs are what `inputs.resolve` says they are (a capture run, a dataset, a directory of traces, one trace)
+or several of those. A rank comes from the capture manifest or its `rank_<N>/` directory, else the trace's
+`distributedInfo` or file name (ingest reads both). A rank's profiler windows are pooled in time order.
+
+Problems never stop the run; each becomes a warning that names what it drops:
+
+    a trace that fails to load                  -> named, left out
+    several traces and one names no rank        -> named, left out (one trace alone is rank 0)
+    traces of another world size (mixed runs)   -> named, left out (the most common world size stays)
+    two traces of one rank that overlap in time -> the second named as a duplicate, left out
+    ranks below the world size with no trace    -> listed as missing
+    a rank with no collective                   -> named
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from stepscope.analyze._comm_events import pg_config_of, rank_calls
+from stepscope.analyze.inputs import MemoryTimeline, RunDir, Snapshot, describe, resolve, traces_of
+from stepscope.analyze.trace import Trace, load
+from stepscope.errors import InputError, StepscopeError, UsageError, failure_line
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankCalls:
+    """One rank: its trace files (windows in time order), clock domain, host and collectives (CALL_SCHEMA)."""
+
+    rank: int
+    files: tuple[Path, ...]
+    clock: str
+    host: str | None
+    calls: pl.DataFrame
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCalls:
+    """The ranks kept, the world size the traces state (None when none does) and the warnings."""
+
+    ranks: tuple[RankCalls, ...]
+    world_size: int | None
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    path: Path
+    trace: Trace
+    rank: int | None
+
+
+def run_calls(paths: Sequence[str | Path], *, cache_dir: Path | None = None) -> RunCalls:
+    """Every rank of the run that `paths` name, with its collectives (see the module docstring)."""
+    warnings: list[str] = []
+    loaded = _load_all(_declared(paths), cache_dir, warnings)
+    if not loaded:
+        raise InputError("no trace could be read (see the warnings above)" if warnings else "holds no trace",
+                         path=paths[0] if len(paths) == 1 else ", ".join(map(str, paths)))
+    loaded = _ranked(loaded, warnings)
+    world, loaded = _one_world(loaded, warnings)
+    by_rank = _by_rank(loaded, warnings)
+    ranks = tuple(_rank_calls(rank, items) for rank, items in sorted(by_rank.items()))
+    if world is not None and (missing := sorted(set(range(world)) - set(by_rank))):
+        warnings.append(f"rank(s) {_list(missing)} of world size {world} have no trace: results for the rest")
+    if idle := [r.rank for r in ranks if r.calls.height == 0]:
+        warnings.append(f"rank(s) {_list(idle)} ran no collective (no NCCL/RCCL kernel, no gloo:* or "
+                        "record_param_comms op)")
+    return RunCalls(ranks=ranks, world_size=world, warnings=tuple(warnings))
+
+
+def _declared(paths: Sequence[str | Path]) -> list[tuple[Path, int | None]]:
+    """Each trace the paths hold, with the rank its capture run declares (None: the trace will say)."""
+    out: list[tuple[Path, int | None]] = []
+    for p in paths:
+        inp = resolve(p, batch=True)
+        if isinstance(inp, Snapshot | MemoryTimeline):
+            raise UsageError(f"is {describe(inp)}, not a trace: `stepscope comm` reads the traces of a run",
+                             path=inp.path)
+        if isinstance(inp, RunDir):
+            out += [(w, r.rank) for r in inp.ranks for w in r.windows]
+        else:
+            out += [(t, None) for t in traces_of(inp)]
+    return out
+
+
+def _load_all(declared: list[tuple[Path, int | None]], cache_dir: Path | None, warnings: list[str]) -> list[_Loaded]:
+    loaded = []
+    for path, rank in declared:
+        try:
+            trace = load(path, cache_dir=cache_dir)
+        except StepscopeError as exc:
+            warnings.append(f"left out: {failure_line(exc, path)}")
+            continue
+        loaded.append(_Loaded(path, trace, rank if rank is not None else trace.rank))
+    return loaded
+
+
+def _ranked(loaded: list[_Loaded], warnings: list[str]) -> list[_Loaded]:
+    """One trace without a rank is rank 0; among several, a trace without a rank is left out."""
+    if len(loaded) == 1 and loaded[0].rank is None:
+        return [_Loaded(loaded[0].path, loaded[0].trace, 0)]
+    if nameless := [x.path.name for x in loaded if x.rank is None]:
+        warnings.append(f"left out, no rank (no distributedInfo, manifest or rank in the file name): "
+                        f"{', '.join(nameless)}")
+    return [x for x in loaded if x.rank is not None]
+
+
+def _one_world(loaded: list[_Loaded], warnings: list[str]) -> tuple[int | None, list[_Loaded]]:
+    """The most common stated world size, and the traces that agree with it (or state none)."""
+    sizes = Counter(x.trace.meta.world_size for x in loaded if x.trace.meta.world_size is not None)
+    if not sizes:
+        return None, loaded
+    world = sizes.most_common(1)[0][0]
+    if other := [x for x in loaded if x.trace.meta.world_size not in (None, world)]:
+        warnings.append(f"mixed run: left out {len(other)} trace(s) of another world size than {world}: "
+                        + ", ".join(f"{x.path.name} ({x.trace.meta.world_size})" for x in other))
+    return world, [x for x in loaded if x.trace.meta.world_size in (None, world)]
+
+
+def _by_rank(loaded: list[_Loaded], warnings: list[str]) -> dict[int, list[_Loaded]]:
+    """Traces per rank in time order; one that overlaps a window already kept is a duplicate."""
+    by_rank: dict[int, list[_Loaded]] = {}
+    for x in sorted(loaded, key=lambda x: (x.rank or 0, x.trace.meta.time.first_ns or 0)):
+        if x.rank is None:  # _ranked dropped these already
+            continue
+        kept = by_rank.setdefault(x.rank, [])
+        if kept and _overlap(kept[-1].trace, x.trace):
+            warnings.append(f"duplicate rank {x.rank}: {x.path.name} overlaps {kept[-1].path.name} in time: "
+                            f"left out")
+            continue
+        kept.append(x)
+    return by_rank
+
+
+def _overlap(a: Trace, b: Trace) -> bool:
+    """Two traces of one rank that cannot be two windows of one process: other hosts, or times that overlap."""
+    if (ha := _host(a)) and (hb := _host(b)) and ha != hb:
+        return True
+    a0, a1, b0, b1 = a.meta.time.first_ns, a.meta.time.last_ns, b.meta.time.first_ns, b.meta.time.last_ns
+    if a0 is None or a1 is None or b0 is None or b1 is None:
+        return False
+    return b0 < a1 and a0 < b1
+
+
+def _host(trace: Trace) -> str | None:
+    host = trace.meta.top_level.get("host_name")
+    return host if isinstance(host, str) and host else None
+
+
+def _rank_calls(rank: int, items: list[_Loaded]) -> RankCalls:
+    """One rank's collectives over its windows. Its clock: its host and base time when the trace names its
+    host (ranks on one host read one clock), else its own."""
+    frames = [rank_calls(x.trace, pg_config=pg_config_of(x.trace.meta.distributed)) for x in items]
+    first = items[0].trace
+    host = _host(first)
+    return RankCalls(rank=rank, files=tuple(x.path for x in items),
+                     clock=f"{host}@{first.meta.base_time_ns or 0}" if host else f"rank{rank}", host=host,
+                     calls=pl.concat(frames, how="vertical").sort("ts_ns"))
+
+
+def _list(values: Sequence[int]) -> str:
+    return ", ".join(map(str, values))

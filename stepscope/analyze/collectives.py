@@ -1,0 +1,303 @@
+"""`stepscope comm`: every collective of a run, matched across ranks, on aligned clocks.
+
+Definitions are DESIGN.md's "Distributed runs"; what a collective is, its group and its size come from
+`_comm_events`, the ranks of a run from `_comm_run`.
+
+Matching: the same call on every rank of its process group. By the c10d sequence number (args `Seq`)
+where every call of the group has one; else by order within (group, collective, message size), the
+size left out for all_to_all, send/recv, gather and scatter, whose sizes differ between ranks:
+
+    rank 0: all_reduce 1 MiB, all_reduce 4 KiB, all_reduce 1 MiB     call (all_reduce, 1 MiB, #0), (…, 4 KiB, #0),
+    rank 1: all_reduce 1 MiB, all_reduce 4 KiB, all_reduce 1 MiB     (…, 1 MiB, #1): three calls of two ranks each
+
+Clocks: one offset per clock (ranks on one named host share one), chosen so that matched calls END
+together: the reference is the lowest rank's clock (offset 0); every clock that shares calls with the
+clocks aligned so far gets the median over those calls of (their median aligned end - its end); repeated
+until no clock is left that shares a call. The residual of a rank in a call is its aligned end minus the
+call's median aligned end.
+
+Per call: arrival skew = latest - earliest aligned start; latency = the shortest duration; wait of a rank =
+its duration - latency; algbw = message bytes / latency (bytes per ns = GB/s); busbw = algbw x the
+nccl-tests factor for group size n; link share = busbw / the link's GB/s. Straggler: the rank that arrives
+last in the most calls of two ranks or more (a tie in one call counts for every tied rank; a tie in the
+count goes to the rank whose late arrivals cost more), with the others' wait in those calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from stepscope.analyze._comm_run import RankCalls, RunCalls, run_calls
+
+#: collectives whose message size is the same on every rank (part of the matching key)
+SIZE_UNIFORM = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectivesResult:
+    """Matched collectives of a run: headline figures, then the tables `groups`, `calls`, `waits`, `ranks`."""
+
+    rank_count: int
+    call_count: int
+    unmatched_calls: int
+    source: str | None  # "kernel" (NCCL/RCCL kernels), "cpu" (gloo and other CPU backends), "mixed"
+    clocks: int
+    max_clock_residual_ns: int | None
+    max_skew_ns: int | None
+    total_wait_ns: int | None
+    straggler_rank: int | None
+    straggler_last_arrivals: int | None
+    straggler_wait_cost_ns: int | None
+    link_bandwidth_gbps: float | None
+    note: str | None
+    warnings: list[str] = field(default_factory=list)
+    groups: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+    calls: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+    waits: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+    ranks: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+
+
+def collectives(paths: str | Path | Sequence[str | Path], *, link_bandwidth_gbps: float | None = None,
+                cache_dir: Path | None = None) -> CollectivesResult:
+    """Every collective of the run in `paths` (a run directory, a directory of traces, a dataset, one trace or
+    several paths), matched across ranks, with aligned clocks, skew, latency, waits and bandwidth."""
+    many = [paths] if isinstance(paths, str | Path) else list(paths)
+    return analyze_run(run_calls(many, cache_dir=cache_dir), link_bandwidth_gbps=link_bandwidth_gbps)
+
+
+def analyze_run(run: RunCalls, *, link_bandwidth_gbps: float | None = None) -> CollectivesResult:
+    """The analysis of `collectives` over ranks already gathered (`_comm_run.run_calls`)."""
+    parts = match(_all_calls(run.ranks))
+    if parts.height == 0:
+        return _without_calls(run, link_bandwidth_gbps)
+    # times relative to the run's first call: a median over raw ns (~1.7e18) would lose precision in float64
+    parts = parts.with_columns(rel_ns=pl.col("ts_ns") - pl.col("ts_ns").min())
+    offsets = clock_offsets(parts)
+    parts = _aligned(parts, offsets)
+    calls = _per_call(parts, [r.rank for r in run.ranks], link_bandwidth_gbps)
+    waits = _waits(parts, calls)
+    warnings = list(run.warnings)
+    if unaligned := sorted({c for c in parts["clock"].unique().to_list() if c not in offsets}):
+        warnings.append(f"clock(s) {', '.join(unaligned)} share no collective with the others: not aligned")
+    if (n := calls.filter(pl.col("missing_ranks").list.len() > 0).height):
+        warnings.append(f"{n} call(s) not seen on every rank of their group (see missing_ranks in the calls table)")
+    straggler = _straggler(calls, waits)
+    sources = set(parts["source"].unique().to_list())
+    return CollectivesResult(
+        rank_count=len(run.ranks), call_count=calls.height,
+        unmatched_calls=calls.filter(pl.col("missing_ranks").list.len() > 0).height,
+        source=None if not sources else sources.pop() if len(sources) == 1 else "mixed",
+        clocks=parts["clock"].n_unique(),
+        max_clock_residual_ns=_max_int(waits["residual_ns"].abs()) if waits.height else None,
+        max_skew_ns=_max_int(calls["skew_ns"]), total_wait_ns=int(waits["wait_ns"].sum()) if waits.height else None,
+        straggler_rank=straggler[0], straggler_last_arrivals=straggler[1], straggler_wait_cost_ns=straggler[2],
+        link_bandwidth_gbps=link_bandwidth_gbps, note=_note(run, calls), warnings=warnings,
+        groups=_groups(calls, link_bandwidth_gbps), calls=_calls_out(calls, link_bandwidth_gbps),
+        waits=waits, ranks=_ranks(run.ranks, waits, offsets),
+    )
+
+
+def _all_calls(ranks: Sequence[RankCalls]) -> pl.DataFrame:
+    frames = [r.calls.with_columns(rank=pl.lit(r.rank, pl.Int64), clock=pl.lit(r.clock)) for r in ranks]
+    return pl.concat(frames, how="vertical")
+
+
+def _without_calls(run: RunCalls, link_bandwidth_gbps: float | None) -> CollectivesResult:
+    """The result of a run where no rank ran a collective: the ranks and the warnings, no call."""
+    ranks = pl.DataFrame({"rank": [r.rank for r in run.ranks], "host": [r.host for r in run.ranks],
+                          "traces": [len(r.files) for r in run.ranks]},
+                         schema={"rank": pl.Int64, "host": pl.String, "traces": pl.Int64})
+    return CollectivesResult(
+        rank_count=len(run.ranks), call_count=0, unmatched_calls=0, source=None, clocks=0,
+        max_clock_residual_ns=None, max_skew_ns=None, total_wait_ns=None, straggler_rank=None,
+        straggler_last_arrivals=None, straggler_wait_cost_ns=None, link_bandwidth_gbps=link_bandwidth_gbps,
+        note="no collective found: no NCCL/RCCL kernel, no gloo:* or record_param_comms op in any rank",
+        warnings=list(run.warnings), ranks=ranks)
+
+
+def match(calls: pl.DataFrame) -> pl.DataFrame:
+    """`calls` (all ranks) with `key`, the same on every rank for one call (see the module docstring)."""
+    group = pl.coalesce("process_group", "group_ranks", pl.lit("")).alias("group")
+    calls = calls.with_columns(group)
+    by_seq = calls.group_by("group").agg(all_seq=pl.col("seq").is_not_null().all())
+    size = pl.when(pl.col("collective").is_in(SIZE_UNIFORM)).then(
+        pl.coalesce(pl.col("message_bytes").cast(pl.String), pl.lit("?"))).otherwise(pl.lit("*"))
+    ordinal = pl.col("ts_ns").rank("ordinal").over("rank", "group", "collective", "size") - 1
+    return (
+        calls.join(by_seq, on="group").with_columns(size=size)
+        .with_columns(key=pl.when(pl.col("all_seq"))
+                      .then(pl.concat_str(pl.lit("seq"), "group", "collective", "seq", separator="|"))
+                      .otherwise(pl.concat_str(pl.lit("ord"), "group", "collective", "size",
+                                               ordinal.cast(pl.String), separator="|")))
+        .drop("all_seq", "size")
+    )
+
+
+def clock_offsets(parts: pl.DataFrame) -> dict[str, int]:
+    """Offset (ns) per clock that makes matched calls end together (see the module docstring)."""
+    if parts.height == 0:
+        return {}
+    ends = parts.select("key", "clock", "rank", end_ns=pl.col("rel_ns") + pl.col("dur_ns"))
+    offsets = {str(ends.sort("rank")["clock"][0]): 0}
+    while True:
+        known = pl.DataFrame({"clock": list(offsets), "off": list(offsets.values())})
+        center = (ends.join(known, on="clock").group_by("key")
+                  .agg(center=(pl.col("end_ns") + pl.col("off")).median()))
+        new = (ends.filter(~pl.col("clock").is_in(list(offsets))).join(center, on="key")
+               .group_by("clock").agg(off=(pl.col("center") - pl.col("end_ns")).median()))
+        if new.height == 0:
+            return offsets
+        offsets.update({str(c): round(o) for c, o in new.iter_rows()})
+
+
+def _aligned(parts: pl.DataFrame, offsets: dict[str, int]) -> pl.DataFrame:
+    """Aligned start and end, each rank's residual, and its wait, per (call, rank)."""
+    off = pl.col("clock").replace_strict(offsets, default=0, return_dtype=pl.Int64)
+    return (
+        parts.with_columns(offset_ns=off)
+        .with_columns(start=pl.col("rel_ns") + pl.col("offset_ns"))
+        .with_columns(end=pl.col("start") + pl.col("dur_ns"))
+        .with_columns(residual_ns=(pl.col("end") - pl.col("end").median().over("key")).round().cast(pl.Int64),
+                      latency_ns=pl.col("dur_ns").min().over("key"))
+        .with_columns(wait_ns=pl.col("dur_ns") - pl.col("latency_ns"))
+    )
+
+
+def _expected(group_ranks: str | None, present: list[int]) -> list[int]:
+    """The ranks a call should have: its group's (where the trace lists them), of those with a trace."""
+    import json
+
+    try:
+        listed = json.loads(group_ranks) if group_ranks else None
+    except ValueError:
+        listed = None
+    if isinstance(listed, list) and listed and all(isinstance(r, int) for r in listed):
+        return sorted(set(listed) & set(present))
+    return present
+
+
+def _per_call(parts: pl.DataFrame, present: list[int], link_gbps: float | None) -> pl.DataFrame:
+    """One row per call: participants, skew, latency, bytes, bandwidths, the last arrivals, and the ranks of
+    the run (`present`) that its group holds but that did not take part."""
+    first = pl.col("rank").arg_min()
+    calls = parts.sort("rank").group_by("key").agg(
+        collective=pl.col("collective").first(), process_group=pl.col("process_group").first(),
+        group_ranks=pl.col("group_ranks").drop_nulls().first(), seq=pl.col("seq").first(),
+        dtype=pl.col("dtype").get(first), message_bytes=pl.col("message_bytes").get(first),
+        group_size_arg=pl.col("group_size").drop_nulls().first(), participants=pl.col("rank"),
+        first_start=pl.col("start").min(), skew_ns=pl.col("start").max() - pl.col("start").min(),
+        latency_ns=pl.col("dur_ns").min(), max_wait_ns=pl.col("wait_ns").max(),
+        last_ranks=pl.col("rank").filter(pl.col("start") == pl.col("start").max()),
+    )
+    expected = [_expected(g, present) for g in calls["group_ranks"].to_list()]
+    calls = calls.with_columns(expected=pl.Series(expected, dtype=pl.List(pl.Int64)))
+    n = pl.coalesce("group_size_arg", pl.col("expected").list.len())
+    algbw = pl.when(pl.col("message_bytes") > 0).then(pl.col("message_bytes") / pl.col("latency_ns"))
+    calls = calls.with_columns(
+        ranks=pl.col("participants").list.len(),
+        missing_ranks=pl.col("expected").list.set_difference("participants").list.sort(),
+        skew_ns=pl.when(pl.col("participants").list.len() > 1).then("skew_ns"),
+        last_ranks=pl.when(pl.col("participants").list.len() > 1).then("last_ranks"),
+        group_size=n, algbw_gbps=algbw.fill_nan(None),
+    ).with_columns(busbw_gbps=pl.col("algbw_gbps") * bus_factor(pl.col("collective"), pl.col("group_size")))
+    calls = calls.with_columns(link_share=pl.col("busbw_gbps") / link_gbps if link_gbps else pl.lit(None))
+    origin = calls["first_start"].min()
+    return (calls.sort("first_start", "key").with_row_index("call", offset=1)
+            .with_columns(call=pl.col("call").cast(pl.Int64), start_ns=pl.col("first_start") - origin))
+
+
+def bus_factor(collective: pl.Expr, n: pl.Expr) -> pl.Expr:
+    """nccl-tests' busbw / algbw: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n;
+    broadcast, reduce, send/recv 1; null for other collectives or an unknown n."""
+    n = n.cast(pl.Float64)
+    return (pl.when(collective == "all_reduce").then(2 * (n - 1) / n)
+            .when(collective.is_in(["all_gather", "reduce_scatter", "all_to_all"])).then((n - 1) / n)
+            .when(collective.is_in(["broadcast", "reduce", "send_recv"])).then(pl.lit(1.0)))
+
+
+def _waits(parts: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    """One row per (call, rank): raw and aligned start, duration, wait, arrival order and end residual."""
+    origin = calls["first_start"].min()
+    return (
+        parts.join(calls.select("key", "call"), on="key")
+        .with_columns(arrival=pl.col("start").rank("min").over("key").cast(pl.Int64))
+        .with_columns(last=(pl.col("arrival") == pl.col("arrival").max().over("key")) & (pl.len().over("key") > 1))
+        .select("call", "rank", "collective", "ts_ns", aligned_start_ns=pl.col("start") - origin,
+                dur_ns="dur_ns", wait_ns="wait_ns", arrival="arrival", last="last", residual_ns="residual_ns")
+        .sort("call", "rank")
+    )
+
+
+def _straggler(calls: pl.DataFrame, waits: pl.DataFrame) -> tuple[int | None, int | None, int | None]:
+    """(rank, calls it arrived last in, the others' wait in those calls), or Nones without such calls. A tie
+    in last arrivals goes to the rank whose late arrivals cost the others more wait."""
+    last = calls.select("call", "last_ranks").explode("last_ranks").drop_nulls().rename({"last_ranks": "rank"})
+    if last.height == 0:
+        return None, None, None
+    others = waits.select("call", other="rank", wait_ns="wait_ns")
+    cost = (last.join(others, on="call").filter(pl.col("other") != pl.col("rank"))
+            .group_by("rank").agg(cost=pl.col("wait_ns").sum()))
+    ranked = (last.group_by("rank").agg(n=pl.len()).join(cost, on="rank", how="left")
+              .with_columns(pl.col("cost").fill_null(0))
+              .sort(["n", "cost", "rank"], descending=[True, True, False]))
+    rank, n, wait = ranked.row(0)
+    return int(rank), int(n), int(wait)
+
+
+def _groups(calls: pl.DataFrame, link_gbps: float | None) -> pl.DataFrame:
+    """Calls grouped by collective x message size (powers of 2) x dtype x group."""
+    bucket = pl.when(pl.col("message_bytes") > 0).then(
+        pl.lit(2, pl.Int64).pow(pl.col("message_bytes").log(2).floor().cast(pl.Int64))).otherwise("message_bytes")
+    timed = pl.col("algbw_gbps").is_not_null()
+    out = (calls.with_columns(size_bucket_bytes=bucket)
+           .group_by("collective", "size_bucket_bytes", "dtype", "process_group")
+           .agg(calls=pl.len(), ranks=pl.col("ranks").max(), mean_skew_ns=pl.col("skew_ns").mean(),
+                max_skew_ns=pl.col("skew_ns").max(), mean_latency_ns=pl.col("latency_ns").mean(),
+                max_wait_ns=pl.col("max_wait_ns").max(), total_message_bytes=pl.col("message_bytes").sum(),
+                algbw_gbps=pl.col("message_bytes").filter(timed).sum() / pl.col("latency_ns").filter(timed).sum(),
+                busbw_gbps=(pl.col("busbw_gbps") * pl.col("latency_ns")).filter(timed).sum()
+                / pl.col("latency_ns").filter(timed).sum())
+           .with_columns(pl.col("mean_skew_ns", "mean_latency_ns").round().cast(pl.Int64),
+                         pl.col("algbw_gbps", "busbw_gbps").fill_nan(None))
+           .sort("collective", "process_group", "size_bucket_bytes", "dtype", nulls_last=True))
+    if link_gbps:
+        out = out.with_columns(link_share=pl.col("busbw_gbps") / link_gbps)
+    return out
+
+
+def _calls_out(calls: pl.DataFrame, link_gbps: float | None) -> pl.DataFrame:
+    cols = ["call", "collective", "process_group", "seq", "ranks", "missing_ranks", "start_ns", "skew_ns",
+            "latency_ns", "max_wait_ns", "last_ranks", "message_bytes", "dtype", "group_size", "algbw_gbps",
+            "busbw_gbps"]
+    as_text = {c: pl.when(pl.col(c).list.len() > 0).then(pl.col(c).list.eval(pl.element().cast(pl.String))
+                                                        .list.join(", ")) for c in ("missing_ranks", "last_ranks")}
+    return calls.with_columns(**as_text).select(*cols, *(["link_share"] if link_gbps else []))
+
+
+def _ranks(ranks: Sequence[RankCalls], waits: pl.DataFrame, offsets: dict[str, int]) -> pl.DataFrame:
+    """One row per rank: its files, host and clock offset, collectives, time in them, wait, last arrivals."""
+    base = pl.DataFrame({
+        "rank": [r.rank for r in ranks], "host": [r.host for r in ranks], "traces": [len(r.files) for r in ranks],
+        "clock_offset_ns": [offsets.get(r.clock) for r in ranks],
+    }, schema={"rank": pl.Int64, "host": pl.String, "traces": pl.Int64, "clock_offset_ns": pl.Int64})
+    per = waits.group_by("rank").agg(
+        collectives=pl.len(), comm_ns=pl.col("dur_ns").sum(), wait_ns=pl.col("wait_ns").sum(),
+        last_arrivals=pl.col("last").sum().cast(pl.Int64),
+        max_residual_ns=pl.col("residual_ns").abs().max())
+    return base.join(per, on="rank", how="left").with_columns(pl.col("collectives").fill_null(0)).sort("rank")
+
+
+def _note(run: RunCalls, calls: pl.DataFrame) -> str | None:
+    if len(run.ranks) == 1:
+        return (f"one rank (rank {run.ranks[0].rank}): no matching across ranks is possible; its "
+                f"{calls.height} collective(s) are listed with their duration as latency")
+    return None
+
+
+def _max_int(values: pl.Series) -> int | None:
+    top = values.max()
+    return int(top) if isinstance(top, int | float) else None
