@@ -11,6 +11,7 @@ nothing; causal attention is not halved. These are torch's choices, matched so t
                  (addmm, bmm, baddbmm, matmul with broadcast batch, linear, _scaled_mm, _int_mm, mv, dot; a
                  two-operand einsum when its equation is recorded: 2 x the product of every index size)
                  aten::linear x [8, 2, 32], w [96, 32], b [96]            2*(8*2)*32*96 = 98,304 (bias: 0)
+                 (vLLM's vllm::rocm_unquantized_gemm(x, w, bias) is a linear too)
     convolution  aten::conv2d x [4, 3, 16, 16], w [8, 3, 3, 3],           out 8x8: 2*4*8*3*(3*3)*(8*8)
                  stride [2, 2], padding [1, 1], dilation [1, 1]            = 110,592
                  = 2 * N * w[0] * w[1] * prod(kernel) * prod(out spatial); the output's spatial size comes from
@@ -513,6 +514,8 @@ MODELS: dict[str, tuple[Family, Formula]] = {
     "aten::dot": ("matmul", _dot),
     "aten::_scaled_mm": ("matmul", _scaled_mm),
     "aten::einsum": ("matmul", _einsum),
+    # vLLM's ROCm linear (x, weight, bias): TraceLens models it too; the aten::addmm / mm inside count through it
+    "vllm::rocm_unquantized_gemm": ("matmul", _linear),
     **{name: ("convolution", _conv(layout)) for name, layout in _CONV_LAYOUTS.items()},
     "aten::convolution_backward": ("convolution", _conv_backward),
     "aten::convolution_backward_overrideable": ("convolution", _conv_backward),
@@ -652,13 +655,17 @@ def op_flops(source: Source) -> FlopsResult:
     frames = frames_of(source)
     trace = frames.trace
     has_concrete = "concrete_inputs" in trace.events.collect_schema().names()  # ingested before schema 2: absent
-    cpu = sort_for_nesting(
+    cpu = (
         trace.cpu_ops.filter(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())
         .select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns", "input_dims", "input_types",
                 pl.col("concrete_inputs") if has_concrete else pl.lit(None, pl.String).alias("concrete_inputs"),
                 trace_flops="flops")
         .collect()
     )
+    if frames.graph_ops.height:  # ops of graph replays, from the capture: counted once per replay
+        cpu = pl.concat([cpu, frames.graph_ops.select(cpu.columns[:-1] + ["flops"]).rename({"flops": "trace_flops"})],
+                        how="vertical_relaxed")
+    cpu = sort_for_nesting(cpu)
     shapes_recorded = bool(cpu["input_dims"].is_not_null().any()) if cpu.height else False
     models = _models(cpu)
     cpu = cpu.join(models, on=list(_SIG), how="left", nulls_equal=True, maintain_order="left")

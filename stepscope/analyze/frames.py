@@ -19,6 +19,15 @@ from stepscope.analyze.blame import innermost
 from stepscope.analyze.trace import Trace
 from stepscope.analyze.window import WindowKind
 
+#: the CPU ops a graph capture attributes to replayed kernels (`graphs.GraphMappedFrames.graph_ops`): one row per
+#: captured op per replay, under its own thread (`tid` names the replay), so nesting never mixes replays
+GRAPH_OPS_SCHEMA: dict[str, pl.DataType] = {
+    "event_id": pl.Int64(), "name": pl.String(), "kind": pl.String(), "pid": pl.String(), "tid": pl.String(),
+    "ts_ns": pl.Int64(), "dur_ns": pl.Int64(), "input_dims": pl.String(), "input_types": pl.String(),
+    "concrete_inputs": pl.String(), "flops": pl.Float64(), "capture_event_id": pl.Int64(),
+    "replay_correlation": pl.Int64(),
+}
+
 
 @dataclass(frozen=True, eq=False)
 class TraceFrames:
@@ -32,6 +41,12 @@ class TraceFrames:
         """`Trace.launches()`, collected: every GPU event with its launch call and issuing op (`ops_by_nesting`
         where the External ids do not name it)."""
         return ops_by_nesting(self.trace, self.trace.launches().collect())
+
+    @property
+    def graph_ops(self) -> pl.DataFrame:
+        """CPU ops that launched graph-replayed kernels at capture time (`GRAPH_OPS_SCHEMA`); none here: a trace
+        alone does not say them (`graphs.with_graph_capture` does, from a profile of the capture)."""
+        return pl.DataFrame(schema=GRAPH_OPS_SCHEMA)
 
     @cached_property
     def profiler_steps(self) -> pl.DataFrame:

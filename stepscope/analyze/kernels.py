@@ -22,6 +22,7 @@ import polars as pl
 
 from stepscope.analyze import intervals
 from stepscope.analyze.frames import Source, frames_of
+from stepscope.analyze.graph_capture import GRAPH_LAUNCH
 from stepscope.analyze.schema import Kind
 
 
@@ -91,7 +92,9 @@ class KernelsResult:
 
     gpu_busy_ns is the union of every kernel/memcpy/memset interval per device (overlapping streams counted
     once; `analyze.intervals`), summed over devices; a name's busy_share is its summed time over that busy
-    time (shares can add up past 100% with concurrent streams).
+    time (shares can add up past 100% with concurrent streams). `by_op`: op, count, total_ns, time_share: GPU
+    time per op that launched it (`TraceFrames.launches`; a graph-replayed kernel is `(graph replay)` unless a
+    capture profile maps it to its op, `graphs.with_graph_capture`; `(no op)` where nothing links it).
     """
 
     gpu_events: int
@@ -101,6 +104,7 @@ class KernelsResult:
     other_share: float | None
     by_category: pl.DataFrame
     by_name: pl.DataFrame
+    by_op: pl.DataFrame
 
 
 _BY_NAME_SCHEMA = {
@@ -113,7 +117,8 @@ _BY_NAME_SCHEMA = {
 def kernel_summary(source: Source, *, top: int | None = None) -> KernelsResult:
     """Time per kernel name (count, total/mean/min/max, busy share, most common grid/block, occupancy)
     and per category (count, total, time_share of all GPU event time). `top` keeps the N longest names."""
-    gpu = frames_of(source).trace.gpu.filter(pl.col("dur_ns").is_not_null()).with_columns(category=category_expr())
+    frames = frames_of(source)
+    gpu = frames.trace.gpu.filter(pl.col("dur_ns").is_not_null()).with_columns(category=category_expr())
     ends = gpu.select("device", "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
     busy = int(intervals.union_length(ends, by=["device"]).select(pl.col("length_ns").sum()).collect().item() or 0)
     by_name = (
@@ -146,4 +151,17 @@ def kernel_summary(source: Source, *, top: int | None = None) -> KernelsResult:
         other_share=(float(other[0]) if other.len() else 0.0) if total else None,
         by_category=by_category,
         by_name=by_name.head(top) if top is not None else by_name,
+        by_op=_by_op(frames.launches, total),
+    )
+
+
+def _by_op(launches: pl.DataFrame, total: int) -> pl.DataFrame:
+    """GPU time per launching op name, most first (see `KernelsResult`)."""
+    graph = pl.col("runtime_name").fill_null("").str.contains(GRAPH_LAUNCH)
+    op = pl.coalesce("op_name", pl.when(graph).then(pl.lit("(graph replay)")).otherwise(pl.lit("(no op)")))
+    return (
+        launches.filter(pl.col("dur_ns").is_not_null())
+        .group_by(op.alias("op")).agg(count=pl.len(), total_ns=pl.col("dur_ns").sum())
+        .with_columns(time_share=pl.col("total_ns") / total if total else pl.lit(None, pl.Float64))
+        .sort("total_ns", "op", descending=[True, False])
     )

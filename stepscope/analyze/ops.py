@@ -152,17 +152,18 @@ def _inside_any(
     return out
 
 
-def _cpu_events(trace: Trace) -> pl.DataFrame:
-    """The CPU-thread events that become rows (CPU_ROW_KINDS with a duration, FILTERED_NAMES dropped), in
-    nesting order, with their input_shapes key."""
-    return sort_for_nesting(
-        trace.events.filter(
-            pl.col("kind").is_in([k.value for k in CPU_ROW_KINDS]) & pl.col("dur_ns").is_not_null()
-            & pl.col("ts_ns").is_not_null() & ~pl.col("name").is_in(FILTERED_NAMES)
-        )
-        .select("event_id", "name", "kind", "pid", "tid", "ts_ns", "dur_ns", _shapes_key(), "flops")
-        .collect()
-    )
+def _cpu_events(trace: Trace, graph_ops: pl.DataFrame) -> pl.DataFrame:
+    """The CPU-thread events that become rows (CPU_ROW_KINDS with a duration, FILTERED_NAMES dropped), plus the
+    ops a graph capture attributes to replayed kernels (`TraceFrames.graph_ops`, each replay on a thread of its
+    own), in nesting order, with their input_shapes key."""
+    columns = ("event_id", "name", "kind", "pid", "tid", "ts_ns", "dur_ns", _shapes_key(), "flops")
+    events = trace.events.filter(
+        pl.col("kind").is_in([k.value for k in CPU_ROW_KINDS]) & pl.col("dur_ns").is_not_null()
+        & pl.col("ts_ns").is_not_null() & ~pl.col("name").is_in(FILTERED_NAMES)
+    ).select(*columns).collect()
+    if graph_ops.height:
+        events = pl.concat([events, graph_ops.select(*columns)], how="vertical_relaxed")
+    return sort_for_nesting(events)
 
 
 def _launched_ns(cpu: pl.DataFrame, launches: pl.DataFrame) -> np.ndarray[Any, Any]:
@@ -209,19 +210,22 @@ def op_rows(source: Source) -> pl.DataFrame:
     """
     frames = frames_of(source)
     trace = frames.trace
-    cpu = _cpu_events(trace)
+    graph_ops = frames.graph_ops
+    cpu = _cpu_events(trace, graph_ops)
     parent, _ = parent_index(cpu)
     codes = cpu["name"].rank("dense").to_numpy().astype(np.int64) if cpu.height else np.zeros(0, np.int64)
     par, removed, own_kernels, depth = collapse_repeated(parent, codes, _launched_ns(cpu, frames.launches))
     keep = ~removed
     par_kept = np.where(keep, par, -1)
 
+    # a graph-replayed op ran no CPU time and allocated nothing in this run: its capture interval only nests it
+    real = ~cpu["event_id"].is_in(graph_ops["event_id"].implode()).to_numpy()
     start = cpu["ts_ns"].to_numpy()
-    dur = cpu["dur_ns"].to_numpy().astype(np.int64)
+    dur = np.where(real, cpu["dur_ns"].to_numpy().astype(np.int64), 0)
     end = start + dur
     mem_ts, mem = _memory_bytes(trace)
-    cpu_mem = _interval_sums(mem_ts, mem["cpu_bytes"], start, end)
-    dev_mem = _interval_sums(mem_ts, mem["device_bytes"], start, end)
+    cpu_mem = np.where(real, _interval_sums(mem_ts, mem["cpu_bytes"], start, end), 0)
+    dev_mem = np.where(real, _interval_sums(mem_ts, mem["device_bytes"], start, end), 0)
     device_total = subtree_sum(par_kept, depth, np.where(keep, own_kernels, 0))
 
     event_ids = cpu["event_id"].to_numpy()
@@ -236,7 +240,7 @@ def op_rows(source: Source) -> pl.DataFrame:
         self_device_mem_bytes=pl.Series(dev_mem - children_sum(par, dev_mem, keep)),
         parent_event_id=pl.Series(np.where(par >= 0, event_ids[np.maximum(par, 0)], -1)).replace(-1, None),
     ).filter(pl.Series(keep))
-    unclaimed = mem.filter(pl.Series(~_inside_any(mem_ts, start, end)))
+    unclaimed = mem.filter(pl.Series(~_inside_any(mem_ts, start[real], end[real])))
     return pl.concat([cpu_rows, _memory_rows(unclaimed), _device_rows(trace)], how="vertical_relaxed")
 
 

@@ -43,6 +43,36 @@ def format_options(func: F) -> F:
     return func
 
 
+def graph_capture_option(func: F) -> F:
+    """--graph-capture FILE: a profile of the CUDA/HIP graph capture, which maps graph-replayed kernels to ops."""
+    return click.option(
+        "--graph-capture", "graph_capture", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help="A profile of the CUDA/HIP graph capture (a trace recorded while the graphs were captured): replayed "
+             "kernels are attributed to the ops that launched them at capture time. Default: a capture_traces/ "
+             "or *graph_capture* trace in TRACE's run directory, if any.",
+    )(func)
+
+
+def load_run(trace: Path, graph_capture: Path | None) -> tuple[Any, str | None]:
+    """The frames to analyse (`analyze.graphs.load_replayed`: replayed kernels mapped through the capture profile
+    given or found beside the trace) and the line that says which capture, if any (`capture_note`)."""
+    from stepscope.analyze.graphs import capture_line, load_replayed
+
+    frames, choice = load_replayed(trace, graph_capture)
+    return frames, capture_line(choice, frames)
+
+
+def capture_note(line: str | None, fmt: OutputFormat) -> str:
+    """The capture line as the first line of table output; for JSON / CSV it goes to stderr instead ('')."""
+    if line is None:
+        return ""
+    if fmt == "table":
+        return line + "\n"
+    click.echo(line, err=True)
+    return ""
+
+
 def resolve_format(fmt: str | None, as_json: bool, as_csv: bool, table: str | None = None) -> OutputFormat:
     """Combine --format/--json/--csv (and --table, CSV only); conflicting choices are a usage error, never
     silently resolved."""

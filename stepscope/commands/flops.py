@@ -7,7 +7,16 @@ from pathlib import Path
 import click
 
 from stepscope.analyze.vocab import DTYPES, Dtype
-from stepscope.commands._options import emit, emit_result, format_options, resolve_format, trace_argument
+from stepscope.commands._options import (
+    capture_note,
+    emit,
+    emit_result,
+    format_options,
+    graph_capture_option,
+    load_run,
+    resolve_format,
+    trace_argument,
+)
 
 #: --by -> the tables shown in a terminal (JSON always holds every table)
 _VIEWS = {"op": ("ops", "handoff"), "family": ("families",), "step": ("steps",)}
@@ -24,20 +33,24 @@ _VIEWS = {"op": ("ops", "handoff"), "family": ("families",), "step": ("steps",)}
               help="The device's memory bandwidth in GB/s (default: the device table).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=None,
               help="The dtype MFU is measured at (default: the one holding most FLOPs).")
+@graph_capture_option
 @format_options
 def command(trace: Path, by: str | None, peak_tflops: float | None, peak_bandwidth: float | None, dtype: Dtype | None,
-            fmt: str | None, as_json: bool, as_csv: bool, table: str | None, output: Path | None) -> None:
+            graph_capture: Path | None, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
+            output: Path | None) -> None:
     """FLOPs and bytes of every op with a FLOP model (from its recorded shapes: profile with
     record_shapes=True), its kernels' GPU time, achieved TFLOP/s and GB/s, arithmetic intensity and share of
     the roofline (peaks from the device table, or --peak-tflops / --peak-bandwidth), MFU per step, and the
-    `ncu` command for the kernels furthest below their roofline."""
-    from stepscope.analyze import load
+    `ncu` command for the kernels furthest below their roofline. With --graph-capture, the ops of graph
+    replays count once per replay, with their shapes at capture time."""
     from stepscope.analyze.roofline import roofline
     from stepscope.reports.text import render_frame, render_headline, result_headline
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
-    result = roofline(load(trace), peak_tflops=peak_tflops, peak_bandwidth_gbps=peak_bandwidth, dtype=dtype)
+    source, line = load_run(trace, graph_capture)
+    result = roofline(source, peak_tflops=peak_tflops, peak_bandwidth_gbps=peak_bandwidth, dtype=dtype)
+    note = capture_note(line, out_fmt)
     if out_fmt == "table":
-        parts = [render_headline(result_headline(result))]
+        parts = [note + render_headline(result_headline(result))]
         parts += [render_frame(getattr(result, name), title=f"\n{name}:", max_rows=40 if by in (None, "op") else None)
                   for name in _VIEWS[by or "op"] if getattr(result, name).height or name != "handoff"]
         emit("\n".join(parts) + "\n", output)

@@ -1,0 +1,64 @@
+"""`stepscope graphs` and `--graph-capture` on ops / flops / kernels, end to end with click's CliRunner.
+
+GIVEN a graph-replayed run and a profile of its graph capture (given, or lying in the run directory's
+capture_traces/) THEN `graphs` lists the graph, its replays and how many replayed kernels map to ops, and ops /
+flops / kernels attribute the replayed kernels to those ops, saying which capture they used.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builders import write_trace
+from click.testing import CliRunner
+from graph_traces import MM_FLOPS, full_graph_capture, full_graph_run
+
+from stepscope.cli import cli
+
+
+def run_dir(tmp_path: Path) -> tuple[Path, Path, Path]:
+    run = write_trace(tmp_path / "run", full_graph_run(), "graph_execution.json")
+    capture = write_trace(tmp_path / "run" / "capture_traces", full_graph_capture(), "rank_0.pt.trace.json")
+    return tmp_path / "run", run, capture
+
+
+def test_graphs_finds_the_capture_in_the_run_directory_and_says_so(tmp_path: Path) -> None:
+    directory, _, _ = run_dir(tmp_path)
+    out = CliRunner().invoke(cli, ["graphs", str(directory)])
+    assert out.exit_code == 0, out.output
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("graph capture:") and "found in the run directory" in first and "6 of 6" in first
+    assert "serve.py(10): decode" in out.stdout and "aten::mm" in out.stdout
+
+
+def test_graphs_json_without_a_capture(tmp_path: Path) -> None:
+    _, run, _ = run_dir(tmp_path)
+    out = CliRunner().invoke(cli, ["graphs", str(run), "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert (data["graph_launches"], data["graph_count"], data["replayed_kernels"]) == (3, 1, 6)
+    assert data["mapped_kernels"] is None and len(data["replays"]) == 3
+
+
+def test_ops_flops_kernels_take_the_graph_capture(tmp_path: Path) -> None:
+    _, run, capture = run_dir(tmp_path)
+    runner = CliRunner()
+    ops = runner.invoke(cli, ["ops", str(run), "--graph-capture", str(capture), "--kind", "cpu_op"])
+    assert ops.exit_code == 0, ops.output
+    assert ops.stdout.startswith("graph capture:") and "aten::mm" in ops.stdout
+    flops = runner.invoke(cli, ["flops", str(run), "--graph-capture", str(capture), "--json"])
+    assert flops.exit_code == 0, flops.output
+    assert json.loads(flops.stdout)["model_flops"] == 3 * MM_FLOPS
+    assert "graph capture:" in flops.stderr  # JSON stays clean; the line goes to stderr
+    kernels = runner.invoke(cli, ["kernels", str(run), "--graph-capture", str(capture), "--json"])
+    by_op = {r["op"]: r["count"] for r in json.loads(kernels.stdout)["by_op"]}
+    assert by_op == {"aten::mm": 3, "aten::relu": 3}
+    plain = runner.invoke(cli, ["kernels", str(run), "--json"])
+    assert {r["op"] for r in json.loads(plain.stdout)["by_op"]} == {"(graph replay)"}
+
+
+def test_a_missing_capture_file_is_a_usage_error(tmp_path: Path) -> None:
+    _, run, _ = run_dir(tmp_path)
+    out = CliRunner().invoke(cli, ["graphs", str(run), "--graph-capture", str(tmp_path / "nope.json")])
+    assert out.exit_code == 2 and "nope.json" in out.output
