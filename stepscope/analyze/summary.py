@@ -1,32 +1,27 @@
 """`stepscope summary`: one verdict on what bounds the training loop, per step and overall, with evidence.
 
 The verdict comes from an ordered rule table, `RULES` (first rule whose condition holds wins), in the
-spirit of Nsight Systems' expert rules and the TensorBoard plugin's advice. Fractions are of the step's
-wall time (tb_plugin's step window, see `stepscope.analyze.steps`), summed over steps for the overall
-verdict (over the GPU span when the trace has no ProfilerStep):
-
-1. no_gpu              the trace holds no GPU kernel, memcpy or memset
-2. data_loading_bound  data loading the GPU does not hide >= 10% of the step (tb_plugin advises from 5%)
-3. sync_bound          the GPU sits idle behind host syncs (`stepscope gaps` cause host_sync) >= 10% of the
-                       step, or synchronizing calls (`blame.is_sync_runtime`, as in `stepscope overlap`:
-                       *Synchronize, blocking cudaMemcpy / hipMemcpyWithStream) take >= 10% of the step on
-                       the CPU while the GPU is busy < 60% (a sync while the GPU is busy only waits for work
-                       that had to run anyway)
-4. transfer_bound      memcpy GPU time >= 10% of the step, or pageable memcpy >= 5%, or the GPU sits idle
-                       waiting for host copies (gaps cause memcpy_wait) >= 10%
-5. launch_bound        the GPU is busy < 60% of the step (the CPU cannot feed it: launch overhead, Python,
-                       tiny kernels; launch_idle_fraction and tiny_kernel_fraction tell which)
-6. gpu_bound           otherwise: the GPU is busy most of the step; speed up the kernels themselves
+spirit of Nsight Systems' expert rules and the TensorBoard plugin's advice; `rules_markdown` renders it for the
+README and the HTML report shows the same rows. Fractions are of the step's wall time (tb_plugin's step window,
+see `stepscope.analyze.steps`), summed over steps for the overall verdict (over the GPU span when the trace has
+no ProfilerStep). Data loading comes first: a loop that waits for data is data-loading-bound with or without a
+GPU (a CPU-only capture of such a loop should say so, not just "no GPU"), with advice that fits each. A sync
+counts while the GPU is busy < 60% only: a sync while the GPU is busy only waits for work that had to run anyway.
+A figure the trace cannot give (None: no GPU work, an empty window) never passes a test.
 
 Before/after: a 100 ms step with 30 ms of exposed data loading and 40 ms GPU busy is data_loading_bound
-(rule 2 comes before rule 5); with 5 ms of data loading it is launch_bound.
+(data loading comes before launch_bound); with 5 ms of data loading it is launch_bound.
+
+How close the call was: `decision_margin` is the nearest threshold one figure could cross alone to change the
+verdict (GPU busy 59.6% is launch_bound, 0.4 points from gpu_bound), and `runner_up` the rule that decides next.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import polars as pl
 
@@ -60,65 +55,195 @@ class Verdict(enum.Enum):
     GPU_BOUND = "gpu_bound"
 
 
+Evidence = dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class Test:
+    """`evidence[key] < threshold` or `>= threshold`; an unknown figure (None, or absent) passes neither."""
+
+    key: str
+    op: Literal["<", ">="]
+    threshold: float
+
+    def holds(self, evidence: Evidence) -> bool:
+        value = evidence.get(self.key)
+        if value is None:
+            return False
+        return value < self.threshold if self.op == "<" else value >= self.threshold
+
+
+def _below(key: str, threshold: float) -> Test:
+    return Test(key, "<", threshold)
+
+
+def _at_least(key: str, threshold: float) -> Test:
+    return Test(key, ">=", threshold)
+
+
+NO_GPU_WORK = _below("gpu_events", 1)
+GPU_WORK = _at_least("gpu_events", 1)
+
+
 @dataclass(frozen=True)
 class Rule:
-    """One row of the rule table: when `condition(evidence)` holds, the verdict is `verdict`."""
+    """One row of the rule table: the verdict is `verdict` when every test of one of the groups `any_of` holds
+    (`when` says so in words)."""
 
     verdict: Verdict
-    condition: Callable[[dict[str, float | None]], bool]
+    any_of: tuple[tuple[Test, ...], ...]
     when: str
     advice: str
 
+    def condition(self, evidence: Evidence) -> bool:
+        """Whether this rule holds for `evidence` (regardless of the rules before it)."""
+        return any(all(t.holds(evidence) for t in group) for group in self.any_of)
 
-def _f(e: dict[str, float | None], key: str) -> float:
-    v = e.get(key)
-    return float(v) if v is not None else 0.0
 
+_LOADER_ADVICE = ("Load data in parallel: DataLoader(num_workers>0, {}persistent_workers=True, prefetch_factor), "
+                  "and move decoding/augmentation off the training process.")
 
-# Data loading comes first: a loop that waits for data is data-loading-bound with or without a GPU (a CPU-only
-# capture of such a loop should say so, not just "no GPU").
 RULES: tuple[Rule, ...] = (
-    Rule(Verdict.DATA_LOADING_BOUND, lambda e: _f(e, "data_loading_fraction") >= DATA_LOADING_MIN,
+    # without a GPU there is nothing to pin memory for: the same verdict, advice without pin_memory
+    Rule(Verdict.DATA_LOADING_BOUND, ((_at_least("data_loading_fraction", DATA_LOADING_MIN), NO_GPU_WORK),),
+         f"exposed data loading >= {DATA_LOADING_MIN:.0%} of the step, no GPU work in the trace",
+         _LOADER_ADVICE.format("")),
+    Rule(Verdict.DATA_LOADING_BOUND, ((_at_least("data_loading_fraction", DATA_LOADING_MIN),),),
          f"exposed data loading >= {DATA_LOADING_MIN:.0%} of the step",
-         "Load data in parallel: DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, "
-         "prefetch_factor), and move decoding/augmentation off the training process."),
-    Rule(Verdict.NO_GPU, lambda e: _f(e, "gpu_events") == 0, "no GPU work in the trace",
+         _LOADER_ADVICE.format("pin_memory=True, ")),
+    Rule(Verdict.NO_GPU, ((NO_GPU_WORK,),), "no GPU work in the trace",
          "No GPU kernel, memcpy or memset was recorded: a CPU-only run, or GPU activity was not captured "
          "(add ProfilerActivity.CUDA). See `stepscope ops` for where the CPU time goes."),
-    Rule(Verdict.SYNC_BOUND, lambda e: _f(e, "sync_idle_fraction") >= SYNC_MIN
-         or (_f(e, "sync_fraction") >= SYNC_MIN and _f(e, "gpu_busy_fraction") < GPU_BUSY_MIN),
-         f"GPU idle behind host syncs >= {SYNC_MIN:.0%} of the step, or synchronizing calls >= {SYNC_MIN:.0%} "
-         f"while the GPU is busy < {GPU_BUSY_MIN:.0%}",
+    Rule(Verdict.SYNC_BOUND, ((_at_least("sync_idle_fraction", SYNC_MIN),),
+                              (_at_least("sync_fraction", SYNC_MIN), _below("gpu_busy_fraction", GPU_BUSY_MIN))),
+         f"GPU idle behind host syncs >= {SYNC_MIN:.0%}, or sync calls >= {SYNC_MIN:.0%} "
+         f"with GPU busy < {GPU_BUSY_MIN:.0%}",
          "Remove host syncs from the loop: .item(), .cpu(), print(tensor), torch.cuda.synchronize(), "
          "blocking copies; log metrics every N steps."),
-    Rule(Verdict.TRANSFER_BOUND, lambda e: _f(e, "memcpy_fraction") >= MEMCPY_MIN
-         or _f(e, "pageable_memcpy_fraction") >= PAGEABLE_MIN or _f(e, "memcpy_idle_fraction") >= MEMCPY_MIN,
-         f"memcpy >= {MEMCPY_MIN:.0%} of the step, pageable memcpy >= {PAGEABLE_MIN:.0%}, or GPU idle waiting "
-         f"for copies >= {MEMCPY_MIN:.0%}",
+    Rule(Verdict.TRANSFER_BOUND, ((_at_least("memcpy_fraction", MEMCPY_MIN),),
+                                  (_at_least("pageable_memcpy_fraction", PAGEABLE_MIN),),
+                                  (_at_least("memcpy_idle_fraction", MEMCPY_MIN),)),
+         f"memcpy >= {MEMCPY_MIN:.0%}, pageable memcpy >= {PAGEABLE_MIN:.0%}, or GPU idle waiting for copies "
+         f">= {MEMCPY_MIN:.0%}",
          "Pin host memory (pin_memory=True) and copy with non_blocking=True; keep tensors on the GPU "
          "between steps."),
-    Rule(Verdict.LAUNCH_BOUND, lambda e: _f(e, "gpu_busy_fraction") < GPU_BUSY_MIN,
+    Rule(Verdict.LAUNCH_BOUND, ((_below("gpu_busy_fraction", GPU_BUSY_MIN),),),
          f"GPU busy < {GPU_BUSY_MIN:.0%} of the step",
          "The CPU cannot keep the GPU fed: fuse small ops (torch.compile), use CUDA graphs, larger batches; "
          "see tiny_kernel_fraction and the top ops by launches."),
-    Rule(Verdict.GPU_BOUND, lambda e: True, "otherwise",
+    Rule(Verdict.GPU_BOUND, ((GPU_WORK,),), "otherwise, with GPU work in the trace",
          "The GPU is busy: speed up the longest kernels (mixed precision, channels_last, better algorithms)."),
 )
 
+#: what each figure a rule tests is called in a margin ("GPU busy 59.6% < 60%")
+FIGURE_NAMES = {
+    "gpu_busy_fraction": "GPU busy", "data_loading_fraction": "exposed data loading", "sync_fraction": "sync calls",
+    "memcpy_fraction": "memcpy", "pageable_memcpy_fraction": "pageable memcpy",
+    "sync_idle_fraction": "GPU idle behind host syncs", "memcpy_idle_fraction": "GPU idle waiting for copies",
+}
 
-def decide(evidence: dict[str, float | None]) -> Rule:
-    """The first rule of `RULES` whose condition holds for `evidence`."""
+
+def decide(evidence: Evidence) -> Rule:
+    """The first rule of `RULES` whose condition holds for `evidence` (one always does where `gpu_events` is
+    known: no_gpu or gpu_bound)."""
     return next(r for r in RULES if r.condition(evidence))
 
 
 @dataclass(frozen=True, kw_only=True)
+class Margin:
+    """How close the call was: the figure nearest to a threshold whose crossing alone changes the verdict, the
+    threshold, the distance between them (in fraction points), and the verdict past the threshold.
+
+    GPU busy 59.6% with nothing else near a threshold: figure gpu_busy_fraction, value 0.596, threshold 0.60,
+    margin 0.004, towards gpu_bound; text "GPU busy 59.6% < 60%: 0.4 points from gpu_bound"."""
+
+    figure: str
+    value_fraction: float
+    threshold_fraction: float
+    margin_fraction: float
+    towards: Verdict
+    text: str
+
+
+def _margin_text(figure: str, value: float, threshold: float, towards: Verdict) -> str:
+    distance = abs(value - threshold)
+    digits = 1 if distance >= 0.001 else 2  # 59.96% is not "60.0% < 60%"
+    side = "<" if value < threshold else ">="
+    return (f"{FIGURE_NAMES.get(figure, figure)} {value:.{digits}%} {side} {threshold:.0%}: "
+            f"{100 * distance:.{digits}f} points from {towards.value}")
+
+
+def _flips(evidence: Evidence) -> list[tuple[Margin, Rule]]:
+    """Each threshold a fraction of `evidence` could cross alone to change the verdict, with the rule that would
+    decide past it; nearest first, relative to the threshold (0.4 points from 60% is nearer than 0.4 points from
+    5%, and a figure at 0 is as far as can be from any), ties in table order. Counts (gpu_events) are not a
+    matter of degree."""
+    decided = decide(evidence).verdict
+    seen: set[tuple[str, float]] = set()
+    out = []
+    for test in (t for rule in RULES for group in rule.any_of for t in group):
+        value = evidence.get(test.key)
+        if not test.key.endswith("_fraction") or value is None or (test.key, test.threshold) in seen:
+            continue
+        seen.add((test.key, test.threshold))
+        # just across the threshold: tests are `< t` or `>= t`, so t itself and the float below it differ
+        across = test.threshold if value < test.threshold else math.nextafter(test.threshold, -math.inf)
+        rule = decide({**evidence, test.key: across})
+        if rule.verdict is not decided:
+            out.append((Margin(figure=test.key, value_fraction=value, threshold_fraction=test.threshold,
+                               margin_fraction=abs(value - test.threshold), towards=rule.verdict,
+                               text=_margin_text(test.key, value, test.threshold, rule.verdict)), rule))
+    return sorted(out, key=lambda f: f[0].margin_fraction / f[0].threshold_fraction)
+
+
+def decision_margin(evidence: Evidence) -> Margin | None:
+    """The nearest threshold (relative to itself) that one figure could cross alone to change the verdict (None
+    where no figure can: a CPU-only trace without data loading figures).
+
+    Before/after: GPU busy 59.6%, nothing else near a threshold: launch_bound, "GPU busy 59.6% < 60%: 0.4 points
+    from gpu_bound"; GPU busy 30% with exposed data loading 9.8%: still launch_bound, but "exposed data loading
+    9.8% < 10%: 0.2 points from data_loading_bound"."""
+    flips = _flips(evidence)
+    return flips[0][0] if flips else None
+
+
+def runner_up(evidence: Evidence) -> Rule | None:
+    """The rule that would decide next: the first rule after the deciding one, of another verdict, whose condition
+    also holds; where none does (gpu_bound, no_gpu), the rule that decides past the nearest threshold
+    (`decision_margin`): the one that would have decided had the verdict's own condition not held."""
+    decided = decide(evidence)
+    after = RULES[RULES.index(decided) + 1:]
+    nxt = next((r for r in after if r.verdict is not decided.verdict and r.condition(evidence)), None)
+    if nxt is not None:
+        return nxt
+    flips = _flips(evidence)
+    return flips[0][1] if flips else None
+
+
+def rules_markdown() -> str:
+    """`RULES` as a Markdown table (order, verdict, when, advice): the README's copy between its
+    `<!-- verdict-rules:start -->` and `<!-- verdict-rules:end -->` lines, which a test keeps equal to this."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| # | verdict | when | advice |", "|---|---|---|---|"]
+    lines += [f"| {i} | `{r.verdict.value}` | {cell(r.when)} | {cell(r.advice)} |" for i, r in enumerate(RULES, 1)]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, kw_only=True)
 class SummaryResult:
-    """Overall verdict and advice, the evidence behind it, per-step verdicts and the top places to look, and
-    the trace's warnings (`info.trace_warnings`: missing timestamps, negative durations …) that qualify it."""
+    """Overall verdict and advice, how close the call was (`margin`, `decision_margin`) and the rule that would
+    decide next (`runner_up`, its `when` as `runner_up_reason`), the evidence behind it, per-step verdicts (with
+    their runner-up and margin) and the top places to look, the rule table as applied (`rules`: holds, matched,
+    runner_up), and the trace's warnings (`info.trace_warnings`: missing timestamps, negative durations …)."""
 
     verdict: Verdict
     reason: str
     advice: str
+    margin: Margin | None
+    runner_up: Verdict | None
+    runner_up_reason: str | None
     steps_found: int
     wall_ns: int
     gpu_busy_fraction: float | None
@@ -185,7 +310,7 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
 
 
 def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy: int, pageable: int,
-              tiny: int, kernels: int, idle: dict[str, int]) -> dict[str, float | None]:
+              tiny: int, kernels: int, idle: dict[str, int]) -> Evidence:
     def frac(x: int) -> float | None:
         return x / wall if wall else None
 
@@ -294,10 +419,13 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
             idle = _idle(idle_by_step.filter(pl.col("step") == r["step"]))
             ev = _evidence(r["wall_ns"], gpu_events, r["gpu_busy_ns"], r["data_loading_exposed_ns"], r["sync_ns"],
                            r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"], idle)
-            rule = decide(ev)
-            rows.append({"step": r["step"], "verdict": rule.verdict.value, "wall_ns": r["wall_ns"],
+            rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
+            rows.append({"step": r["step"], "verdict": rule.verdict.value,
+                         "runner_up": second.verdict.value if second else None,
+                         "margin_fraction": close.margin_fraction if close else None,
+                         "margin": close.text if close else None, "wall_ns": r["wall_ns"],
                          **{k: v for k, v in ev.items() if k != "gpu_events"}})
-        per_step = pl.DataFrame(rows)
+        per_step = pl.DataFrame(rows, infer_schema_length=None)
         tot = per.select(pl.col("wall_ns", "gpu_busy_ns", "data_loading_exposed_ns", "sync_ns", "memcpy_ns",
                                 "pageable_ns", "tiny", "kernels").sum()).row(0, named=True)
         calls = int(per["sync_calls"].sum())
@@ -317,11 +445,13 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                        int(memcpy["dur_ns"].sum() or 0),
                        int(memcpy.filter(pl.col("name").str.contains("Pageable"))["dur_ns"].sum() or 0),
                        int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle)
-    rule = decide(ev)
-    rules = pl.DataFrame([{"order": i + 1, "verdict": r.verdict.value, "when": r.when,
-                           "matched": r is rule} for i, r in enumerate(RULES)])
+    rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
+    rules = pl.DataFrame([{"order": i + 1, "verdict": r.verdict.value, "when": r.when, "holds": r.condition(ev),
+                           "matched": r is rule, "runner_up": r is second} for i, r in enumerate(RULES)])
     return SummaryResult(
-        verdict=rule.verdict, reason=rule.when, advice=rule.advice, steps_found=br.steps_found,
+        verdict=rule.verdict, reason=rule.when, advice=rule.advice, margin=close,
+        runner_up=second.verdict if second else None, runner_up_reason=second.when if second else None,
+        steps_found=br.steps_found,
         wall_ns=wall,
         gpu_busy_fraction=ev["gpu_busy_fraction"], data_loading_fraction=ev["data_loading_fraction"],
         sync_fraction=ev["sync_fraction"], memcpy_fraction=ev["memcpy_fraction"],

@@ -8,10 +8,11 @@ from stepscope.reports.units import human_fraction, human_ns
 
 
 def render_summary(result: SummaryResult) -> str:
-    """Verdict block, the trace's warnings (if any), evidence lines, per-step verdict counts, and the top
-    places as a table."""
+    """Verdict block (verdict, margin, runner-up, advice), the trace's warnings (if any), evidence lines, per-step
+    verdict counts and the closest per-step call, and the top places as a table."""
     lines = [
         f"verdict: {result.verdict.value}  ({result.reason})",
+        *_close_call_lines(result),
         f"advice:  {result.advice}",
         "",
         *_warning_lines(result),
@@ -41,12 +42,26 @@ def render_summary(result: SummaryResult) -> str:
     if result.per_step.height:
         counts = result.per_step.group_by("verdict").len().sort("len", descending=True)
         lines.append("per step: " + ", ".join(f"{v} ×{n}" for v, n in counts.iter_rows()))
+        closest = result.per_step.drop_nulls("margin_fraction").sort("margin_fraction", "step").head(1)
+        if closest.height:
+            row = closest.row(0, named=True)
+            lines.append(f"closest step: {row['step']} ({row['verdict']}), {row['margin']}")
     lines.append("")
     if result.places.height:
         lines.append(render_frame(result.places, title="where to look").rstrip("\n"))
     if result.profile_next:
         lines += ["", f"profile next: {result.profile_next}"]
     return "\n".join(lines) + "\n"
+
+
+def _close_call_lines(result: SummaryResult) -> list[str]:
+    """How close the call was and the rule that would decide next, under the verdict they qualify."""
+    lines = []
+    if result.margin is not None:
+        lines.append(f"margin:  {result.margin.text}")
+    if result.runner_up is not None:
+        lines.append(f"runner-up: {result.runner_up.value}  ({result.runner_up_reason})")
+    return lines
 
 
 def _warning_lines(result: SummaryResult) -> list[str]:

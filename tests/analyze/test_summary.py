@@ -12,7 +12,16 @@ from stepscope.analyze import load
 from stepscope.analyze.gaps import gpu_gaps
 from stepscope.analyze.info import trace_warnings
 from stepscope.analyze.steps import step_breakdown
-from stepscope.analyze.summary import RULES, SummaryResult, Verdict, verdict
+from stepscope.analyze.summary import (
+    RULES,
+    SummaryResult,
+    Verdict,
+    decide,
+    decision_margin,
+    rules_markdown,
+    runner_up,
+    verdict,
+)
 
 FALLBACKS = {Verdict.LAUNCH_BOUND, Verdict.GPU_BOUND}  # broad rules that also hold under a specific one
 
@@ -149,3 +158,108 @@ def test_the_verdict_carries_the_traces_warnings(tmp_path: Path) -> None:
     r = verdict(t)
     # THEN the warnings are info's, on the same trace
     assert r.warnings.equals(trace_warnings(t)) and r.warnings["code"].to_list() == ["negative_durations"]
+
+
+# ------------------------------------------------------------------------------------ advice, margin, README
+def _gpu_evidence(**figures: float) -> dict[str, float | None]:
+    """A GPU trace's evidence with every figure far from its threshold, but for `figures`."""
+    return {"gpu_events": 10.0, "gpu_busy_fraction": 0.9, "data_loading_fraction": 0.0, "sync_fraction": 0.0,
+            "memcpy_fraction": 0.0, "pageable_memcpy_fraction": 0.0, "sync_idle_fraction": 0.0,
+            "memcpy_idle_fraction": 0.0, "launch_idle_fraction": 0.0, "tiny_kernel_fraction": 0.0, **figures}
+
+
+def test_cpu_only_data_loading_keeps_the_verdict_without_pin_memory_advice() -> None:
+    # GIVEN a CPU-only capture (no GPU work) that waits for data 30% of the step, and the same on a GPU
+    cpu_only: dict[str, float | None] = {"gpu_events": 0.0, "data_loading_fraction": 0.3, "sync_fraction": 0.0}
+    # WHEN the rule table decides
+    rule, gpu_rule = decide(cpu_only), decide(_gpu_evidence(data_loading_fraction=0.3, gpu_busy_fraction=0.7))
+    # THEN both are data-loading-bound; only the GPU one is told to pin memory, both to load in parallel
+    assert rule.verdict is gpu_rule.verdict is Verdict.DATA_LOADING_BOUND
+    assert "pin_memory" not in rule.advice and "pin_memory=True" in gpu_rule.advice
+    for word in ("num_workers>0", "persistent_workers=True", "prefetch_factor"):
+        assert word in rule.advice and word in gpu_rule.advice
+    # AND what would decide without the data loading is no_gpu, 20 points away
+    second, close = runner_up(cpu_only), decision_margin(cpu_only)
+    assert second is not None and second.verdict is Verdict.NO_GPU
+    assert close is not None and close.text == "exposed data loading 30.0% >= 10%: 20.0 points from no_gpu"
+
+
+def test_cpu_only_trace_waiting_for_data(tmp_path: Path) -> None:
+    # GIVEN a CPU-only step that spends 30 of its 100 µs in the DataLoader
+    events = [step(1, ts=0, dur=100), annotation("enumerate(DataLoader)#It.__next__", 0, 30),
+              cpu_op("aten::add", ts=40, dur=50)]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    # THEN it is data-loading-bound, with advice that fits a run without a GPU
+    assert r.verdict is Verdict.DATA_LOADING_BOUND and "pin_memory" not in r.advice
+    assert r.runner_up is Verdict.NO_GPU and r.per_step["runner_up"].to_list() == ["no_gpu"]
+
+
+def test_a_near_call_says_how_near_and_what_came_second() -> None:
+    # GIVEN GPU busy 59.6% with every other figure far from its threshold
+    ev = _gpu_evidence(gpu_busy_fraction=0.596)
+    # WHEN the rule table decides
+    close, second = decision_margin(ev), runner_up(ev)
+    # THEN launch_bound, 0.4 points from gpu_bound, which is also the runner-up
+    assert decide(ev).verdict is Verdict.LAUNCH_BOUND
+    assert close is not None and second is not None
+    assert (close.figure, close.threshold_fraction, close.towards) == ("gpu_busy_fraction", 0.6, Verdict.GPU_BOUND)
+    assert close.margin_fraction == pytest.approx(0.004)
+    assert close.text == "GPU busy 59.6% < 60%: 0.4 points from gpu_bound"
+    assert second.verdict is Verdict.GPU_BOUND
+
+
+def test_the_margin_is_the_nearest_threshold_whatever_the_rule() -> None:
+    # GIVEN launch_bound by far (GPU busy 30%) but exposed data loading just under its 10%
+    ev = _gpu_evidence(gpu_busy_fraction=0.3, data_loading_fraction=0.098)
+    close, second = decision_margin(ev), runner_up(ev)
+    # THEN the margin is the data loading's 0.2 points; the runner-up is still the next rule that holds
+    assert decide(ev).verdict is Verdict.LAUNCH_BOUND and close is not None and second is not None
+    assert close.towards is Verdict.DATA_LOADING_BOUND and close.margin_fraction == pytest.approx(0.002)
+    assert second.verdict is Verdict.GPU_BOUND
+
+
+def test_gpu_bound_runner_up_is_the_rule_nearest_to_holding() -> None:
+    # GIVEN GPU busy 65%: gpu_bound, the last rule, so no rule after it can hold
+    ev = _gpu_evidence(gpu_busy_fraction=0.65)
+    close, second = decision_margin(ev), runner_up(ev)
+    # THEN the runner-up is the rule that would have decided had GPU busy been under 60%
+    assert decide(ev).verdict is Verdict.GPU_BOUND and close is not None and second is not None
+    assert second.verdict is Verdict.LAUNCH_BOUND
+    assert close.text == "GPU busy 65.0% >= 60%: 5.0 points from launch_bound"
+
+
+def test_no_gpu_without_figures_has_no_margin_nor_runner_up() -> None:
+    ev: dict[str, float | None] = {"gpu_events": 0.0, "data_loading_fraction": None}
+    assert decide(ev).verdict is Verdict.NO_GPU and decision_margin(ev) is None and runner_up(ev) is None
+
+
+def test_the_result_carries_margin_runner_up_and_the_rules_as_applied(tmp_path: Path) -> None:
+    # GIVEN the launch-bound case (ten 2 µs kernels: GPU busy 20%)
+    r = verdict(load_events(tmp_path, trace(*CASES[Verdict.LAUNCH_BOUND])))
+    # THEN the overall and per-step margin and runner-up agree, and the rule table marks them
+    assert r.margin is not None and r.margin.towards is Verdict.GPU_BOUND
+    assert r.margin.margin_fraction == pytest.approx(0.4) and r.runner_up is Verdict.GPU_BOUND
+    assert r.per_step.select("runner_up", "margin").row(0) == ("gpu_bound", r.margin.text)
+    assert r.rules.filter("runner_up")["verdict"].to_list() == ["gpu_bound"]
+    assert r.rules.filter("holds")["verdict"].to_list() == ["launch_bound", "gpu_bound"]
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+START, END = "<!-- verdict-rules:start -->", "<!-- verdict-rules:end -->"
+
+
+def test_readme_rule_table_is_rules_markdown() -> None:
+    # GIVEN the README's copy of the verdict rule table, between its two marker lines
+    text = README.read_text(encoding="utf-8")
+    assert text.count(START) == text.count(END) == 1, f"README.md needs one {START} ... {END} block"
+    block = text.split(START, 1)[1].split(END, 1)[0]
+    # THEN it is exactly what the code renders from RULES
+    assert block.strip("\n") == rules_markdown().strip("\n"), (
+        "README.md's verdict rule table differs from RULES; paste the output of "
+        "python -c 'from stepscope.analyze.summary import rules_markdown; print(rules_markdown(), end=\"\")'")
+
+
+def test_rules_markdown_has_every_rule_in_order() -> None:
+    rows = rules_markdown().splitlines()[2:]
+    assert [row.split(" | ")[1].strip("`") for row in rows] == [r.verdict.value for r in RULES]
+    assert all(r.when in row and r.advice in row for r, row in zip(RULES, rows, strict=True))

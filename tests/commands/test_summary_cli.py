@@ -26,6 +26,28 @@ def test_summary_text_and_json(tmp_path: Path) -> None:
     assert data["verdict"] == "data_loading_bound" and data["per_step"][0]["step"] == 1
 
 
+def test_summary_says_how_close_the_call_was(tmp_path: Path) -> None:
+    # GIVEN a step whose GPU is busy 59 of its 100 µs
+    path = write_trace(tmp_path, trace(
+        step(1, ts=0, dur=100), runtime("cudaLaunchKernel", ts=0, dur=1, correlation=1),
+        kernel("sgemm", ts=1, dur=59, correlation=1),
+    ))
+    # WHEN summary reads it, as text and as JSON
+    out = CliRunner().invoke(cli, ["summary", str(path)])
+    data = json.loads(CliRunner().invoke(cli, ["summary", str(path), "--json"]).output)
+    # THEN launch_bound, 1 point from gpu_bound, which is the runner-up; overall and for the one step
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[:3] == ["verdict: launch_bound  (GPU busy < 60% of the step)",
+                         "margin:  GPU busy 59.0% < 60%: 1.0 points from gpu_bound",
+                         "runner-up: gpu_bound  (otherwise, with GPU work in the trace)"]
+    assert "closest step: 1 (launch_bound), GPU busy 59.0% < 60%: 1.0 points from gpu_bound" in lines
+    assert data["runner_up"] == "gpu_bound" and data["runner_up_reason"] == "otherwise, with GPU work in the trace"
+    assert data["margin"]["figure"] == "gpu_busy_fraction" and data["margin"]["towards"] == "gpu_bound"
+    assert data["margin"]["threshold_fraction"] == 0.6 and abs(data["margin"]["margin_fraction"] - 0.01) < 1e-9
+    assert data["per_step"][0]["runner_up"] == "gpu_bound"
+
+
 def test_summary_cpu_only(tmp_path: Path) -> None:
     path = write_trace(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
     out = CliRunner().invoke(cli, ["summary", str(path)])
