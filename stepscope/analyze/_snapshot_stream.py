@@ -66,13 +66,19 @@ StackOf = Callable[[Any], "tuple[int | None, int | None]"]
 
 
 class _Placeholder:
-    """The memo slot of a trace entry dict that was turned into a row (nothing reads it back)."""
+    """The memo slot of a trace entry dict that was turned into a row (nothing reads it back).
+
+    Unhashable like the dict it stands for: a pickle that uses an entry as a dict key or set member is refused
+    (as a full unpickle refuses it), whether the entry was read on the fast path or the general one."""
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return "<trace entry>"
 
 
 _ENTRY_SEEN: Final = _Placeholder()
+_FINISHED: Final = -1  # an _Entry's memo_end once it is a row
 
 
 class _Entry(dict[Any, Any]):
@@ -180,8 +186,9 @@ class SnapshotUnpickler(PlainUnpickler):
 
     def _finish_entry(self, trace: DeviceTrace, entry: Any) -> None:
         """An entry the general interpreter built becomes a row; its memo slots shrink to what later reads need."""
-        if type(entry) is not _Entry:
-            what = "an entry twice" if entry is _ENTRY_SEEN else f"a {type(entry).__name__}, not an entry dict"
+        if type(entry) is not _Entry or entry.memo_end == _FINISHED:  # (an entry appended twice in one APPENDS)
+            what = ("an entry twice" if entry is _ENTRY_SEEN or type(entry) is _Entry
+                    else f"a {type(entry).__name__}, not an entry dict")
             raise SnapshotFormatError(f"malformed snapshot entry (a device trace holds {what})", path=self.path)
         frames = entry.get("frames")
         try:
@@ -201,6 +208,7 @@ class SnapshotUnpickler(PlainUnpickler):
             elif type(obj) is dict and id(obj) in frame_dicts:
                 memo[i] = self._canonical_frame(obj)
         entry.clear()
+        entry.memo_end = _FINISHED
 
     def _canonical_frame(self, frame: dict[Any, Any]) -> dict[Any, Any]:
         """One dict per distinct frame: tracebacks written out in full repeat the same frames."""
@@ -275,8 +283,10 @@ class SnapshotUnpickler(PlainUnpickler):
         names = [memo[i] if i < len(memo) else _MISSING for i in map(ref_index, keys)]
         roles = tuple(n if type(n) is str and n in ROLES else "" for n in names)
         fields = [r for r in roles if r]
-        if len(set(fields)) < len(fields) or any(n is _MISSING for n in names):
-            self._no_template.add(keys)  # a key twice, or a dangling reference: the general path decides
+        if len(set(fields)) < len(fields) or any(type(n) is not str for n in names):
+            # a key twice, a dangling reference, or a key not a string (an entry's placeholder, which a dict
+            # cannot hold as a key): the general path decides
+            self._no_template.add(keys)
             return None
         if len(self._templates) >= _MAX_TEMPLATES:
             del self._templates[next(iter(self._templates))]

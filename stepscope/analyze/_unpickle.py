@@ -209,6 +209,7 @@ class PlainUnpickler:
                 elif op == 0x8C:  # SHORT_BINUNICODE
                     end = pos + 1 + buf[pos]
                     if end > self.data_end:
+                        op_pos -= pos  # op_pos stays relative to buf, which now starts at pos (errors name it)
                         buf, pos = self._refill(pos, end - pos)
                         limit = self._limit()
                         end = pos + 1 + buf[pos]
@@ -227,6 +228,7 @@ class PlainUnpickler:
                 elif op == 0x8A:  # LONG1
                     end = pos + 1 + buf[pos]
                     if end > self.data_end:
+                        op_pos -= pos  # op_pos stays relative to buf, which now starts at pos (errors name it)
                         buf, pos = self._refill(pos, end - pos)
                         limit = self._limit()
                         end = pos + 1 + buf[pos]
@@ -319,12 +321,16 @@ class PlainUnpickler:
                         index = from_bytes(buf[pos:pos + 4], "little")
                         pos += 4
                     else:
+                        base = self.base
                         line, pos, buf = self._readline(pos)
+                        op_pos -= self.base - base  # a refill moved buf on
                         limit = self._limit()
                         index = _memo_index(line)
                     self._put(index, stack[-1])
                 elif op == 0x67:  # GET
+                    base = self.base
                     line, pos, buf = self._readline(pos)
+                    op_pos -= self.base - base  # a refill moved buf on
                     limit = self._limit()
                     index = _memo_index(line)
                     value = memo[index]
@@ -338,6 +344,7 @@ class PlainUnpickler:
                         raise ValueError("negative byte count")
                     pos += width
                     if pos + size > self.data_end:
+                        op_pos -= pos  # as above
                         buf, pos = self._refill(pos, size)
                         limit = self._limit()
                     value = make(buf[pos:pos + size])
@@ -380,7 +387,9 @@ class PlainUnpickler:
                         raise ValueError("odd number of items for DICT")
                     append(dict(zip(items[::2], items[1::2], strict=True)))
                 elif op in _TEXT_VALUES:
+                    base = self.base
                     line, pos, buf = self._readline(pos)
+                    op_pos -= self.base - base  # a refill moved buf on
                     limit = self._limit()
                     value = _TEXT_VALUES[op](line)
                     append(strings.setdefault(value, value) if type(value) is str else value)
