@@ -10,10 +10,14 @@ Each column is built by polars straight from the decoded values when they all ha
 type (names are str, pids int, times int or float: what real traces write); a column holding values of
 another type is coerced value by value (the time rule and the coercion rules are in `_coerce`), so a
 stray string `ts` or boolean pid costs only its own column.
+
+Bytes that are not UTF-8 inside a string are read as U+FFFD, as ``bytes.decode("utf-8", "replace")`` reads
+them (on both paths: see ``_utf8``); each span counts the strings that held any, for a warning.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -38,6 +42,7 @@ from stepscope.analyze._coerce import (
     times_ns,
 )
 from stepscope.analyze._read import NESTED_TOO_DEEP, Document
+from stepscope.analyze._utf8 import Repaired, repair
 from stepscope.analyze.schema import (
     ARG_COLUMNS,
     EVENT_SCHEMA,
@@ -108,6 +113,8 @@ class ChunkTables:
     ts_min_ns: int | None  # earliest ts of the span's events
     end_max_ns: int | None  # latest ts + dur (ts for instants)
     unknown_categories: Counter[str]  # cat of the events whose kind is `other`
+    invalid_strings: int = 0  # strings holding bytes that are not UTF-8 (read with U+FFFD)
+    first_invalid: int | None = None  # the file offset of the first such byte
 
 
 def decode_span(document: bytes | bytearray | memoryview, path: str, offset: int) -> ChunkTables | None:
@@ -122,7 +129,7 @@ def decode_span(document: bytes | bytearray | memoryview, path: str, offset: int
     """
     if _scan is not None and (scanned := _scan.scan_events(document, _SLOT_KEYS, _SLOT_TYPES)) is not None:
         try:
-            return _from_scan(scanned)
+            return _from_scan(scanned, offset - 1)
         except _UNSURE:  # a value the tables cannot hold: the Python path reports it, as it would alone
             pass
     return _decode_python(document, path, offset)
@@ -134,7 +141,7 @@ def decode_range(data: bytes | Document, a: int, b: int, path: str) -> ChunkTabl
     the Python path is copied (with its brackets)."""
     if _scan is not None and (scanned := _scan.scan_events(data, _SLOT_KEYS, _SLOT_TYPES, a, b)) is not None:
         try:
-            return _from_scan(scanned)
+            return _from_scan(scanned, a)
         except _UNSURE:  # as in decode_span
             pass
     document = bytearray(b - a + 2)
@@ -168,31 +175,37 @@ def _decode_python(document: bytes | bytearray | memoryview, path: str, offset: 
     """decode_span without the scanner: msgspec Structs, then columns built in bulk (the general path).
 
     `offset`: the file offset of document[1] (the span's first byte), so document[k] is at offset - 1 + k.
-    An error about one event names that event's offset."""
+    An error about one event names that event's offset. Invalid UTF-8 inside strings is replaced first."""
+    repaired = repair(document)
+    if repaired is not None:
+        document = repaired.data
     try:
         events = _EVENT_DECODER.decode(document)
     except msgspec.ValidationError as exc:
         reason, index, field = _validation_error(exc)
-        at = _event_offset(document, index, offset)
+        at = _event_offset(document, index, offset, repaired)
         if "out of range" in reason:  # a number msgspec cannot hold (1e400, an integer of 4,301 digits)
             raise TraceFormatError(f"unreadable number in event field {field!r} ({reason})", path=path,
                                    offset=at) from None
         raise TraceFormatError(f"an entry of traceEvents is not an event object ({exc})", path=path,
                                offset=at) from None
-    except UnicodeDecodeError as exc:
-        raise TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=offset - 1 + exc.start) from None
     except RecursionError:
         raise TraceFormatError(NESTED_TOO_DEEP, path=path, offset=offset) from None
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        # not JSON, or invalid UTF-8 left where it seemed outside a string: a cut inside a string (the caller
+        # merges spans), or a malformed document (validated whole, which names the byte)
         return None
     try:
-        return build_chunk(events, document)
-    except UnicodeDecodeError as exc:  # inside args, which the first decode keeps raw
-        raise TraceFormatError(f"not UTF-8 text in event args ({exc.reason})", path=path, offset=offset) from None
+        chunk = build_chunk(events, document)
     except OutOfRange as exc:
-        raise TraceFormatError(exc.reason, path=path, offset=_event_offset(document, exc.index, offset)) from None
+        raise TraceFormatError(exc.reason, path=path,
+                               offset=_event_offset(document, exc.index, offset, repaired)) from None
     except RecursionError:
         raise TraceFormatError(NESTED_TOO_DEEP, path=path, offset=offset) from None
+    if repaired is None:
+        return chunk
+    return dataclasses.replace(chunk, invalid_strings=len(repaired.strings),
+                               first_invalid=offset - 1 + repaired.strings[0] if repaired.strings else None)
 
 
 _AT = re.compile(r" - at `\$(?:\[(\d+)\](?:\.(\w+))?)?")
@@ -210,9 +223,11 @@ def _validation_error(exc: msgspec.ValidationError) -> tuple[str, int | None, st
     return text[: match.start()], int(match.group(1)) if match.group(1) else None, match.group(2)
 
 
-def _event_offset(document: bytes | bytearray | memoryview, index: int | None, offset: int) -> int:
+def _event_offset(document: bytes | bytearray | memoryview, index: int | None, offset: int,
+                  repaired: Repaired | None = None) -> int:
     """The file offset of event `index` of the span (a JSON array, valid but for values msgspec refuses: its
-    elements are taken raw, unread); the span's offset where the index is not known. Only for an error."""
+    elements are taken raw, unread; `repaired`: the document is that repair of the span's bytes); the span's
+    offset where the index is not known. Only for an error."""
     if index is None:
         return offset
     try:
@@ -224,7 +239,7 @@ def _event_offset(document: bytes | bytearray | memoryview, index: int | None, o
     for raw in raws[: index + 1]:  # each raw element is the first copy of its text after the one before
         pos = data.find(bytes(raw), pos)
         start, pos = pos, pos + len(raw)
-    return offset - 1 + start
+    return offset - 1 + (repaired.original(start) if repaired is not None else start)
 
 
 def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) -> ChunkTables:
@@ -334,13 +349,14 @@ _SLOT_TYPES = bytes(_TYPE_CODES[col.type] for col in ARG_COLUMNS for _ in col.ke
 _SLOT_ARROW = {"int": pa.int64(), "float": pa.float64()}
 
 
-def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
-    """The tables of a span from _scan.scan_events' column buffers: the same as build_chunk gives.
+def _from_scan(scanned: tuple[Any, ...], at: int = 0) -> ChunkTables:
+    """The tables of a span from _scan.scan_events' column buffers: the same as build_chunk gives (`at`: the
+    file offset of the scanned bytes, for the first invalid UTF-8 byte's).
 
     The scanner pulls every args key for every event; here each typed column keeps the first present key
     (coalesce) of the events whose group reads it, as _group_args does group by group.
     """
-    n, ph, cat, name, pid, tid, flow_id, bp, args, ts, dur, slots = scanned
+    n, ph, cat, name, pid, tid, flow_id, bp, args, ts, dur, slots, bad_strings, first_bad = scanned
     slot_names = [f"_slot{i}" for i in range(len(slots))]
     base = pl.DataFrame({
         "event_id": pl.int_range(0, n, dtype=pl.Int64, eager=True),
@@ -379,7 +395,10 @@ def _from_scan(scanned: tuple[Any, ...]) -> ChunkTables:
     ], engine="in-memory")
     metadata = [{"name": name, "pid": pid, "tid": tid, "args": msgspec.json.decode(margs) if margs else {}}
                 for name, pid, tid, margs in meta.iter_rows()]
-    return _chunk(events, to_arrow(flows, FLOW_SCHEMA), metadata, n)
+    chunk = _chunk(events, to_arrow(flows, FLOW_SCHEMA), metadata, n)
+    if bad_strings:
+        chunk.invalid_strings, chunk.first_invalid = bad_strings, at + first_bad
+    return chunk
 
 
 _SLOT_COLUMNS = tuple(col for col in ARG_COLUMNS for _ in col.keys)

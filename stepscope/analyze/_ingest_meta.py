@@ -37,6 +37,8 @@ class Totals:
     ts_min: int | None = None
     end_max: int | None = None
     unknown_categories: Counter[str] = field(default_factory=Counter)
+    invalid_strings: int = 0  # strings holding bytes that are not UTF-8 (read with U+FFFD)
+    first_invalid: int | None = None  # the offset of the first such byte in the (uncompressed) JSON
 
     def add(self, chunk: ChunkTables) -> None:
         self.n_input += chunk.n_input
@@ -49,6 +51,13 @@ class Totals:
         if chunk.end_max_ns is not None:
             self.end_max = chunk.end_max_ns if self.end_max is None else max(self.end_max, chunk.end_max_ns)
         self.unknown_categories.update(chunk.unknown_categories)
+        self.add_invalid(chunk.invalid_strings, chunk.first_invalid)
+
+    def add_invalid(self, strings: int, first: int | None) -> None:
+        """Count `strings` more strings with bytes that are not UTF-8, the first at offset `first`."""
+        self.invalid_strings += strings
+        if first is not None:
+            self.first_invalid = first if self.first_invalid is None else min(self.first_invalid, first)
 
 
 def build_meta(*, path: Path, sha: str, trace_id: str, top: dict[str, Any], totals: Totals,
@@ -82,6 +91,7 @@ def build_meta(*, path: Path, sha: str, trace_id: str, top: dict[str, Any], tota
                  if totals.ts_min is not None and totals.end_max is not None else None},
         "unknown_categories": {k: v for k, v in sorted(totals.unknown_categories.items())
                                if k not in _KNOWN_CATEGORIES},
+        "invalid_utf8": {"strings": totals.invalid_strings, "first_offset": totals.first_invalid},
         "processes": processes,
         "threads": threads,
         "top_level": _jsonable({k: v for k, v in top.items() if k not in ("deviceProperties",)}),

@@ -30,6 +30,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
+from stepscope.analyze._utf8 import first_invalid, repair
 from stepscope.errors import InputError, TraceFormatError
 
 _inflate: ModuleType  # ISA-L's inflate: the same bytes as zlib's, in less time
@@ -237,14 +238,16 @@ def _inflate_into(stored: Document, out: Document) -> None:
 
 def _decode_error(exc: Exception, data: bytes | Document, path: Path, base: int = 0) -> TraceFormatError:
     text = str(exc)
-    if isinstance(exc, UnicodeDecodeError):
-        return TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=base + exc.start)
+    if isinstance(exc, UnicodeDecodeError):  # (its start is within the string msgspec decoded, not the file)
+        return TraceFormatError(f"not UTF-8 text ({exc.reason})", path=path, offset=first_invalid(data))
     if "truncated" in text:
         return TraceFormatError("truncated JSON (the file ends in the middle of the document)",
                                 path=path, offset=len(data))
     match = re.search(r"\(byte (\d+)\)", text)
     offset = base + int(match.group(1)) if match else None
     message = re.sub(r"\s*\(byte \d+\)", "", text)
+    if offset is not None and offset < len(data) and data[offset] >= 0x80:
+        message = f"byte 0x{data[offset]:02x} outside a string, which is not UTF-8 text"
     first = re.search(rb"\S", data)
     if first is None or data[first.start()] not in b"{[":
         return TraceFormatError("not a JSON trace file (expected a Chrome trace: JSON with traceEvents)",
@@ -253,7 +256,22 @@ def _decode_error(exc: Exception, data: bytes | Document, path: Path, base: int 
 
 
 def split_document(data: bytes | Document, path: Path) -> tuple[int, int, dict[str, Any]]:
-    """Validate the whole document; return the byte span of the traceEvents array and the other top keys."""
+    """Validate the whole document; return the byte span of the traceEvents array and the other top keys.
+    Bytes that are not UTF-8 inside strings are read as U+FFFD (see _utf8)."""
+    try:
+        return _split_document(data, path)
+    except UnicodeDecodeError as exc:  # in a top-level key: read the document with such bytes replaced
+        repaired = repair(data)
+        if repaired is None:  # pragma: no cover - msgspec raises this only inside a string
+            raise _decode_error(exc, data, path) from None
+        try:
+            start, end, top = _split_document(repaired.data, path)
+        except UnicodeDecodeError as again:  # pragma: no cover - as above
+            raise _decode_error(again, data, path) from None
+        return repaired.original(start), repaired.original(end), top
+
+
+def _split_document(data: bytes | Document, path: Path) -> tuple[int, int, dict[str, Any]]:
     first = re.search(rb"\S", data)
     if first is None:
         raise TraceFormatError("empty file", path=path)
@@ -264,7 +282,7 @@ def split_document(data: bytes | Document, path: Path) -> tuple[int, int, dict[s
             end = data.rfind(b"]") + 1  # (find and slices: what bytes, bytearray and mmap all have)
             return start, end, {}
         top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except msgspec.DecodeError as exc:
         raise _decode_error(exc, data, path) from None
     except RecursionError:
         raise TraceFormatError(NESTED_TOO_DEEP, path=path) from None
@@ -284,9 +302,10 @@ def _decoded(top: dict[str, msgspec.Raw], path: Path) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for key, value in top.items():
         try:
-            meta[key] = msgspec.json.decode(value)
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(f"not UTF-8 text in top-level key {key!r} ({exc.reason})", path=path) from None
+            try:
+                meta[key] = msgspec.json.decode(value)
+            except UnicodeDecodeError:  # inside its strings (a Raw value is valid JSON): read as U+FFFD
+                meta[key] = msgspec.json.decode(bytes(value).decode("utf-8", "replace"))
         except RecursionError:
             raise TraceFormatError(f"top-level key {key!r}: {NESTED_TOO_DEEP}", path=path) from None
         except msgspec.ValidationError as exc:  # a number beyond a double (1e400), a 4,301-digit integer

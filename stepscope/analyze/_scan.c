@@ -7,7 +7,8 @@
  *
  * It handles only what it can read exactly as the Python path does, and returns None for anything else
  * (the span then takes the Python path, which also reports errors):
- *   - malformed JSON, invalid UTF-8, a \u escape that is a lone surrogate, nesting deeper than 64;
+ *   - malformed JSON (a byte that is not UTF-8 outside a string included), a \u escape that is a lone
+ *     surrogate, nesting deeper than 64;
  *   - an entry that is not an object, a key written with escapes, a known key twice in one object;
  *   - ts/dur other than a number with at most 3 decimals and no exponent (or null), or beyond int64 ns;
  *   - text fields (ph ... bp, str args) holding a float, an object, an array, an integer beyond int64 or -0
@@ -16,6 +17,11 @@
  *     than 20 digits.
  * So every number beyond int64 or a double, read or refused, is the Python path's (the rule is in _coerce.py).
  *
+ * Bytes that are not UTF-8 inside a string (some torch builds write garbage into names) are read as
+ * bytes.decode("utf-8", "replace") reads them, each maximal invalid subpart one U+FFFD, in the values and in
+ * the raw args text alike (see _utf8.py); the strings that held any are counted, and the first invalid byte's
+ * offset kept. Such a byte in a key, or in a number written as a string, is left to the Python path.
+ *
  * `types` holds one code per key, T_INT ... T_JSON; any other code is a ValueError.
  *
  * scan_events(document, keys, types, start, end) reads document[start:end] as the body of an array (whole
@@ -23,12 +29,14 @@
  * spans of one buffer can be scanned by several threads at once.
  *
  * Output, all little-endian Arrow buffers, each a read-only buffer object (validity: one bit per row, 1 = present):
- *   (n, ph, cat, name, pid, tid, id, bp, args, ts_ns, dur_ns, slots)
+ *   (n, ph, cat, name, pid, tid, id, bp, args, ts_ns, dur_ns, slots, bad_strings, first_bad)
  *   text column: None (no row has a value) or (offsets int64[n + 1], data, validity); the base fields (ph ...
  *   args) as Arrow string views instead: (views [n] of 16 bytes, data, validity)
  *   ts_ns/dur_ns: (values int64[n], validity)
  *   slots: one entry per key: None, or for int/float keys (values int64/float64[n], validity),
  *          for str/json keys a text column as above.
+ *   bad_strings: how many strings held bytes that are not UTF-8; first_bad: the offset of the first such byte
+ *   from document[start] (-1: none).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -97,7 +105,16 @@ static inline int col_add(Column *c, Entry *e) { return buf_put(&c->entries, e, 
 typedef struct {
     const unsigned char *base, *p, *end;
     int depth;
+    int64_t bad_strings;            /* strings holding bytes that are not UTF-8 */
+    const unsigned char *first_bad; /* the first such byte; NULL before it */
 } Scan;
+
+/* How a string's bytes are copied out (an Entry's `esc`, text_put's `flags`): as they are (0), with JSON escapes
+ * decoded, with invalid UTF-8 replaced (a string body: escapes decoded too), or a raw JSON value's text with
+ * invalid UTF-8 replaced inside its strings (escapes kept). */
+enum { ESC_ESCAPES = 1, ESC_BAD = 2, RAW_BAD = 4 };
+/* U+FFFD is 3 bytes: the most an invalid byte becomes */
+#define REPAIRED_MAX(len, flags) ((flags) & (ESC_BAD | RAW_BAD) ? 3 * (len) : (len))
 
 enum { OK = 0, BAIL = 1, NOMEM = 2 };
 
@@ -148,10 +165,38 @@ static inline const unsigned char *plain_ascii_run(const unsigned char *p, const
     return p;
 }
 
-/* A string at s->p ('"'): validated (escapes, surrogate pairs, UTF-8, no control characters); on return
- * start and len cover the bytes between the quotes and s->p is past the closing quote. */
+/* The UTF-8 sequence at p (p[0] >= 0x80): its length when *valid, else the length of the maximal invalid
+ * subpart there, which Python's "replace" makes one U+FFFD of (overlong forms, surrogates and code points above
+ * U+10FFFF are invalid: their first byte alone, or the bytes up to the first that cannot follow). */
+static inline size_t utf8_sequence(const unsigned char *p, const unsigned char *end, int *valid) {
+    unsigned char c = p[0], lo = 0x80, hi = 0xBF;
+    size_t need;
+    *valid = 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+        need = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else {
+        return 1;
+    }
+    if (end - p < 2 || p[1] < lo || p[1] > hi) return 1;
+    for (size_t i = 2; i < need; i++)
+        if ((size_t)(end - p) <= i || (p[i] & 0xC0) != 0x80) return i;
+    *valid = 1;
+    return need;
+}
+
+/* A string at s->p ('"'): validated (escapes, surrogate pairs, no control characters; bytes that are not
+ * UTF-8 set ESC_BAD in *esc and are counted); on return start and len cover the bytes between the quotes and
+ * s->p is past the closing quote. */
 static int scan_string(Scan *s, const unsigned char **start, size_t *len, int *esc) {
-    const unsigned char *p = s->p + 1, *end = s->end;
+    const unsigned char *p = s->p + 1, *end = s->end, *bad = NULL;
     *start = p;
     *esc = 0;
     while (p < end) {
@@ -161,11 +206,16 @@ static int scan_string(Scan *s, const unsigned char **start, size_t *len, int *e
         if (c == '"') {
             *len = (size_t)(p - *start);
             s->p = p + 1;
+            if (bad) {
+                *esc |= ESC_BAD;
+                s->bad_strings++;
+                if (!s->first_bad) s->first_bad = bad;
+            }
             return OK;
         }
         if (c < 0x20) return BAIL;
         if (c == '\\') {
-            *esc = 1;
+            *esc |= ESC_ESCAPES;
             if (p + 1 >= end) return BAIL;
             unsigned char e = p[1];
             if (e == 'u') {
@@ -191,24 +241,10 @@ static int scan_string(Scan *s, const unsigned char **start, size_t *len, int *e
             p++;
             continue;
         }
-        /* UTF-8: reject overlong forms, surrogates and code points above U+10FFFF */
-        if (c >= 0xC2 && c <= 0xDF) {
-            if (end - p < 2 || (p[1] & 0xC0) != 0x80) return BAIL;
-            p += 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            if (end - p < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return BAIL;
-            if (c == 0xE0 && p[1] < 0xA0) return BAIL;
-            if (c == 0xED && p[1] > 0x9F) return BAIL;
-            p += 3;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            if (end - p < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
-                return BAIL;
-            if (c == 0xF0 && p[1] < 0x90) return BAIL;
-            if (c == 0xF4 && p[1] > 0x8F) return BAIL;
-            p += 4;
-        } else {
-            return BAIL;
-        }
+        int valid;
+        size_t n = utf8_sequence(p, end, &valid);
+        if (!valid && !bad) bad = p;
+        p += n;
     }
     return BAIL; /* unterminated */
 }
@@ -418,9 +454,9 @@ static int text_entry(Column *c, Scan *s, int64_t row, const unsigned char *star
     return col_add(c, &e) ? NOMEM : OK;
 }
 
-static size_t unescape(const unsigned char *p, size_t len, char *out);
+static size_t decode_text(const unsigned char *p, size_t len, char *out, int flags);
 
-/* Row `row`'s value of a base field. */
+/* Row `row`'s value of a base field (`esc`: how its bytes are copied, ESC_* or RAW_BAD). */
 static int text_put(Text *t, int64_t row, const unsigned char *src, size_t len, int esc) {
     if (!t->started) { /* the field's first value: the rows before it are null */
         if (buf_grow(&t->views, (size_t)(row + 1) * 16) || buf_grow(&t->valid, (size_t)row + 1)) return NOMEM;
@@ -430,10 +466,10 @@ static int text_put(Text *t, int64_t row, const unsigned char *src, size_t len, 
         t->valid.len = (size_t)row;
         t->started = 1;
     }
-    if (buf_grow(&t->data, len)) return NOMEM;
+    if (buf_grow(&t->data, REPAIRED_MAX(len, esc))) return NOMEM;
     t->value_start = t->data.len;
     if (esc) {
-        t->data.len += unescape(src, len, t->data.p + t->data.len);
+        t->data.len += decode_text(src, len, t->data.p + t->data.len, esc);
     } else if (len) { /* (an empty value may meet data not yet allocated) */
         memcpy(t->data.p + t->data.len, src, len);
         t->data.len += len;
@@ -548,8 +584,9 @@ static int read_slot(Scan *s, State *st, int k, int64_t row) {
             return r ? r : text_entry(c, s, row, ss, l, esc);
         }
         if (*p == 'n') return skip_literal(s, "null", 4);
+        int64_t bad_before = s->bad_strings;
         int r = skip_value(s);
-        return r ? r : text_entry(c, s, row, p, (size_t)(s->p - p), 0);
+        return r ? r : text_entry(c, s, row, p, (size_t)(s->p - p), s->bad_strings != bad_before ? RAW_BAD : 0);
     }
     /* int / float */
     if (*p == '"') return read_numeric_text(s, c, row);
@@ -714,6 +751,7 @@ static int scan_event(Scan *s, State *st, unsigned char *seen) {
             r = read_time(s, &st->dur, &st->dur_valid, row);
         } else if (f == F_ARGS) {
             const unsigned char *v = s->p;
+            int64_t bad_before = s->bad_strings;
             if (v < s->end && *v == '{') {
                 r = scan_args(s, st, row, seen);
             } else if (v < s->end && *v == 'n') {
@@ -722,7 +760,7 @@ static int scan_event(Scan *s, State *st, unsigned char *seen) {
             } else {
                 r = skip_value(s);
             }
-            if (!r) r = text_put(&st->text[F_ARGS], row, v, (size_t)(s->p - v), 0);
+            if (!r) r = text_put(&st->text[F_ARGS], row, v, (size_t)(s->p - v), s->bad_strings != bad_before ? RAW_BAD : 0);
         } else {
             r = read_base_text(s, &st->text[f], row);
         }
@@ -817,6 +855,43 @@ static size_t unescape(const unsigned char *p, size_t len, char *out) {
     return n;
 }
 
+/* A string body or raw JSON text (`flags`: ESC_* or RAW_BAD, nonzero) -> UTF-8 at out, each maximal invalid
+ * subpart of the input as U+FFFD (so never more than REPAIRED_MAX bytes); returns the length. */
+static size_t decode_text(const unsigned char *p, size_t len, char *out, int flags) {
+    if (flags == ESC_ESCAPES) return unescape(p, len, out);
+    const unsigned char *end = p + len;
+    size_t n = 0;
+    while (p < end) {
+        const unsigned char *run = p;
+        while (p < end && *p < 0x80 && (*p != '\\' || flags == RAW_BAD)) p++;
+        memcpy(out + n, run, (size_t)(p - run));
+        n += (size_t)(p - run);
+        if (p >= end) break;
+        if (*p == '\\') { /* an escape of a string body: its whole length is known */
+            size_t k = 2;
+            if (p[1] == 'u') { /* (a high surrogate's pair follows it: scan_string checked) */
+                unsigned u;
+                read_hex4(p + 2, end, &u);
+                k = u >= 0xD800 && u <= 0xDBFF ? 12 : 6;
+            }
+            n += unescape(p, k, out + n);
+            p += k;
+            continue;
+        }
+        int valid;
+        size_t k = utf8_sequence(p, end, &valid);
+        if (valid) {
+            memcpy(out + n, p, k);
+            n += k;
+        } else {
+            memcpy(out + n, "\xEF\xBF\xBD", 3);
+            n += 3;
+        }
+        p += k;
+    }
+    return n;
+}
+
 typedef struct {
     Buf a, b, c; /* values or offsets; text data; validity */
     int64_t present;
@@ -841,7 +916,7 @@ static int densify(const Column *c, const unsigned char *base, int64_t n, Dense 
         return OK;
     }
     size_t total = 0;
-    for (size_t i = 0; i < count; i++) total += e[i].v.s.len;
+    for (size_t i = 0; i < count; i++) total += REPAIRED_MAX(e[i].v.s.len, e[i].esc);
     if (buf_grow(&d->a, (size_t)(n + 1) * 8) || buf_grow(&d->b, total ? total : 1)) return NOMEM;
     int64_t *offsets = (int64_t *)d->a.p;
     d->a.len = (size_t)(n + 1) * 8;
@@ -851,7 +926,7 @@ static int densify(const Column *c, const unsigned char *base, int64_t n, Dense 
         while (row < e[i].row) offsets[++row] = pos;
         const unsigned char *src = base + e[i].v.s.off;
         if (e[i].esc) {
-            pos += (int64_t)unescape(src, e[i].v.s.len, d->b.p + pos);
+            pos += (int64_t)decode_text(src, e[i].v.s.len, d->b.p + pos, e[i].esc);
         } else {
             memcpy(d->b.p + pos, src, e[i].v.s.len);
             pos += e[i].v.s.len;
@@ -994,7 +1069,7 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     memset(text_bits, 0, sizeof text_bits);
     memset(dslots, 0, sizeof dslots);
     int status;
-    int64_t n = 0;
+    int64_t n = 0, bad_strings = 0, first_bad = -1;
     /* numbers are read with strtod: only where the decimal point is '.' */
     int c_locale = localeconv()->decimal_point[0] == '.' && localeconv()->decimal_point[1] == 0;
     Py_BEGIN_ALLOW_THREADS
@@ -1002,6 +1077,8 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
               .end = (const unsigned char *)view.buf + stop};
     status = !c_locale ? BAIL : (size_t)(stop - start) > UINT32_MAX ? BAIL : scan_array(&s, &st, bare);
     n = st.row;
+    bad_strings = s.bad_strings;
+    if (s.first_bad) first_bad = (int64_t)(s.first_bad - s.base);
     if (status == OK && n == 0) status = BAIL;
     for (int f = 0; status == OK && f < N_TEXT; f++)
         if (st.text[f].started) status = dense_bits(&st.text[f].valid, n, &text_bits[f]);
@@ -1028,7 +1105,7 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
             }
         }
         if (slot_tuple) {
-            result = Py_BuildValue("(LNNNNNNNN(NN)(NN)N)", (long long)n, text_object(&st.text[F_PH], &text_bits[F_PH]),
+            result = Py_BuildValue("(LNNNNNNNN(NN)(NN)NLL)", (long long)n, text_object(&st.text[F_PH], &text_bits[F_PH]),
                                    text_object(&st.text[F_CAT], &text_bits[F_CAT]),
                                    text_object(&st.text[F_NAME], &text_bits[F_NAME]),
                                    text_object(&st.text[F_PID], &text_bits[F_PID]),
@@ -1036,7 +1113,8 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
                                    text_object(&st.text[F_ID], &text_bits[F_ID]),
                                    text_object(&st.text[F_BP], &text_bits[F_BP]),
                                    text_object(&st.text[F_ARGS], &text_bits[F_ARGS]), as_block(&st.ts), as_block(&ts_bits),
-                                   as_block(&st.dur), as_block(&dur_bits), slot_tuple);
+                                   as_block(&st.dur), as_block(&dur_bits), slot_tuple, (long long)bad_strings,
+                                   (long long)first_bad);
         }
     }
     for (int f = 0; f < N_TEXT; f++) {

@@ -92,6 +92,11 @@ def trace_warnings(source: Source) -> pl.DataFrame:
     _event_warnings(frames.trace, add)
     _launch_and_flow_warnings(frames, add)
     _step_warnings(frames, add)
+    invalid = frames.trace.meta.invalid_utf8  # (the figures first: a terminal table cuts a long detail short)
+    first = f", the first at byte {invalid.first_offset:,}" if invalid.first_offset is not None else ""
+    add("invalid_utf8", invalid.strings,
+        f"strings with bytes that are not UTF-8{first}: read as U+FFFD, every event kept (garbage some torch "
+        "builds write into names)")
     unknown = frames.trace.meta.unknown_categories
     add("unknown_categories", sum(unknown.values()),
         "events of categories stepscope does not know, kept as kind 'other': " + ", ".join(sorted(unknown)))

@@ -16,6 +16,10 @@ How a trace is read, fast and in bounded memory:
    ``meta.json``, written last. Here: the orchestration; the output directory appears whole or not at all.
 
 ``ts_ns`` stays on the trace's own clock; ``baseTimeNanoseconds`` (when present) is kept in meta.json.
+Bytes that are not UTF-8 inside strings (some torch builds write garbage into names) are read as U+FFFD and
+every event is kept; meta.json counts the strings that held any and gives the first one's byte offset in the
+uncompressed JSON (``invalid_utf8``), which `info` and `summary` warn of. Outside a string such a byte is
+malformed JSON, refused with its offset.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from stepscope.analyze._ingest_meta import build_meta, encode_meta
 from stepscope.analyze._parquet_writer import write_tables
 from stepscope.analyze._read import Document, json_size, locate_events, read_trace
 from stepscope.analyze._spans import Relocated, iter_chunk_tables, span_bytes
+from stepscope.analyze._utf8 import invalid_strings
 from stepscope.analyze._workers import widen_result_pipe, worker_pool
 from stepscope.analyze.inputs import is_ingested, trace_id_for
 from stepscope.errors import InputError, TraceFormatError
@@ -133,6 +138,8 @@ def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStac
             raise TraceFormatError("empty trace: traceEvents holds no events", path=path)
         if totals.n_events == 0:
             raise TraceFormatError("empty trace: no timed events (only metadata or flow events)", path=path)
+        around = invalid_strings(data, 0, start) + invalid_strings(data, end, len(data))  # top-level keys
+        totals.add_invalid(len(around), around[0] if around else None)
         meta = build_meta(path=path, sha=sha, trace_id=trace_id_for(path, sha), top=top, totals=totals,
                           extra=extra_meta)
         (tmp / "meta.json").write_bytes(encode_meta(meta))

@@ -64,6 +64,15 @@ class TimeRange:
 
 
 @dataclass(frozen=True, kw_only=True)
+class InvalidText:
+    """Strings of the trace that held bytes that are not UTF-8 (read with U+FFFD, every event kept), and the
+    byte offset of the first such byte in the uncompressed JSON (None when there are none)."""
+
+    strings: int = 0
+    first_offset: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProcessMeta:
     """What the `process_name` / `process_labels` / `process_sort_index` metadata events say."""
 
@@ -104,6 +113,7 @@ class TraceMeta:
     unknown_categories: Mapping[str, int]
     processes: Mapping[str, ProcessMeta]  # pid -> process
     threads: Mapping[str, ThreadMeta]  # "pid/tid" -> thread
+    invalid_utf8: InvalidText = field(default_factory=InvalidText)
     top_level: Mapping[str, Any] = field(repr=False)  # the trace's top-level keys but deviceProperties
     raw: dict[str, Any] = field(repr=False, compare=False)
 
@@ -113,6 +123,7 @@ class TraceMeta:
         source = _mapping(doc.get("source"))
         counts = _mapping(doc.get("counts"))
         span = _mapping(doc.get("time"))
+        invalid = _mapping(doc.get("invalid_utf8"))
         rank_source = doc.get("rank_source")
         return cls(
             trace_id=_str(doc.get("trace_id")) or fallback_id,
@@ -151,6 +162,8 @@ class TraceMeta:
                        for pid, p in _mapping(doc.get("processes")).items() if isinstance(p, Mapping)},
             threads={str(key): ThreadMeta(name=_name(t.get("name")), sort_index=_int(t.get("sort_index")))
                      for key, t in _mapping(doc.get("threads")).items() if isinstance(t, Mapping)},
+            invalid_utf8=InvalidText(strings=_int(invalid.get("strings")) or 0,
+                                     first_offset=_int(invalid.get("first_offset"))),
             top_level=_mapping(doc.get("top_level")),
             raw=dict(doc),
         )

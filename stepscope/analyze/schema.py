@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from stepscope.analyze.vocab import Kind as Kind  # re-exported: analyses import Kind from here
 
-INGEST_SCHEMA_VERSION = 2  # 2: concrete_inputs column
+INGEST_SCHEMA_VERSION = 3  # 2: concrete_inputs column; 3: invalid UTF-8 inside strings read as U+FFFD and counted
 
 
 # Kind lives in vocab (no pyarrow there), so the CLI can offer kinds without importing the schema
