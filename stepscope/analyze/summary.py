@@ -34,6 +34,7 @@ from stepscope.analyze.roofline import RooflineResult, roofline
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.steps import DATALOADER_PATTERN, StepsResult, step_breakdown
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.workload import workload_evidence
 
 TINY_KERNEL_NS = 10_000
 
@@ -42,6 +43,7 @@ SYNC_MIN = 0.10
 MEMCPY_MIN = 0.10
 PAGEABLE_MIN = 0.05
 GPU_BUSY_MIN = 0.60
+MOST = 0.50  # "most kernel time": graph-replayed, compiled, memory-bound
 
 
 class Verdict(enum.Enum):
@@ -127,10 +129,34 @@ RULES: tuple[Rule, ...] = (
          f">= {MEMCPY_MIN:.0%}",
          "Pin host memory (pin_memory=True) and copy with non_blocking=True; keep tensors on the GPU "
          "between steps."),
+    # launch-bound code that already replays graphs or runs compiled kernels: advice for what is left
+    Rule(Verdict.LAUNCH_BOUND, ((_below("gpu_busy_fraction", GPU_BUSY_MIN), _at_least("graph_replay_fraction", MOST)),),
+         f"GPU busy < {GPU_BUSY_MIN:.0%} of the step, most kernel time replayed from CUDA/HIP graphs",
+         "Kernels already replay from CUDA/HIP graphs, so their launch cost is gone: the GPU waits for the CPU "
+         "between replays (eager ops between piecewise graphs, scheduling, sampling, Python). Capture more of the "
+         "step in one graph and batch more work per step; `stepscope graphs` shows the replays and the Python "
+         "line launching each."),
+    Rule(Verdict.LAUNCH_BOUND, ((_below("gpu_busy_fraction", GPU_BUSY_MIN), _at_least("compiled_fraction", MOST)),),
+         f"GPU busy < {GPU_BUSY_MIN:.0%} of the step, most kernel time in compiled (Triton) kernels",
+         "The code already runs compiled (torch.compile / inductor): what is left is launching its kernels. Add "
+         "CUDA graphs (torch.compile(mode=\"reduce-overhead\")), remove graph breaks and recompilations "
+         "(TORCH_LOGS=graph_breaks,recompiles), compile the uncompiled share, batch more work per step."),
     Rule(Verdict.LAUNCH_BOUND, ((_below("gpu_busy_fraction", GPU_BUSY_MIN),),),
          f"GPU busy < {GPU_BUSY_MIN:.0%} of the step",
          "The CPU cannot keep the GPU fed: fuse small ops (torch.compile), use CUDA graphs, larger batches; "
          "see tiny_kernel_fraction and the top ops by launches."),
+    # a busy GPU whose matmuls sit left of the ridge point: more bandwidth per FLOP, not faster math
+    Rule(Verdict.GPU_BOUND, ((GPU_WORK, _at_least("memory_bound_fraction", MOST)),),
+         "otherwise, with most of the FLOP ops' GPU time memory-bound on the device's roofline",
+         "The GPU is busy but bandwidth-bound: its matmuls move more bytes than their math needs (low arithmetic "
+         "intensity, as in decode and small batches), so faster math will not help. Batch more tokens or requests "
+         "per step, quantize weights or the KV cache (int8/fp8), fuse memory-bound ops; see `stepscope flops`."),
+    Rule(Verdict.GPU_BOUND, ((GPU_WORK, _at_least("graph_replay_fraction", MOST)),),
+         "otherwise, with most kernel time replayed from CUDA/HIP graphs",
+         "The GPU is busy with graph-replayed kernels, so launch overhead is already gone: what is left is the "
+         "kernels themselves. Map them to their ops with a profile of the graph capture (`stepscope graphs "
+         "--graph-capture`), then see how far each is from the roofline (`stepscope flops`): decode matmuls are "
+         "usually bandwidth-bound, helped by larger batches and quantized weights, not faster math."),
     Rule(Verdict.GPU_BOUND, ((GPU_WORK,),), "otherwise, with GPU work in the trace",
          "The GPU is busy: speed up the longest kernels (mixed precision, channels_last, better algorithms)."),
 )
@@ -262,6 +288,9 @@ class SummaryResult:
     warnings: pl.DataFrame
     mfu_fraction: float | None = None
     profile_next: str | None = None
+    graph_replay_fraction: float | None = None  # `workload.workload_evidence`: shares of kernel time / FLOP-op time
+    compiled_fraction: float | None = None
+    memory_bound_fraction: float | None = None
 
 
 #: Nsight Systems over a capture range the program opens and closes (torch.cuda.profiler.start()/stop() around
@@ -409,6 +438,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     gaps = gpu_gaps(frames) if gaps is None else gaps
     br = step_breakdown(frames, gaps=gaps) if steps is None else steps
     limits = roofline(frames) if limits is None else limits
+    work = workload_evidence(frames, limits)  # whole-trace shares: graph-replayed, compiled, memory-bound
     syncs = _sync_calls(trace)
     gpu_events = int(trace.gpu.select(pl.len()).collect().item())
     if br.steps_found:
@@ -418,13 +448,13 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         for r in per.iter_rows(named=True):  # one row per step: a handful, not per event
             idle = _idle(idle_by_step.filter(pl.col("step") == r["step"]))
             ev = _evidence(r["wall_ns"], gpu_events, r["gpu_busy_ns"], r["data_loading_exposed_ns"], r["sync_ns"],
-                           r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"], idle)
+                           r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"], idle) | work
             rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
             rows.append({"step": r["step"], "verdict": rule.verdict.value,
                          "runner_up": second.verdict.value if second else None,
                          "margin_fraction": close.margin_fraction if close else None,
                          "margin": close.text if close else None, "wall_ns": r["wall_ns"],
-                         **{k: v for k, v in ev.items() if k != "gpu_events"}})
+                         **{k: v for k, v in ev.items() if k != "gpu_events" and k not in work}})
         per_step = pl.DataFrame(rows, infer_schema_length=None)
         tot = per.select(pl.col("wall_ns", "gpu_busy_ns", "data_loading_exposed_ns", "sync_ns", "memcpy_ns",
                                 "pageable_ns", "tiny", "kernels").sum()).row(0, named=True)
@@ -445,6 +475,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                        int(memcpy["dur_ns"].sum() or 0),
                        int(memcpy.filter(pl.col("name").str.contains("Pageable"))["dur_ns"].sum() or 0),
                        int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle)
+    ev = ev | work
     rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
     rules = pl.DataFrame([{"order": i + 1, "verdict": r.verdict.value, "when": r.when, "holds": r.condition(ev),
                            "matched": r is rule, "runner_up": r is second} for i, r in enumerate(RULES)])
@@ -459,5 +490,5 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         memcpy_idle_fraction=ev["memcpy_idle_fraction"], launch_idle_fraction=ev["launch_idle_fraction"],
         tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
         places=_places(frames, rule.verdict, syncs, gaps, kernels), rules=rules, warnings=trace_warnings(frames),
-        mfu_fraction=limits.mfu_fraction, profile_next=profile_next_command(rule.verdict, limits),
+        mfu_fraction=limits.mfu_fraction, profile_next=profile_next_command(rule.verdict, limits), **work,
     )

@@ -39,6 +39,12 @@ def render_summary(result: SummaryResult) -> str:
         ]
     if result.mfu_fraction is not None:
         lines.append(f"  MFU (model FLOPs / peak)    {human_fraction(result.mfu_fraction)}  (`stepscope flops`)")
+    shares = ((result.graph_replay_fraction, "replayed from graphs", "of kernel time, `stepscope graphs`"),
+              (result.compiled_fraction, "compiled (Triton) kernels", "of kernel time"),
+              (result.memory_bound_fraction, "memory-bound FLOP ops", "of their GPU time, roofline"))
+    for value, label, where in shares:
+        if value is not None and value >= 0.005:  # said where there is some: most traces hold no graphs or Triton
+            lines.append(f"  {label:<27} {human_fraction(value)}  ({where})")
     if result.per_step.height:
         counts = result.per_step.group_by("verdict").len().sort("len", descending=True)
         lines.append("per step: " + ", ".join(f"{v} ×{n}" for v, n in counts.iter_rows()))

@@ -263,3 +263,37 @@ def test_rules_markdown_has_every_rule_in_order() -> None:
     rows = rules_markdown().splitlines()[2:]
     assert [row.split(" | ")[1].strip("`") for row in rows] == [r.verdict.value for r in RULES]
     assert all(r.when in row and r.advice in row for r, row in zip(RULES, rows, strict=True))
+
+
+@pytest.mark.parametrize(("shares", "verdict_", "says", "never"), [
+    # launch-bound code already compiled: no "use torch.compile", but CUDA graphs and graph breaks
+    ({"gpu_busy_fraction": 0.4, "compiled_fraction": 0.8}, Verdict.LAUNCH_BOUND,
+     ("reduce-overhead", "graph_breaks"), "fuse small ops (torch.compile)"),
+    # launch-bound while replaying graphs: the eager part and the CPU between replays
+    ({"gpu_busy_fraction": 0.4, "graph_replay_fraction": 0.9}, Verdict.LAUNCH_BOUND,
+     ("between replays", "stepscope graphs"), "use CUDA graphs"),
+    # a busy GPU whose matmuls are bandwidth-bound: not "speed up the math"
+    ({"gpu_busy_fraction": 0.95, "memory_bound_fraction": 0.9}, Verdict.GPU_BOUND,
+     ("bandwidth-bound", "quantize"), "mixed precision"),
+    # a busy GPU replaying graphs: map the kernels to ops first
+    ({"gpu_busy_fraction": 0.95, "graph_replay_fraction": 0.9}, Verdict.GPU_BOUND,
+     ("--graph-capture", "stepscope flops"), "channels_last"),
+])
+def test_advice_fits_compiled_graph_replayed_and_bandwidth_bound_work(
+        shares: dict[str, float], verdict_: Verdict, says: tuple[str, ...], never: str) -> None:
+    rule = decide(_gpu_evidence(**shares))
+    assert rule.verdict is verdict_ and all(s in rule.advice for s in says) and never not in rule.advice
+    # AND below "most" (50%) the plain rule of the same verdict decides
+    plain = decide(_gpu_evidence(**{k: (0.3 if k != "gpu_busy_fraction" else v) for k, v in shares.items()}))
+    assert plain.verdict is verdict_ and plain is not rule
+
+
+def test_workload_shares_from_a_trace(tmp_path: Path) -> None:
+    # GIVEN 30 µs of kernels replayed by one cudaGraphLaunch, 60 µs of triton kernels, 10 µs of a plain one
+    events = [step(1, ts=0, dur=200),
+              runtime("cudaGraphLaunch", ts=1, dur=2, correlation=1),
+              kernel("gemm_a", ts=10, dur=20, correlation=1), kernel("gemm_b", ts=30, dur=10, correlation=1),
+              *_launched("triton_poi_fused_add_0", 50, 60, 2, 45), *_launched("elementwise", 120, 10, 3, 115)]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    assert r.graph_replay_fraction == pytest.approx(0.3) and r.compiled_fraction == pytest.approx(0.6)
+    assert r.memory_bound_fraction is None  # no FLOP op, no device: nothing to place on a roofline
