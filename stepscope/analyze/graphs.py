@@ -132,7 +132,7 @@ class GraphsResult:
     `graphs`: graph, replays, kernels_per_replay, gpu_ns, gpu_share, mean_replay_ns, mapped_share (null without
     a capture), python (the user's line that launched its first replay), first_kernel, ops (the mapped ops,
     most GPU time first). `replays`: graph, correlation, offset_ns (the launch call's start since the trace's
-    first GPU event), kernels, gpu_ns, gpu_share, mapped (null without a capture), python, library (the library
+    first event), kernels, gpu_ns, gpu_share, mapped (null without a capture), python, library (the library
     frame it went through, if any). `ops`: op_name, calls (per replay),
     kernels, gpu_ns, gpu_share (of all GPU time): the ops the capture maps replayed kernels to.
     Shares are of the summed duration of every GPU event of the trace.
@@ -161,7 +161,8 @@ def graph_replays(source: Source) -> GraphsResult:
     total = int(launches["dur_ns"].sum() or 0)
     rep = replayed(launches)
     mapped_ids = mapping.kernels.filter(pl.col("op_event_id").is_not_null())["gpu_event_id"] if mapping else None
-    origin = int(launches["ts_ns"].min() or 0)  # type: ignore[arg-type]
+    origin = frames.trace.meta.time.first_ns or 0  # offsets from the trace's first event (a launch call's start
+    # comes before its kernels', so from the first GPU event they would read negative)
     replays = _replays(frames.trace, rep, replay_signatures(launches), mapped_ids, total, origin)
     n_mapped = int(replays["mapped"].sum()) if mapping is not None else None
     kernels = int(rep.height)
