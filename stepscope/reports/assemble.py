@@ -50,6 +50,7 @@ _INDEX_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("warnings", "warnings", str),
 ]
 _TEXT_COLUMNS = ("peak_device", "verdict", "idle_causes")
+_WRAP_COLUMNS = ("idle_causes",)  # with the trace's name and the error: long text that may wrap
 
 
 def _sort_key(value: Any) -> float | str | None:
@@ -73,7 +74,8 @@ def _index_table(rows: list[dict[str, Any]], title: str, *, mark: str | None = N
         cells.append(line)
     return Table(title=title, columns=["trace", *[c[1] for c in cols], "error"], rows=cells,
                  total_rows=len(rows),
-                 numeric=[False, *[c[0] not in _TEXT_COLUMNS for c in cols], False])
+                 numeric=[False, *[c[0] not in _TEXT_COLUMNS for c in cols], False],
+                 wrap=[True, *[c[0] in _WRAP_COLUMNS for c in cols], True])
 
 
 def _compare_png(rows: list[dict[str, Any]], labels: list[str], mark: int | None) -> bytes | None:

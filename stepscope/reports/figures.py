@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from stepscope.reports._plot import ns_axis, ns_tick, short, style, subplots, to_png
+from stepscope.reports._plot import literal, ns_axis, ns_tick, short, short_labels, style, subplots, to_png
 from stepscope.reports.palette import color, idle_color
 from stepscope.reports.units import human_ns
 
@@ -45,7 +45,7 @@ def ops_figure(table: OpTable, n: int = 12) -> bytes | None:
     fig, axes = subplots(1, len(panels), figsize=(6.5 * len(panels), 0.32 * n + 1.4), squeeze=False)
     for ax, (col, title, cat, keep) in zip(axes[0], panels, strict=True):
         top = ops.filter(keep & (pl.col(col) > 0)).sort(col, descending=True).head(n)
-        labels = [short(x, 40) for x in top["name"].to_list()][::-1]
+        labels = [literal(x) for x in short_labels(top["name"].to_list(), 40)][::-1]
         values = top[col].to_list()[::-1]
         ax.barh(range(len(values)), values, color=color(cat))
         ax.set_yticks(range(len(values)), labels, fontsize=8)
@@ -191,17 +191,29 @@ def _gpu_step_parts(steps: pl.DataFrame, idle_by_cause: pl.DataFrame) -> list[tu
     return parts
 
 
+KERNEL_LABEL_CHARS = 56
+
+
+def top_kernels(result: KernelsResult, n: int = 12) -> pl.DataFrame:
+    """The kernels `kernels_figure` draws (most GPU time first) with the label of each bar: long names cut in
+    the middle, distinct (a table beside the figure gives the full names). A leading 'void ' is left out."""
+    top = result.by_name.sort("total_ns", "name", descending=[True, False]).head(n)
+    names = [x.removeprefix("void ") for x in top["name"].to_list()]
+    return top.with_columns(label=pl.Series(short_labels(names, KERNEL_LABEL_CHARS), dtype=pl.String))
+
+
 def kernels_figure(result: KernelsResult, n: int = 12) -> bytes | None:
-    """GPU time by kernel category and the top kernels by total time (bars coloured by category)."""
+    """GPU time by kernel category and the top kernels by total time (bars coloured by category; the labels
+    are `top_kernels`')."""
     if result.gpu_events == 0 or result.by_category.height == 0:
         return None
-    cats = result.by_category.sort("total_ns", descending=True)
-    top = result.by_name.sort("total_ns", descending=True).head(n)
+    cats = result.by_category.sort("total_ns", descending=True).with_columns(label=pl.col("category"))
+    top = top_kernels(result, n)
     fig, (cat_ax, name_ax) = subplots(1, 2, figsize=(13, 0.3 * max(n, cats.height) + 1.6),
                                           gridspec_kw={"width_ratios": [1, 1.6]})
-    for ax, frame, label_col, title in ((cat_ax, cats, "category", "GPU time by kernel category"),
-                                        (name_ax, top, "name", "Top kernels by total GPU time")):
-        labels = [short(v, 44) for v in frame[label_col].to_list()][::-1]
+    for ax, frame, title in ((cat_ax, cats, "GPU time by kernel category"),
+                             (name_ax, top, "Top kernels by total GPU time (full names in the table below)")):
+        labels = [literal(v) for v in frame["label"].to_list()][::-1]
         values = frame["total_ns"].to_list()[::-1]
         colors = [color(c) for c in frame["category"].to_list()][::-1]
         ax.barh(range(len(values)), values, color=colors)
@@ -271,7 +283,7 @@ def diff_figure(result: TraceDiff, n: int = 10) -> bytes | None:
     step_ax.set_ylabel(f"time ({ns_axis(step_ax, 'y', top=float(max(values) or 1))})")
     step_ax.spines["top"].set_visible(False)
     step_ax.spines["right"].set_visible(False)
-    labels = [short(x, 40) for x in ops["name"].to_list()][::-1]
+    labels = [literal(x) for x in short_labels(ops["name"].to_list(), 40)][::-1]
     y = np.arange(len(labels))
     cpu = ops["delta_self_cpu_ns"].to_numpy()[::-1].astype(float)
     dev = ops["delta_self_device_ns"].to_numpy()[::-1].astype(float)
@@ -317,7 +329,7 @@ def compare_figure(labels: list[str], p50_ns: list[float | None], p95_ns: list[f
     s_ax.set_xlim(0, top * 1.25)
     for yi, v in zip(y, p50, strict=True):
         s_ax.text(0, yi, " no steps" if np.isnan(v) else "", va="center", fontsize=7, color="#777777")
-    s_ax.set_yticks(y, [short(_trace_label(v), 40) for v in labels], fontsize=8)
+    s_ax.set_yticks(y, [literal(v) for v in short_labels([_trace_label(v) for v in labels], 40)], fontsize=8)
     s_ax.set_title("Step time: p50 bar, whisker to p95" + (" (straggler in red)" if mark is not None else ""),
                    fontsize=11)
     s_ax.set_xlabel(f"step wall time ({ns_axis(s_ax, top=top * 1.25)})")
@@ -373,7 +385,8 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
     hist_ax.set_ylim(0, tallest * 1.6)  # headroom: the box of the longest gaps sits above the bars
     hist_ax.set_ylabel(f"idle time in the bin ({ns_axis(hist_ax, 'y', top=tallest * 1.6)})")
     hist_ax.set_xlabel("gap length (log scale)")
-    hist_ax.set_title(f"Idle gaps by length ({len(dur):,} gaps; bar height = their total idle time)", fontsize=11)
+    noun = "gap" if len(dur) == 1 else "gaps"
+    hist_ax.set_title(f"Idle gaps by length ({len(dur):,} {noun}; bar height = their total idle time)", fontsize=11)
     top = gaps.sort("dur_ns", descending=True).head(n_labels)
     lines = ["longest gaps:"]
     for row in top.iter_rows(named=True):
@@ -427,22 +440,42 @@ def _bandwidth_panel(ax: Any, copies: pl.DataFrame) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
+def copy_time_parts(by_step: pl.DataFrame, steps: list[str]) -> list[tuple[str, Any, bool]]:
+    """(direction, time per step, exposed) for the stacked bars of the copy-time panel, bottom first: each
+    direction's exposed time (no kernel running) and then its hidden time (under a kernel), so a bar's
+    exposed share is drawn in proportion; `by_step` is transfers.py's table with `step` as text.
+
+        H2D 10 µs of which 10 exposed, D2H 4 µs of which 1 exposed  ->
+        (H2D, 10, exposed), (H2D, 0, hidden), (D2H, 1, exposed), (D2H, 3, hidden)
+    """
+    parts = []
+    for d in by_step["direction"].unique(maintain_order=True).to_list():
+        rows = list(by_step.filter(pl.col("direction") == d).iter_rows(named=True))
+        dur = {r["step"]: float(r["dur_ns"] or 0) for r in rows}
+        exposed = {r["step"]: min(float(r["exposed_ns"] or 0), dur[r["step"]]) for r in rows}
+        ex = np.array([exposed.get(st, 0.0) for st in steps])
+        parts.append((str(d), ex, True))
+        parts.append((str(d), np.array([dur.get(st, 0.0) for st in steps]) - ex, False))
+    return parts
+
+
 def _copy_time_panel(ax: Any, by_step: pl.DataFrame, steps: list[str]) -> None:
-    """Copy time per step, stacked by direction, with the exposed part (no kernel running) marked."""
+    """Copy time per step, stacked by direction, the exposed part (no kernel running) of each hatched."""
     x = np.arange(len(steps))
     bottom = np.zeros(len(steps))
-    for d in by_step["direction"].unique(maintain_order=True).to_list():
-        rows = by_step.filter(pl.col("direction") == d).iter_rows(named=True)
-        part = {r["step"]: float(r["dur_ns"]) for r in rows}
-        dur = np.array([part.get(st, 0.0) for st in steps])
-        ax.bar(x, dur, bottom=bottom, color=color(f"memcpy_{str(d).lower()}"), label=str(d))
-        bottom += dur
-    exposed = by_step.group_by("step", maintain_order=True).agg(pl.col("exposed_ns").sum())
-    ex = {r[0]: float(r[1] or 0) for r in exposed.iter_rows()}
-    ax.plot(x, [ex.get(st, 0.0) for st in steps], "_", color=color("peak"), markersize=14, mew=2,
-            label="exposed (no kernel running)")
+    parts = copy_time_parts(by_step, steps)
+    for d, vals, exposed in parts:
+        fill = color(f"memcpy_{d.lower()}")
+        if exposed:
+            ax.bar(x, vals, bottom=bottom, color=fill, edgecolor=color("peak"), hatch="////", linewidth=0.8,
+                   label=f"{d}, exposed")
+        else:
+            ax.bar(x, vals, bottom=bottom, color=fill, label=f"{d}, under a kernel")
+        bottom += vals
+    handles, labels = ax.get_legend_handles_labels()
+    keep = [i for i, (_d, vals, _e) in enumerate(parts) if vals.any()]  # no legend entry for an empty part
     ax.set_ylim(0, float(bottom.max() or 1) * 1.15)
-    ax.set_title("Copy time per step", fontsize=11)
+    ax.set_title("Copy time per step (hatched: exposed, no kernel running)", fontsize=11)
     ax.set_ylabel(f"time ({ns_axis(ax, 'y', top=float(bottom.max() or 1))})")
     every = max(1, len(steps) // 15)
     ax.set_xticks(x[::every], steps[::every], fontsize=8)
@@ -451,12 +484,13 @@ def _copy_time_panel(ax: Any, by_step: pl.DataFrame, steps: list[str]) -> None:
     ax.grid(axis="y", alpha=0.3)
     ax.spines["top"].set_visible(False)
     ax.spines["right"].set_visible(False)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
+    ax.legend([handles[i] for i in keep], [labels[i] for i in keep], loc="upper center",
+              bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8, frameon=False)
 
 
 def transfers_figure(result: TransfersResult) -> bytes | None:
     """Left: every copy in time order with its bandwidth (GB/s, log scale; marker area ~ bytes), pageable
-    copies highlighted. Right: copy time per step by direction (stacked) with the exposed part marked."""
+    copies highlighted. Right: copy time per step by direction (stacked), the exposed part of each hatched."""
     copies = result.copies
     if result.copies_total == 0 or copies.height == 0:
         return None

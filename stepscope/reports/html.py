@@ -56,13 +56,15 @@ class Cell:
 
 @dataclass(frozen=True, kw_only=True)
 class Table:
-    """A sortable table."""
+    """A sortable table. `numeric` columns are right-aligned; `wrap` columns (long names) wrap where the page is
+    too narrow, the others stay on one line and the table scrolls sideways in its box."""
 
     title: str
     columns: list[str]
     rows: list[list[Cell]]
     total_rows: int = 0
     numeric: list[bool] = field(default_factory=list)
+    wrap: list[bool] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +79,12 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """A count and its noun, singular for one: (1, 'trace') -> '1 trace', (2, 'copy', 'copies') -> '2 copies'.
+    Also the template filter `plural`."""
+    return f"{count:,} {noun if count == 1 else many or noun + 's'}"
 
 
 def display_name(name: str) -> str:
@@ -138,11 +146,16 @@ SectionBuilder = Callable[[ReportContext], Section | None]
 
 # ---------------------------------------------------------------------------------------------- sections
 def verdict_section(ctx: ReportContext) -> Section | None:
-    """The verdict first (summary.py): what bounds the step, why, what to do, where to look; the trace's warnings
-    (missing timestamps, negative durations …) first of all where there are any."""
+    """The verdict first (summary.py): what bounds the step, why, how close the call was and the runner-up (first
+    in the headline), what to do, where to look; the trace's warnings (missing timestamps, negative durations …)
+    first of all where there are any."""
     result = ctx.bundle.verdict
     name = str(result.verdict.value).replace("_", " ")
-    headline = headline_items(result, skip=("verdict", "reason", "advice"))
+    close = [("margin", result.margin.text)] if result.margin else []
+    if result.runner_up is not None:
+        close.append(("runner-up", f"{result.runner_up.value}: {result.runner_up_reason}"))
+    headline = close + headline_items(result, skip=("verdict", "reason", "advice", "margin", "runner_up",
+                                                    "runner_up_reason"))
     tables = []
     if result.warnings.height:
         tables.append(frame_table(result.warnings, "Warnings: the trace is odd here; read the verdict with care"))
@@ -256,11 +269,23 @@ def kernels_section(ctx: ReportContext) -> Section | None:
     if result.gpu_events == 0:
         return None
     png = figures.kernels_figure(result)
+    tables = [frame_table(result.by_category, "By category"),
+              frame_table(result.by_name, "By kernel name", max_rows=30)]
+    if png is not None:
+        tables.insert(0, _kernel_labels_table(figures.top_kernels(result)))
     return Section(id="kernels", title="Kernels", headline=headline_items(result),
                    figures=[Figure(title="GPU time by category and top kernels", png=png)] if png else [],
-                   tables=[frame_table(result.by_category, "By category"),
-                           frame_table(result.by_name, "By kernel name", max_rows=30)],
-                   commands=[ctx.command("kernels", ctx.source)])
+                   tables=tables, commands=[ctx.command("kernels", ctx.source)])
+
+
+def _kernel_labels_table(top: pl.DataFrame) -> Table:
+    """The figure's top kernels: each bar's label beside the kernel's full name (not cut, it wraps)."""
+    rows = [[Cell(text=r["label"], sort=r["label"]), Cell(text=r["name"], sort=r["name"]),
+             Cell(text=human_ns(r["total_ns"]), sort=r["total_ns"]), Cell(text=r["category"], sort=r["category"])]
+            for r in top.iter_rows(named=True)]
+    return Table(title="Top kernels in the figure: bar label and full name", columns=[
+        "label in the figure", "kernel (full name)", "total", "category"], rows=rows, total_rows=len(rows),
+        numeric=[False, False, True, False], wrap=[True, True, False, False])
 
 
 def roofline_section(ctx: ReportContext) -> Section | None:
@@ -423,6 +448,7 @@ def environment() -> jinja2.Environment:
             loader=jinja2.PackageLoader("stepscope.reports", "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
         )
+        _ENV.filters["plural"] = plural
     return _ENV
 
 

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import matplotlib.image as mpimg
-from builders import cpu_op, load_events, trace
+import matplotlib.pyplot as plt
+import polars as pl
+from builders import cpu_op, kernel, load_events, memcpy, step, trace
 from report_traces import gpu_doc
 
 from stepscope.analyze import load
 from stepscope.analyze.gaps import gpu_gaps
+from stepscope.analyze.kernels import kernel_summary
 from stepscope.analyze.memory import memory_timeline
 from stepscope.analyze.ops import op_table
 from stepscope.analyze.overlap import cpu_gpu_overlap
 from stepscope.analyze.timeline import gpu_timeline
 from stepscope.analyze.transfers import transfers
 from stepscope.reports import figures, memory_figures
+from stepscope.reports._plot import subplots
 from stepscope.reports.palette import color, idle_color
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -75,3 +80,44 @@ def test_transfers_and_overlap_figures(tmp_path: Path) -> None:
     t = load_events(tmp_path, gpu_doc())
     assert_png(figures.transfers_figure(transfers(t)))
     assert_png(figures.overlap_figure(cpu_gpu_overlap(t)), min_h=60)
+
+
+def _copy_steps(tmp_path: Path, doc: dict[str, Any]) -> tuple[pl.DataFrame, list[str]]:
+    by_step = transfers(load_events(tmp_path, doc)).by_step.with_columns(pl.col("step").cast(pl.String))
+    return by_step, by_step["step"].unique(maintain_order=True).to_list()
+
+
+def test_a_fully_exposed_copy_is_drawn_as_a_fully_exposed_bar(tmp_path: Path) -> None:
+    """GIVEN a copy per step with no kernel running (the report traces' HtoD copies)
+    WHEN the copy-time panel is drawn
+    THEN the whole bar is the hatched 'exposed' part, not a cap on top of it."""
+    by_step, steps = _copy_steps(tmp_path, gpu_doc())
+    parts = figures.copy_time_parts(by_step, steps)
+    assert [(d, exposed) for d, _v, exposed in parts] == [("HtoD", True), ("HtoD", False)]
+    assert parts[0][1].tolist() == [5000.0, 5000.0] and parts[1][1].tolist() == [0.0, 0.0]
+    fig, ax = subplots()
+    figures._copy_time_panel(ax, by_step, steps)
+    hatched = [p.get_height() for p in ax.patches if p.get_hatch()]
+    plain = [p.get_height() for p in ax.patches if not p.get_hatch()]
+    plt.close(fig)
+    assert hatched == [5000.0, 5000.0] and plain == [0.0, 0.0]
+
+
+def test_a_copy_half_under_a_kernel_is_half_exposed(tmp_path: Path) -> None:
+    doc = trace(step(1, ts=0, dur=100), kernel("k", ts=0, dur=30),
+                memcpy("DtoH", ts=20, dur=20, nbytes=1 << 20))
+    by_step, steps = _copy_steps(tmp_path, doc)
+    (d, exposed, _e), (_d, hidden, _h) = figures.copy_time_parts(by_step, steps)
+    assert d == "DtoH" and exposed.tolist() == [10_000.0] and hidden.tolist() == [10_000.0]
+
+
+def test_top_kernel_labels_are_distinct_and_name_their_kernel(tmp_path: Path) -> None:
+    """Six ROCm GEMMs alike in their first 48 characters: six bar labels, each holding its tile size."""
+    tiles = ("256x128x64", "128x224x64", "128x128x64", "256x256x64", "64x64x64", "128x128x32")
+    name = "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT{}_MI16x16x1_SN_LDSB1_AFC1_AFEM1_AFEM1_WS64_WG32_8_1"
+    doc = trace(*[kernel(name.format(t), ts=10 * i, dur=9 - i) for i, t in enumerate(tiles)])
+    top = figures.top_kernels(kernel_summary(load_events(tmp_path, doc)))
+    labels = top["label"].to_list()
+    assert len(set(labels)) == 6 and all(len(x) <= figures.KERNEL_LABEL_CHARS for x in labels)
+    assert all(t in x for t, x in zip(tiles, labels, strict=True))
+    assert top["name"].to_list() == [name.format(t) for t in tiles]  # the full names, for the table

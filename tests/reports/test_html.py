@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from builders import cpu_op, load_events, trace
+from builders import cpu_op, kernel, load_events, runtime, step, trace
+from markupsafe import escape
 from report_traces import XSS, gpu_doc
 
 from stepscope.analyze import Trace, load
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.gaps import gpu_gaps
+from stepscope.analyze.summary import RULES
 from stepscope.reports import html as H
 from stepscope.reports.units import human_ns
 
@@ -77,3 +79,19 @@ def test_gaps_section(corpus: Path) -> None:
     idle = gpu_gaps(t).idle_ns
     assert human_ns(idle) in page
     assert "GPU idle by cause, per step" in page and "69.6 ms" in page  # step 5 waited 69.6 ms for data
+
+
+def test_verdict_box_shows_margin_runner_up_and_the_rule_table(tmp_path: Path) -> None:
+    # GIVEN a step whose GPU is busy 59 of its 100 µs: launch_bound, 1 point from gpu_bound
+    t = load_events(tmp_path, trace(step(1, ts=0, dur=100), runtime("cudaLaunchKernel", ts=0, dur=1, correlation=1),
+                                    kernel("sgemm", ts=1, dur=59, correlation=1)))
+    # WHEN the report is built
+    page = report(t, "near.json")
+    verdict_box = page[page.index('id="verdict"'):page.index("</section>", page.index('id="verdict"'))]
+    # THEN the verdict box says how close the call was and what came second
+    assert "<dt>margin</dt><dd>GPU busy 59.0% &lt; 60%: 1.0 points from gpu_bound</dd>" in verdict_box
+    assert "<dt>runner-up</dt><dd>gpu_bound: otherwise, with GPU work in the trace</dd>" in verdict_box
+    # AND its rule table is RULES: every rule, in order, in the same words (the README's table renders them too)
+    pos = verdict_box.index("Rules, in order")
+    for rule in RULES:
+        pos = verdict_box.index(f'>{escape(rule.verdict.value)}</td><td data-v="{escape(rule.when)}">', pos)

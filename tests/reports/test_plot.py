@@ -1,0 +1,45 @@
+"""Figure plumbing (_plot.py): labels for bars side by side stay short and tell the names apart."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stepscope.reports._plot import literal, short_labels
+
+# six ROCm GEMM kernels (hipBLASLt names) alike in their first 48 characters and in their last 60
+PREFIX = "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT"
+SUFFIX = "_SN_LDSB1_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_DTVA0_DTVB0_EPS0_FDSI0_GRPM1_GRVWA8_WS64_WG32_8_1"
+ROCM = [PREFIX + tile + SUFFIX for tile in ("256x128x64", "128x224x64", "128x128x64", "256x256x64", "64x64x64",
+                                           "128x128x32")]
+
+
+def test_long_names_sharing_a_long_prefix_get_distinct_labels_within_the_width() -> None:
+    labels = short_labels(ROCM, 44)
+    assert len(set(labels)) == len(ROCM)
+    assert all(len(label) <= 44 for label in labels)
+    for tile, label in zip(("256x128x64", "128x224x64", "128x128x64", "256x256x64", "64x64x64", "128x128x32"),
+                           labels, strict=True):
+        assert tile in label and label.startswith("Cijk_") and "…" in label  # the part that tells them apart
+
+
+def test_a_long_name_is_cut_in_the_middle_and_short_names_are_kept() -> None:
+    name = "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<at::native::AddFunctor>>(int)"
+    label, short = short_labels([name, "attn_fwd"], 40)
+    assert short == "attn_fwd"
+    assert len(label) == 40 and label.startswith("void at::native::") and label.endswith(">>(int)")
+
+
+def test_equal_names_share_a_label_and_whitespace_is_one_line() -> None:
+    assert short_labels(["a\n b", "a b", "c"]) == ["a b", "a b", "c"]
+
+
+def test_labels_are_plain_text_until_drawn() -> None:
+    assert short_labels(["$\\frac"]) == ["$\\frac"] and literal("$\\frac") == "\\$\\frac"
+
+
+@given(st.lists(st.text(alphabet="ab_x", min_size=0, max_size=90), max_size=12), st.integers(12, 60))
+def test_distinct_names_get_distinct_labels_within_the_width(names: list[str], width: int) -> None:
+    labels = short_labels(names, width)
+    assert all(len(label) <= width for label in labels)
+    assert len(set(labels)) == len(set(names))
