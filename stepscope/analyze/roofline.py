@@ -340,17 +340,23 @@ def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None
         reasons = flops.ops.filter(pl.col("skip_reason").is_not_null()).group_by("skip_reason").len().sort(
             "len", descending=True)
         first = f" (most: {reasons['skip_reason'][0]})" if reasons.height else ""
-        parts.append(f"{flops.ops_skipped:,} ops with a FLOP model could not be counted from what was "
+        parts.append(f"{_ops(flops.ops_skipped)} with a FLOP model could not be counted from what was "
                      f"recorded{first}")
     uncounted = int(steps["uncounted_ops"].sum()) if steps.height else 0
     if uncounted:
-        parts.append(f"no MFU: {uncounted:,} matmul/convolution/attention ops of the steps are among them, so the "
-                     "steps' FLOPs would be a lower bound")
+        parts.append(f"no MFU: {_ops(uncounted, 'matmul/convolution/attention')} of the steps are among them, so "
+                     "the steps' FLOPs would be a lower bound")
     elif steps.height == 0 and flops.shapes_recorded and dtype is not None:
         parts.append("no MFU: the trace has no ProfilerStep# windows to hold the FLOPs to (MFU is per step)")
     if cpu_side:
-        parts.append(f"{cpu_side:,} ops with FLOPs launched no GPU kernel (they ran on the CPU) and are left out")
+        parts.append(f"{_ops(cpu_side)} with FLOPs launched no GPU kernel (they ran on the CPU) and "
+                     f"{'is' if cpu_side == 1 else 'are'} left out")
     return "; ".join(p for p in parts if p)
+
+
+def _ops(count: int, kind: str = "") -> str:
+    """'1 op', '1,272 ops', '3 matmul ops': a count of ops in a note."""
+    return f"{count:,} {kind + ' ' if kind else ''}{'op' if count == 1 else 'ops'}"
 
 
 def _peak_note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None) -> str:

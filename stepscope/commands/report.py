@@ -8,17 +8,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from stepscope._io import atomic_dir, check_output_path
-from stepscope.analyze.bundle import TraceAnalysis
-from stepscope.analyze.collection import Collection, Member, members, page_names, run_facts, side_files, straggler
-from stepscope.analyze.inputs import Dataset, MemoryTimeline, RunDir, Snapshot, TraceBatch, describe, resolve
-from stepscope.analyze.trace import load
 from stepscope.commands._options import echo_failure, end_batch
 from stepscope.errors import UsageError
-from stepscope.reports.assemble import index_page, member_page, member_row, trace_report
+
+if TYPE_CHECKING:  # the analyses and the report writer load polars and matplotlib: imported when a report runs
+    from stepscope.analyze.bundle import TraceAnalysis
+    from stepscope.analyze.collection import Collection, Member
 
 
 @click.command("report")
@@ -35,6 +34,12 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
 
     A trace that fails in a run or batch is reported in one line and the rest go on; the exit code is 1 if
     any failed."""
+    from stepscope._io import atomic_dir, check_output_path
+    from stepscope.analyze.bundle import TraceAnalysis
+    from stepscope.analyze.inputs import Dataset, MemoryTimeline, RunDir, Snapshot, TraceBatch, describe, resolve
+    from stepscope.analyze.trace import load
+    from stepscope.reports.assemble import trace_report
+
     start = time.perf_counter()
     inp = resolve(input_path, batch=batch)
     if isinstance(inp, Snapshot | MemoryTimeline):
@@ -74,6 +79,11 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
                       step: int | None) -> tuple[str, list[str], int]:
     """Each member's page as it is analysed (one bundle alive at a time), then the index; returns the mode,
     the failed files' lines and the number of traces."""
+    from stepscope.analyze.collection import members, page_names, run_facts, side_files, straggler
+    from stepscope.analyze.inputs import RunDir
+    from stepscope.reports.assemble import index_page, member_page, member_row
+    from stepscope.reports.html import plural
+
     run = isinstance(inp, RunDir)
     named = page_names(inp)
     done: list[Member] = []
@@ -91,7 +101,7 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
                       facts=run_facts(inp.manifests) if isinstance(inp, RunDir) else None,
                       side=side_files(inp) if isinstance(inp, RunDir) else [], problems=failed, step=step,
                       title=f"stepscope {'run' if run else 'batch'} report: {input_path.name}",
-                      subtitle=f"{len(rows)} traces from {input_path}",
+                      subtitle=f"{plural(len(rows), 'trace')} from {input_path}",
                       reproduce=f"stepscope report {input_path} -o OUT/" + (" --batch" if batch else ""))
     (tmp / "index.html").write_text(page, encoding="utf-8")
     return ("run" if run else "batch"), failed, len(rows)

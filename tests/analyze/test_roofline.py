@@ -123,8 +123,8 @@ def test_work_the_flops_cannot_count_refuses_mfu_and_cpu_ops_are_left_out(tmp_pa
     assert result.model_flops == MM_FLOPS  # the CPU matmul is not GPU work
     assert result.mfu_fraction is None and result.steps["mfu_fraction"].to_list() == [None]
     assert result.steps["uncounted_ops"].to_list() == [1]
-    assert "1 ops with a FLOP model could not be counted" in result.note and "no MFU: 1 matmul" in result.note
-    assert "1 ops with FLOPs launched no GPU kernel" in result.note
+    assert "1 op with a FLOP model could not be counted" in result.note and "no MFU: 1 matmul" in result.note
+    assert "1 op with FLOPs launched no GPU kernel" in result.note
 
 
 def test_the_flops_command(tmp_path: Path) -> None:
