@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "overlap": "overlap",
     "transfers": "transfers",
     "comm": "comm",
+    "ranks": "ranks",
 }
 
 
@@ -56,6 +57,7 @@ SUMMARIES: dict[str, str] = {
     "ops": "Per-op totals as torch's key_averages().table() prints them, from the trace alone.",
     "overlap": "CPU/GPU overlap, launch queue depth and the sync points.",
     "plot": "Write one figure of the report as a PNG.",
+    "ranks": "Ranks side by side per step: compute, exposed comm, idle, imbalance, straggler and its cause.",
     "report": "One self-contained HTML report: a trace, a capture run, or a batch.",
     "snapshot": "What held CUDA memory at the peak of a memory snapshot, by allocating line.",
     "steps": "Per step: wall, GPU busy and idle, data loading / forward / backward / optimizer.",

@@ -31,10 +31,12 @@ from stepscope.errors import InputError, StepscopeError, UsageError, failure_lin
 
 @dataclass(frozen=True, kw_only=True)
 class RankCalls:
-    """One rank: its trace files (windows in time order), clock domain, host and collectives (CALL_SCHEMA)."""
+    """One rank: its trace files (windows in time order) and their traces, clock domain, host and collectives
+    (CALL_SCHEMA)."""
 
     rank: int
     files: tuple[Path, ...]
+    traces: tuple[Trace, ...]
     clock: str
     host: str | None
     calls: pl.DataFrame
@@ -160,7 +162,7 @@ def _rank_calls(rank: int, items: list[_Loaded]) -> RankCalls:
     frames = [rank_calls(x.trace, pg_config=pg_config_of(x.trace.meta.distributed)) for x in items]
     first = items[0].trace
     host = _host(first)
-    return RankCalls(rank=rank, files=tuple(x.path for x in items),
+    return RankCalls(rank=rank, files=tuple(x.path for x in items), traces=tuple(x.trace for x in items),
                      clock=f"{host}@{first.meta.base_time_ns or 0}" if host else f"rank{rank}", host=host,
                      calls=pl.concat(frames, how="vertical").sort("ts_ns"))
 

@@ -1,0 +1,371 @@
+"""`stepscope ranks`: the ranks of a run side by side, per step, and the straggler with its likely cause.
+
+The run, its ranks, clocks and matched collectives are `stepscope comm`'s (`_comm_run`, `collectives`); each
+rank's steps are the single-trace analysis's (`bundle.TraceAnalysis`: the one step-window rule of `window.py`,
+data loading and CPU time from `steps.py`). Definitions (DESIGN.md, "Distributed runs"), per rank and step,
+every interval clipped to the step window, GPU figures summed over the rank's devices:
+
+    wall             the step window's length (steps.py)
+    compute          union of the kernels that are not communication kernels, per device
+    comm             union of the communication kernels (NCCL/RCCL) per device; on a CPU backend, union of the
+                     collective ops (gloo:all_reduce …)
+    exposed_comm     comm not covered by compute on the same device (on a CPU backend, all of comm)
+    idle             window minus the union of all GPU work (kernels, memcpy, memset), per device
+    data_loading     the step's DataLoader time (steps.py)
+    cpu              the step's CPU span, its ProfilerStep (steps.py)
+    wait             the rank's wait in the step's collectives (its duration minus the call's latency)
+
+A call belongs to the step whose window holds its start on its lowest rank. A trace without ProfilerStep
+spans is one window (step null) from its first event to its last.
+
+    rank 0: compute [0,60) [80,90)   comm [50,100)   -> compute 70, comm 50, exposed 30 ([60,80) [90,100))
+
+Imbalance of a metric: max / median across ranks of its mean per step. Straggler of a step: the rank last to
+arrive in most of the step's calls (a tie goes to the rank whose late arrivals cost the others more wait);
+its cost: the others' wait in those calls. Its likely cause, in the call where it cost most:
+
+    lateness      its aligned start - the others' median aligned start
+    compute       its compute from the step's start to its arrival - the others' median (>= 0)
+    data_loading  its data loading in the step - the others' median (>= 0)
+    host_delay    lateness - compute - data_loading (>= 0): the host reached the call late
+
+and the cause is the largest (compute first, then data loading, on a tie). For host delay, what the host did
+meanwhile: the innermost CPU op and the user's Python line (`blame.python_lines`) on the rank's step thread
+at its arrival minus half the lateness. The run's straggler is `collectives`' (most last arrivals overall).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from stepscope.analyze import intervals
+from stepscope.analyze._comm_events import COMM_KERNEL
+from stepscope.analyze._comm_run import RankCalls, run_calls
+from stepscope.analyze.blame import innermost, python_lines
+from stepscope.analyze.bundle import TraceAnalysis
+from stepscope.analyze.collectives import CollectivesResult, analyze_run
+from stepscope.analyze.schema import Kind
+from stepscope.analyze.window import with_step
+
+
+class Cause(enum.StrEnum):
+    """Why a straggler arrived late (see the module docstring)."""
+
+    COMPUTE = "compute"
+    DATA_LOADING = "data_loading"
+    HOST_DELAY = "host_delay"
+
+
+#: the per-step metrics compared across ranks (imbalance), in table order
+METRICS: tuple[str, ...] = ("wall_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "idle_ns", "data_loading_ns",
+                            "cpu_ns", "wait_ns")
+
+_WINDOW_SCHEMA: dict[str, pl.DataType] = {
+    "step": pl.Int64(), "start_ns": pl.Int64(), "end_ns": pl.Int64(), "wall_ns": pl.Int64(),
+    "data_loading_ns": pl.Int64(), "cpu_ns": pl.Int64(),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RanksResult:
+    """Per rank and step: time split, imbalance across ranks, stragglers per step and their likely cause.
+
+    Tables: `ranks` (one row per rank: its mean per step of each metric, the share of its communication that
+    compute overlaps, its last arrivals), `imbalance` (one row per metric), `stragglers` (one row per step),
+    `steps` (one row per rank and step).
+    """
+
+    rank_count: int
+    step_count: int
+    source: str | None  # "kernel" (NCCL/RCCL), "cpu" (gloo and other CPU backends), "mixed"; None: no collective
+    straggler: int | None
+    straggler_last_arrivals: int | None
+    straggler_wait_cost_ns: int | None
+    straggler_wait_cost_per_step_ns: float | None
+    straggler_cause: Cause | None
+    straggler_host_op: str | None
+    straggler_host_line: str | None
+    note: str | None
+    warnings: list[str] = field(default_factory=list)
+    ranks: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+    imbalance: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+    stragglers: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+    steps: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+
+
+@dataclass(frozen=True)
+class _RankSteps:
+    """One rank's step table and its compute intervals (rank, start_ns, end_ns; merged over devices)."""
+
+    steps: pl.DataFrame
+    compute: pl.DataFrame
+    bundles: tuple[TraceAnalysis, ...]
+
+
+def ranks(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | None = None) -> RanksResult:
+    """Every rank of the run in `paths` (as `collectives.collectives` reads it), per step, with imbalance and
+    stragglers (see the module docstring)."""
+    many = [paths] if isinstance(paths, str | Path) else list(paths)
+    run = run_calls(many, cache_dir=cache_dir)
+    coll = analyze_run(run)
+    per_rank = {r.rank: _rank_steps(r) for r in run.ranks}
+    steps = pl.concat([p.steps for p in per_rank.values()], how="vertical")
+    waits = _waits_by_step(coll.waits, steps)
+    steps = _with_waits(steps, waits)
+    by_step = _last_arrivals(waits)
+    stragglers = _stragglers(by_step, waits, steps, pl.concat([p.compute for p in per_rank.values()]))
+    stragglers = _with_host_blame(stragglers, per_rank)
+    step_count = steps.select(pl.col("step").n_unique()).item() if steps.height else 0
+    per_rank_table = _per_rank(steps)
+    cause, host_op, host_line = _straggler_cause(stragglers, coll.straggler_rank)
+    return RanksResult(
+        rank_count=len(run.ranks), step_count=step_count, source=coll.source, straggler=coll.straggler_rank,
+        straggler_last_arrivals=coll.straggler_last_arrivals, straggler_wait_cost_ns=coll.straggler_wait_cost_ns,
+        straggler_wait_cost_per_step_ns=_cost_per_step(by_step, coll.straggler_rank, waits),
+        straggler_cause=cause, straggler_host_op=host_op, straggler_host_line=host_line,
+        note=_note(coll), warnings=list(coll.warnings), ranks=per_rank_table, imbalance=imbalance(per_rank_table),
+        stragglers=stragglers.drop("ts_ns"),
+        steps=steps.select("rank", "step", *METRICS, "last_arrivals").sort("step", "rank", nulls_last=True),
+    )
+
+
+def _rank_steps(rank: RankCalls) -> _RankSteps:
+    """One rank's steps over its windows (traces): wall, compute, comm, exposed comm, idle, data loading, CPU."""
+    bundles = tuple(TraceAnalysis.of(t) for t in rank.traces)
+    windows = pl.concat([_windows(b) for b in bundles], how="vertical")
+    gpu = pl.concat([_gpu(b) for b in bundles], how="vertical")
+    compute = intervals.union(gpu.filter(pl.col("compute")), by=["device"], start="start_ns", end="end_ns")
+    comm = intervals.union(
+        rank.calls.lazy().select("device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")),
+        by=["device"], start="start_ns", end="end_ns")
+    busy = intervals.union(gpu, by=["device"], start="start_ns", end="end_ns")
+    devices = gpu.select(pl.col("device").n_unique()).collect().item()
+    out = windows
+    for name, pieces in (("compute_ns", compute), ("comm_ns", comm),
+                         ("exposed_comm_ns", intervals.subtract(comm, compute, by=["device"])), ("busy", busy)):
+        out = out.join(per_window(pieces, windows, name), on="step", how="left", nulls_equal=True)
+    gpu_known = pl.lit(devices > 0)
+    out = out.with_columns(
+        rank=pl.lit(rank.rank, pl.Int64),
+        compute_ns=pl.when(gpu_known).then(pl.col("compute_ns").fill_null(0)),
+        comm_ns=pl.col("comm_ns").fill_null(0), exposed_comm_ns=pl.col("exposed_comm_ns").fill_null(0),
+        idle_ns=pl.when(gpu_known).then(devices * pl.col("wall_ns") - pl.col("busy").fill_null(0)),
+    ).drop("busy")
+    merged = intervals.union(compute, start="start_ns", end="end_ns").collect()
+    return _RankSteps(steps=out, compute=merged.with_columns(rank=pl.lit(rank.rank, pl.Int64)), bundles=bundles)
+
+
+def _windows(bundle: TraceAnalysis) -> pl.DataFrame:
+    """step, start_ns, end_ns, wall_ns, data_loading_ns, cpu_ns of a trace's steps (steps.py); without steps
+    one window, step null, from its first event to its last."""
+    steps = bundle.steps.steps
+    if steps.height:
+        return steps.select(list(_WINDOW_SCHEMA)).cast(_WINDOW_SCHEMA)  # type: ignore[arg-type]
+    first, last = bundle.trace.meta.time.first_ns, bundle.trace.meta.time.last_ns
+    if first is None or last is None:
+        return pl.DataFrame(schema=_WINDOW_SCHEMA)
+    return pl.DataFrame({"step": [None], "start_ns": [first], "end_ns": [last], "wall_ns": [last - first],
+                         "data_loading_ns": [None], "cpu_ns": [None]}, schema=_WINDOW_SCHEMA)
+
+
+def _gpu(bundle: TraceAnalysis) -> pl.LazyFrame:
+    """device, start_ns, end_ns, compute (a kernel that is not a communication kernel) of a trace's GPU work."""
+    gpu = bundle.trace.gpu.filter(pl.col("dur_ns").is_not_null() & pl.col("device").is_not_null())
+    kernel = pl.col("kind") == Kind.KERNEL.value
+    return gpu.select(pl.col("device").cast(pl.Int64), start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
+                      compute=kernel & ~pl.col("name").fill_null("").str.contains(COMM_KERNEL))
+
+
+def per_window(pieces: pl.LazyFrame, windows: pl.DataFrame, name: str) -> pl.DataFrame:
+    """step, `name`: the length of `pieces` (start_ns, end_ns; disjoint per device) inside each window, summed
+    over devices.
+
+        pieces [0,12) [20,25); windows step 1 [0,10), step 2 [10,22)  ->  step 1: 10, step 2: 4
+    """
+    w = windows.lazy().select("step", w_start="start_ns", w_end="end_ns")
+    inside = pl.min_horizontal("end_ns", "w_end") - pl.max_horizontal("start_ns", "w_start")
+    return (pieces.select("start_ns", "end_ns")
+            .join_where(w, pl.col("start_ns") < pl.col("w_end"), pl.col("end_ns") > pl.col("w_start"))
+            .group_by("step").agg(inside.sum().alias(name)).collect())
+
+
+def _waits_by_step(waits: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """`collectives`' waits (call, rank, ts_ns, aligned_start_ns, wait_ns, last) with the call's step: the step
+    whose window holds the call's start on its lowest rank that has one."""
+    cols = ["call", "rank", "ts_ns", "aligned_start_ns", "wait_ns", "last"]
+    if waits.height == 0:
+        return pl.DataFrame(schema={**{c: pl.Int64 for c in cols}, "last": pl.Boolean, "step": pl.Int64})
+    parts = [with_step(waits.filter(pl.col("rank") == r).select(cols),
+                       steps.filter(pl.col("rank") == r).filter(pl.col("step").is_not_null()), at="ts_ns")
+             for r in waits["rank"].unique().to_list()]
+    tagged = pl.concat(parts, how="vertical")
+    of_call = tagged.sort("rank").group_by("call").agg(step=pl.col("step").drop_nulls().first())
+    return tagged.drop("step").join(of_call, on="call").sort("call", "rank")
+
+
+def _with_waits(steps: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
+    """The step table with each rank's wait and last arrivals in the step's calls."""
+    per = waits.group_by("rank", "step").agg(wait_ns=pl.col("wait_ns").sum(),
+                                             last_arrivals=pl.col("last").sum().cast(pl.Int64))
+    return (steps.join(per, on=["rank", "step"], how="left", nulls_equal=True)
+            .with_columns(pl.col("wait_ns", "last_arrivals").fill_null(0)))
+
+
+def _last_arrivals(waits: pl.DataFrame) -> pl.DataFrame:
+    """step, rank, last_arrivals, wait_cost_ns (the others' wait in the calls it arrived last in) and call (the
+    one of those that cost most): one row per rank that arrived last in some call of the step."""
+    last = waits.filter(pl.col("last")).select("call", "step", "rank")
+    others = waits.select("call", other="rank", other_wait="wait_ns")
+    cost = (last.join(others, on="call").filter(pl.col("other") != pl.col("rank"))
+            .group_by("call", "rank").agg(cost=pl.col("other_wait").sum()))
+    return (last.join(cost, on=["call", "rank"], how="left").with_columns(pl.col("cost").fill_null(0))
+            .group_by("step", "rank").agg(last_arrivals=pl.len().cast(pl.Int64), wait_cost_ns=pl.col("cost").sum(),
+                                          call=pl.col("call").sort_by("cost", "call", descending=[True, False])
+                                          .first()))
+
+
+def _stragglers(by_step: pl.DataFrame, waits: pl.DataFrame, steps: pl.DataFrame,
+                compute: pl.DataFrame) -> pl.DataFrame:
+    """One row per step: its straggler, last arrivals and cost, and in its costliest call the lateness and the
+    excess compute and data loading that explain it, the host delay left, and the cause."""
+    top = (by_step.sort(["step", "last_arrivals", "wait_cost_ns", "rank"], descending=[False, True, True, False],
+                        nulls_last=True)
+           .group_by("step", maintain_order=True).first().rename({"rank": "straggler"}))
+    rows = (waits.join(top.select("call", "straggler"), on="call")
+            .join(steps.select("rank", "step", step_start="start_ns", dl="data_loading_ns", known="compute_ns"),
+                  on=["rank", "step"], how="left", nulls_equal=True))
+    rows = rows.with_columns(before=pl.when(pl.col("known").is_not_null())
+                             .then(_covered(compute, rows.select("rank", s="step_start", e="ts_ns"))))
+    me = pl.col("rank") == pl.col("straggler")
+
+    def excess(col: str) -> pl.Expr:
+        return (pl.col(col).filter(me).first() - pl.col(col).filter(~me).median()).clip(lower_bound=0)
+
+    per_call = rows.group_by("call").agg(
+        ts_ns=pl.col("ts_ns").filter(me).first(),
+        lateness_ns=pl.col("aligned_start_ns").filter(me).first() - pl.col("aligned_start_ns").filter(~me).median(),
+        excess_compute_ns=excess("before"), excess_data_loading_ns=excess("dl"))
+    out = top.join(per_call, on="call", how="left").with_columns(
+        pl.col("lateness_ns", "excess_compute_ns", "excess_data_loading_ns").round().cast(pl.Int64))
+    host = (pl.col("lateness_ns") - pl.col("excess_compute_ns").fill_null(0)
+            - pl.col("excess_data_loading_ns").fill_null(0)).clip(lower_bound=0)
+    return out.with_columns(host_delay_ns=host).with_columns(cause=_cause()).select(
+        "step", "straggler", "last_arrivals", "wait_cost_ns", "lateness_ns", "excess_compute_ns",
+        "excess_data_loading_ns", "host_delay_ns", "cause", "call", "ts_ns").sort("step", nulls_last=True)
+
+
+def _cause() -> pl.Expr:
+    """The largest of excess compute, excess data loading and host delay (in that order on a tie); null
+    when none is above 0."""
+    c, d, h = (pl.col(x).fill_null(0) for x in ("excess_compute_ns", "excess_data_loading_ns", "host_delay_ns"))
+    return (pl.when(pl.max_horizontal(c, d, h) <= 0).then(None)
+            .when((c >= d) & (c >= h)).then(pl.lit(Cause.COMPUTE.value))
+            .when(d >= h).then(pl.lit(Cause.DATA_LOADING.value))
+            .otherwise(pl.lit(Cause.HOST_DELAY.value)))
+
+
+def _covered(pieces: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
+    """For each span (rank, s, e), the length of that rank's disjoint `pieces` (rank, start_ns, end_ns) inside
+    it; 0 where none, in the spans' order."""
+    idx = spans.with_row_index("_i")
+    inside = pl.min_horizontal("end_ns", "e") - pl.max_horizontal("start_ns", "s")
+    hit = (idx.join(pieces, on="rank").filter((pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s")))
+           .group_by("_i").agg(inside.sum().alias("n")))
+    return idx.join(hit, on="_i", how="left").sort("_i")["n"].fill_null(0)
+
+
+def _with_host_blame(stragglers: pl.DataFrame, per_rank: dict[int, _RankSteps]) -> pl.DataFrame:
+    """host_op, host_line: for a host-delay straggler, the innermost CPU op and the user's Python line on its
+    step thread half its lateness before its arrival (one lookup per step: a handful of rows)."""
+    ops: list[str | None] = []
+    lines: list[str | None] = []
+    for rank, ts, late, cause in stragglers.select("straggler", "ts_ns", "lateness_ns", "cause").iter_rows():
+        found: tuple[str | None, str | None] = (None, None)
+        if cause == Cause.HOST_DELAY.value and ts is not None and late is not None:
+            found = _host_at(per_rank[rank].bundles, ts - late // 2)
+        ops.append(found[0])
+        lines.append(found[1])
+    return stragglers.with_columns(host_op=pl.Series(ops, dtype=pl.String), host_line=pl.Series(lines, dtype=pl.String))
+
+
+def _host_at(bundles: Sequence[TraceAnalysis], at_ns: int) -> tuple[str | None, str | None]:
+    """(innermost CPU op, user's Python line) at `at_ns` on the step thread of the trace that holds it."""
+    for b in bundles:
+        t = b.trace.meta.time
+        main = b.frames.main_thread
+        if main is None or t.first_ns is None or t.last_ns is None or not t.first_ns <= at_ns <= t.last_ns:
+            continue
+        point = pl.DataFrame({"pid": [main[0]], "tid": [main[1]], "ts_ns": [at_ns]},
+                             schema={"pid": pl.String, "tid": pl.String, "ts_ns": pl.Int64})
+        op = innermost(b.trace.cpu_ops, point)["name"][0]
+        line = python_lines(b.trace, point)[0][0]
+        return op, line
+    return None, None
+
+
+def _cost_per_step(by_step: pl.DataFrame, straggler: int | None, waits: pl.DataFrame) -> float | None:
+    """The others' wait the straggler's late arrivals cost, per step of the run's calls (0 in steps where it
+    was never last)."""
+    if straggler is None or waits.height == 0:
+        return None
+    steps = waits.select(pl.col("step").n_unique()).item()
+    total = by_step.filter(pl.col("rank") == straggler)["wait_cost_ns"].sum()
+    return float(total) / steps if steps else None
+
+
+def _straggler_cause(stragglers: pl.DataFrame, straggler: int | None) -> tuple[Cause | None, str | None, str | None]:
+    """The straggler's cause (the one that cost most over the steps it was the straggler of) and, for host
+    delay, the op and line of its costliest such step."""
+    if straggler is None:
+        return None, None, None
+    mine = stragglers.filter((pl.col("straggler") == straggler) & pl.col("cause").is_not_null())
+    if mine.height == 0:
+        return None, None, None
+    cause = (mine.group_by("cause").agg(pl.col("wait_cost_ns").sum())
+             .sort("wait_cost_ns", "cause", descending=[True, False])["cause"][0])
+    host = mine.filter(pl.col("cause") == Cause.HOST_DELAY.value).sort("wait_cost_ns", descending=True)
+    op, line = (host["host_op"][0], host["host_line"][0]) if cause == Cause.HOST_DELAY.value else (None, None)
+    return Cause(cause), op, line
+
+
+def _per_rank(steps: pl.DataFrame) -> pl.DataFrame:
+    """One row per rank: steps, the mean per step of each metric, the share of comm that compute overlaps
+    (1 - exposed / comm, HTA's comm/comp overlap; null without GPU compute) and its last arrivals."""
+    means = [pl.col(m).mean().round().cast(pl.Int64) for m in METRICS]
+    overlap = 1 - pl.col("exposed_comm_ns").sum() / pl.col("comm_ns").sum()
+    return steps.group_by("rank").agg(
+        pl.len().cast(pl.Int64).alias("steps"), *means,
+        comm_overlap_fraction=pl.when((pl.col("comm_ns").sum() > 0) & pl.col("compute_ns").is_not_null().any())
+        .then(overlap),
+        last_arrivals=pl.col("last_arrivals").sum()).sort("rank")
+
+
+def imbalance(per_rank: pl.DataFrame) -> pl.DataFrame:
+    """metric, median_ns, max_ns, max_rank, imbalance (max / median; null where the median is 0 or unknown).
+
+        compute_ns per rank 10, 10, 12, 30  ->  median 11, max 30 (rank 3), imbalance 2.727
+    """
+    rows: list[dict[str, object]] = []
+    for m in METRICS:
+        values = per_rank.select("rank", m).drop_nulls()
+        if values.height == 0:
+            rows.append({"metric": m.removesuffix("_ns"), "median_ns": None, "max_ns": None, "max_rank": None,
+                         "imbalance": None})
+            continue
+        median = float(values[m].median())  # type: ignore[arg-type]
+        top = values.sort([m, "rank"], descending=[True, False]).row(0)
+        rows.append({"metric": m.removesuffix("_ns"), "median_ns": median, "max_ns": float(top[1]),
+                     "max_rank": int(top[0]), "imbalance": top[1] / median if median > 0 else None})
+    return pl.DataFrame(rows, schema={"metric": pl.String, "median_ns": pl.Float64, "max_ns": pl.Float64,
+                                      "max_rank": pl.Int64, "imbalance": pl.Float64})
+
+
+def _note(coll: CollectivesResult) -> str | None:
+    if coll.rank_count == 1:
+        return "one rank: no imbalance or straggler across ranks; its row and steps below"
+    return coll.note
