@@ -1,4 +1,4 @@
-"""A trace's derived frames, computed once: the launch links, the ProfilerStep spans, the step windows.
+"""A trace's derived frames, computed once: the launch links, the step spans, the step windows.
 
 Every analysis below the verdict needs some of these, and each is a join or a sort over the whole trace
 (`Trace.launches()` alone is three joins). `TraceFrames` computes each on first use and keeps it, so an
@@ -16,6 +16,7 @@ import polars as pl
 
 from stepscope.analyze import window as _window
 from stepscope.analyze.blame import innermost
+from stepscope.analyze.iterations import Iterations, iterations
 from stepscope.analyze.trace import Trace
 from stepscope.analyze.window import WindowKind
 
@@ -49,9 +50,17 @@ class TraceFrames:
         return pl.DataFrame(schema=GRAPH_OPS_SCHEMA)
 
     @cached_property
+    def iterations(self) -> Iterations:
+        """The step spans and where they come from: the ProfilerStep spans, else iterations inferred from the
+        loop's repeating structure, the set-up iteration set aside (`iterations.iterations`)."""
+        return iterations(self.trace, self.trace.steps.collect())
+
+    @cached_property
     def profiler_steps(self) -> pl.DataFrame:
-        """`Trace.steps`, collected: step, ts_ns, dur_ns, end_ns, pid, tid, event_id (CPU spans, by start)."""
-        return self.trace.steps.collect()
+        """The step spans every analysis uses: step, ts_ns, dur_ns, end_ns, pid, tid, event_id (CPU spans, by
+        start). `Trace.steps` where the trace has ProfilerStep#N, else the inferred iterations without the set-up
+        one (`iterations.steady`; `iterations.source` says which)."""
+        return self.iterations.steady.sort("ts_ns")
 
     @cached_property
     def gpu_by_step(self) -> pl.DataFrame:
@@ -72,7 +81,7 @@ class TraceFrames:
 
     @cached_property
     def main_thread(self) -> tuple[str, str] | None:
-        """(pid, tid) of the thread holding the most ProfilerStep spans; None without steps."""
+        """(pid, tid) of the thread holding the most step spans (ProfilerStep or inferred); None without steps."""
         steps = self.profiler_steps
         if steps.height == 0:
             return None

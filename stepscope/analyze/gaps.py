@@ -59,6 +59,7 @@ import polars as pl
 from stepscope.analyze import intervals
 from stepscope.analyze.blame import innermost, is_sync_runtime, python_lines, short_name
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
+from stepscope.analyze.loading import exposed_data_loading, exposed_in_window
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.window import WindowKind, with_step
 
@@ -106,6 +107,7 @@ class GapsResult:
     idle_by_cause: pl.DataFrame
     gaps: pl.DataFrame
     histogram: pl.DataFrame
+    data_loading_exposed_ns: int | None = None
 
 
 def _gpu(frames: TraceFrames, device: int | None) -> pl.DataFrame:
@@ -272,8 +274,11 @@ def gpu_gaps(source: Source, *, min_gap_ns: int = 0, window: WindowKind = "steps
     shown = _gaps_table(gaps, windows, min_gap_ns)
     totals = per_device.select(pl.col("busy_ns", "window_ns", "idle_ns").sum()).row(0, named=True)
     window_ns = int(totals["window_ns"] or 0)
+    kind: str = window if steps.height or window == "trace" else "trace (no ProfilerStep)"
+    if kind == "steps" and frames.iterations.inferred:
+        kind = f"steps ({frames.iterations.source})"
     return GapsResult(
-        window_kind=window if steps.height or window == "trace" else "trace (no ProfilerStep)",
+        window_kind=kind,
         devices_with_gpu_work=per_device.height,
         busy_ns=int(totals["busy_ns"] or 0),
         window_ns=window_ns,
@@ -285,7 +290,19 @@ def gpu_gaps(source: Source, *, min_gap_ns: int = 0, window: WindowKind = "steps
         idle_by_cause=_idle_by_cause(gaps, per_device),
         gaps=shown.head(top) if top else shown,
         histogram=_histogram(gaps["dur_ns"]),
+        data_loading_exposed_ns=_exposed_loading(frames, windows, window),
     )
+
+
+def _exposed_loading(frames: TraceFrames, windows: pl.DataFrame, window: WindowKind) -> int | None:
+    """`loading.exposed_data_loading` summed over the step spans (as `steps` counts it) with the default window,
+    else `loading.exposed_in_window` over the analysis window's extent; None where there is neither."""
+    spans = frames.step_windows
+    if window == "steps" and spans.height:
+        return int(exposed_data_loading(frames.trace, spans)["data_loading_exposed_ns"].sum())
+    if windows.height == 0:
+        return None
+    return exposed_in_window(frames.trace, int(windows["start_ns"].min()), int(windows["end_ns"].max()))  # type: ignore[arg-type]
 
 
 __all__ = ["BACK_TO_BACK_NS", "GapCause", "GapsResult", "gpu_gaps"]

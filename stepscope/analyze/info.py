@@ -32,6 +32,7 @@ class TraceInfo:
     gpu_span_ns: int | None
     steps_found: int
     step_numbers: str
+    step_source: str
     events: int
     flows: int
     profiler_options: dict[str, bool]
@@ -159,21 +160,30 @@ def _launch_and_flow_warnings(frames: TraceFrames, add: _Add) -> None:
 
 
 def _step_warnings(frames: TraceFrames, add: _Add) -> None:
-    """GPU work outside the ProfilerStep spans, step numbers that skip."""
+    """Steps inferred (no ProfilerStep) and a set-up iteration left out, GPU work outside the step spans, step
+    numbers that skip."""
     steps = frames.profiler_steps
+    found = frames.iterations
+    if found.inferred:
+        thread = f"{steps['pid'][0]}/{steps['tid'][0]}" if steps.height else "?"
+        add("steps_inferred", found.spans.height,
+            f"no ProfilerStep#N: the steps are iterations {found.source}, thread {thread}")
+    if found.warmup is not None:
+        add("setup_iteration_excluded", 1, found.warmup.text)
     gpu = frames.trace.gpu.select("ts_ns", "dur_ns")
     if steps.height:
         last_end = int(steps["end_ns"].max())  # type: ignore[arg-type]
         first_start = int(steps["ts_ns"].min())  # type: ignore[arg-type]
         late = gpu.filter(pl.col("ts_ns") + pl.col("dur_ns") > last_end).select(pl.len()).collect().item()
         add("gpu_after_last_step", int(late),
-            "GPU events ending after the last ProfilerStep ended (work spilling past the window; it is "
+            "GPU events ending after the last step ended (work spilling past the window; it is "
             "attributed to the step that launched it)")
         early = gpu.filter(pl.col("ts_ns") < first_start).select(pl.len()).collect().item()
-        add("gpu_before_first_step", int(early), "GPU events before the first ProfilerStep (outside the window)")
+        add("gpu_before_first_step", int(early), "GPU events before the first step (outside the window)")
         numbers = steps["step"].sort().to_list()
         gaps = [b for a, b in zip(numbers, numbers[1:], strict=False) if b != a + 1]
-        add("missing_steps", len(gaps), "ProfilerStep numbers are not consecutive")
+        if not found.inferred:  # inferred steps skip only the set-up iteration, said above
+            add("missing_steps", len(gaps), "ProfilerStep numbers are not consecutive")
 
 
 def trace_info(source: Source) -> TraceInfo:
@@ -213,6 +223,7 @@ def trace_info(source: Source) -> TraceInfo:
         gpu_span_ns=(hi - lo) if lo is not None and hi is not None else None,
         steps_found=len(steps),
         step_numbers=_step_range(steps),
+        step_source=frames.iterations.source,
         events=meta.counts.events,
         flows=meta.counts.flows,
         profiler_options=profiler_options(trace),

@@ -1,5 +1,10 @@
 """`stepscope steps`: per ProfilerStep wall time, GPU busy/idle, GPU work by kind, and the CPU phase split.
 
+Without ProfilerStep, the steps are the iterations inferred from the loop's repeating structure, the set-up
+iteration left out (`stepscope.analyze.iterations`; `TraceFrames.iterations` says which): the same window
+rule turns either into step windows. Exposed data loading is `stepscope.analyze.loading`'s figure, the one
+`gaps` and `summary` report too.
+
 Step window (tb_plugin's rule): a step starts where its ProfilerStep span starts (or where the previous
 step's window ended, if later) and ends at the later of its CPU end and the end of the last GPU work it
 launched. GPU work belongs to the step whose CPU span holds its launch (runtime call); GPU work with no
@@ -31,10 +36,12 @@ import polars as pl
 from stepscope.analyze import intervals
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
+from stepscope.analyze.loading import DATALOADER_PATTERN as DATALOADER_PATTERN  # summary reads it here
+from stepscope.analyze.loading import exposed_data_loading
+from stepscope.analyze.loading import merge as _merge
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
 
-DATALOADER_PATTERN = r"^enumerate\(DataLoader\)#"
 OPTIMIZER_PATTERN = r"^Optimizer\.(step|zero_grad)#"
 BACKWARD_NAME_PATTERN = r"^autograd::engine::evaluate_function: |Backward"
 PHASES: tuple[str, ...] = ("data_loading", "optimizer", "backward", "forward")
@@ -66,11 +73,6 @@ class StepsResult:
     stats: pl.DataFrame
     idle_by_cause: pl.DataFrame
     modules: pl.DataFrame
-
-
-def _merge(frame: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
-    """`intervals.union` on (by..., s, e) columns: disjoint merged intervals, same column names."""
-    return intervals.union(frame, by=by, start="s", end="e").rename({"start_ns": "s", "end_ns": "e"})
 
 
 def _covered_length(windows: pl.DataFrame, ivs: pl.DataFrame) -> pl.DataFrame:
@@ -312,9 +314,8 @@ def step_breakdown(source: Source, *, gaps: GapsResult | None = None) -> StepsRe
     all_gpu = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select(
         s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect()
     phases_iv = _phase_intervals(trace, windows)
-    dl = phases_iv.filter(pl.col("phase") == "data_loading").select("step", "s", "e")
     out = _step_table(windows, [_gpu_busy(windows, all_gpu), _gpu_by_kind(frames.gpu_by_step),
-                                _phase_split(windows, phases_iv), _exposed(dl, all_gpu)])
+                                _phase_split(windows, phases_iv), exposed_data_loading(trace, windows)])
     out = out.with_columns(outlier=outliers(out["wall_ns"]))
     has_gpu = all_gpu.height > 0
     if not has_gpu:
@@ -345,28 +346,6 @@ def _in_windows(ivs: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
         hit = ivs.with_columns(at=at).sort("at").join_asof(w, left_on="at", right_on="w_s", strategy="backward")
         out.append(hit.filter(pl.col("at") < pl.col("w_e")).select("step", "s", "e"))
     return pl.concat(out).unique()
-
-
-def busy_before(times: pl.DataFrame, merged: pl.DataFrame, col: str) -> pl.Series:
-    """For each time in times[col], the length of the disjoint `merged` (s, e) intervals before it."""
-    m = merged.sort("s").select(
-        _s="s", _e="e", _cum=(pl.col("e") - pl.col("s")).cum_sum() - (pl.col("e") - pl.col("s")))
-    hit = times.select(col).with_row_index("_i").sort(col).join_asof(
-        m, left_on=col, right_on="_s", strategy="backward")
-    val = (pl.col("_cum") + pl.min_horizontal(pl.col(col), "_e") - pl.col("_s")).fill_null(0)
-    return hit.sort("_i").select(val)[:, 0]
-
-
-def _exposed(cpu: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
-    """Per step: length of the union of `cpu` intervals not covered by any GPU work (data loading the GPU
-    does not hide, whichever step's GPU work that is). step, data_loading_exposed_ns."""
-    if cpu.height == 0:
-        return pl.DataFrame(schema={"step": pl.Int64, "data_loading_exposed_ns": pl.Int64})
-    c = _merge(cpu.lazy(), ["step"]).collect()
-    g = _merge(gpu.lazy(), []).collect()
-    hidden = busy_before(c, g, "e") - busy_before(c, g, "s")
-    return c.with_columns(hidden=hidden).group_by("step").agg(
-        data_loading_exposed_ns=(pl.col("e") - pl.col("s") - pl.col("hidden")).sum())
 
 
 def _mean(s: pl.Series) -> float | None:

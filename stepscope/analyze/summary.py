@@ -426,8 +426,9 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     """The overall and per-step verdict (rule table `RULES`), its evidence, the top three places, and the
     trace's warnings (`info.trace_warnings`), so a damaged trace never gets an unqualified verdict.
 
-    With ProfilerSteps the fractions are of the step windows (per step, and summed over steps for the overall
-    verdict); without, of the analysis window of `stepscope gaps` (first to last GPU event per device).
+    With ProfilerSteps (or iterations inferred without them, `iterations`) the fractions are of the step
+    windows (per step, and summed over steps for the overall verdict); without, of the analysis window of
+    `stepscope gaps` (first to last GPU event per device).
     `mfu_fraction` is the roofline's MFU over the steps (None without shapes, steps or a known device);
     `profile_next` the command that looks deeper where this verdict points (`profile_next_command`).
     `gaps` (`gpu_gaps`, every gap), `steps` (`step_breakdown`), `kernels` (`kernel_summary`) and `limits`
@@ -471,7 +472,8 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         wall = gaps.window_ns
         by_cause = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum())
         idle = {c.value: int(by_cause.filter(pl.col("cause") == c.value)["idle_ns"].sum() or 0) for c in GapCause}
-        ev = _evidence(wall, gpu_events, gaps.busy_ns, 0, int(syncs["dur_ns"].sum() or 0),
+        ev = _evidence(wall, gpu_events, gaps.busy_ns, gaps.data_loading_exposed_ns or 0,
+                       int(syncs["dur_ns"].sum() or 0),
                        int(memcpy["dur_ns"].sum() or 0),
                        int(memcpy.filter(pl.col("name").str.contains("Pageable"))["dur_ns"].sum() or 0),
                        int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle)

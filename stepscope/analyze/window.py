@@ -12,6 +12,10 @@ no launch link belongs to the step whose CPU span holds its start. This is what 
     step 1 CPU [0, 100), its last kernel ends at 130; step 2 CPU [100, 200)
       -> windows [0, 130) and [130, 200)   (a step starts no earlier than the previous one ends)
 
+The step spans are the trace's ``ProfilerStep#N`` spans, or, in a trace without them, the iterations inferred
+from the loop's repeating structure, the set-up iteration left out (`stepscope.analyze.iterations`); the rule
+does not tell them apart.
+
 **Analysis window** (``window="steps"``, the default): the union of the step windows, the same for every
 device; without steps (or with ``window="trace"``) a device's first to last GPU event.
 """

@@ -23,8 +23,9 @@ def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: st
     from stepscope.analyze.steps import step_breakdown
     result = step_breakdown(load(trace))
     if result.steps_found == 0:
-        emit("no ProfilerStep#N spans in this trace: profile with a schedule and call prof.step() "
-             "once per iteration to get per-step figures\n", output)
+        emit("no ProfilerStep#N spans in this trace, and no repeating structure to infer iterations from "
+             "(optimizer steps, DataLoader calls, top-level annotations or module calls): profile with a schedule "
+             "and call prof.step() once per iteration to get per-step figures\n", output)
         return
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
     if out_fmt == "table":

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from stepscope.analyze import intervals, load
 from stepscope.analyze.gaps import gpu_gaps
-from stepscope.analyze.steps import busy_before, outliers, step_breakdown
+from stepscope.analyze.loading import busy_before
+from stepscope.analyze.steps import outliers, step_breakdown
 
 AUTOGRAD_TID = 2
 
