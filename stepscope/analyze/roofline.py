@@ -66,8 +66,8 @@ class RooflineResult:
     attainable_tflops, roofline_fraction, bound, above_peak (one row per op name x family x dtype, most GPU
     time first). `steps`: step, wall_ns, flops (model FLOPs), hardware_flops (with recomputation),
     uncounted_ops (FLOP-bearing ops whose FLOPs could not be counted: the step's tflops and MFU are then
-    None), tflops, mfu_fraction. `handoff`: the kernels far below their roofline
-    that cost most, each with the `ncu` command that profiles one instance.
+    None), tflops, mfu_fraction; the headline's `uncounted_ops` counts them over the whole trace. `handoff`: the
+    kernels far below their roofline that cost most, each with the `ncu` command that profiles one instance.
     """
 
     shapes_recorded: bool
@@ -85,6 +85,7 @@ class RooflineResult:
     hfu_fraction: float | None
     unmodelled_gpu_fraction: float | None
     ops_above_peak: int
+    uncounted_ops: int
     note: str
     families: pl.DataFrame
     ops: pl.DataFrame
@@ -131,6 +132,7 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
         hfu_fraction=hardware / (wall * peak * 1e3) if wall and peak and exact and recomputed else None,
         unmodelled_gpu_fraction=flops_result.unmodelled_gpu_fraction,
         ops_above_peak=int(ops["above_peak"].sum() or 0) if ops.height else 0,
+        uncounted_ops=missing.height,
         note=_note(flops_result, device, main_dtype, steps,
                    cpu_side=every.filter(pl.col("flops") > 0).height - counted.filter(pl.col("flops") > 0).height),
         families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops),

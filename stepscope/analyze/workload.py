@@ -22,7 +22,7 @@ from stepscope.analyze.schema import Kind
 def workload_evidence(frames: TraceFrames, limits: RooflineResult | None) -> dict[str, float | None]:
     """graph_replay_fraction and compiled_fraction (of the trace's kernel time; None without kernels) and
     memory_bound_fraction (of the GPU time of the ops with FLOPs, those below the ridge point; None where the
-    roofline has no peak or no such op)."""
+    roofline has no peak, no such op, or FLOP-bearing ops it could not count)."""
     kernels = frames.launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("dur_ns").is_not_null())
     total = int(kernels["dur_ns"].sum() or 0)
     shares = kernels.select(
@@ -37,8 +37,10 @@ def workload_evidence(frames: TraceFrames, limits: RooflineResult | None) -> dic
 
 
 def _memory_bound(limits: RooflineResult | None) -> float | None:
-    """Share of the FLOP ops' GPU time in ops below the ridge point (None without a peak to place them by)."""
-    if limits is None or limits.peak_tflops is None or limits.bandwidth_gbps is None:
+    """Share of the FLOP ops' GPU time in ops below the ridge point. None without a peak to place them by, and
+    None where matmul/convolution/attention ops went uncounted (shapes not recorded as lists): the share would
+    be of the few that were counted (a 2021 resnet trace: two small matmuls, not its convolutions)."""
+    if limits is None or limits.peak_tflops is None or limits.bandwidth_gbps is None or limits.uncounted_ops:
         return None
     ops = limits.ops.filter((pl.col("flops") > 0) & pl.col("bound").is_not_null())
     total = int(ops["gpu_ns"].sum() or 0)

@@ -13,8 +13,10 @@ from builders import cpu_op, kernel, load_events, runtime, step, trace
 from click.testing import CliRunner
 
 from stepscope.analyze import load
+from stepscope.analyze.frames import frames_of
 from stepscope.analyze.roofline import roofline
 from stepscope.analyze.summary import NSYS_COMMAND, Verdict, profile_next_command, verdict
+from stepscope.analyze.workload import workload_evidence
 from stepscope.cli import cli
 
 N = 4096
@@ -122,9 +124,14 @@ def test_work_the_flops_cannot_count_refuses_mfu_and_cpu_ops_are_left_out(tmp_pa
     result = roofline(load_events(tmp_path, doc))
     assert result.model_flops == MM_FLOPS  # the CPU matmul is not GPU work
     assert result.mfu_fraction is None and result.steps["mfu_fraction"].to_list() == [None]
-    assert result.steps["uncounted_ops"].to_list() == [1]
+    assert result.steps["uncounted_ops"].to_list() == [1] and result.uncounted_ops == 1
     assert "1 op with a FLOP model could not be counted" in result.note and "no MFU: 1 matmul" in result.note
     assert "1 op with FLOPs launched no GPU kernel" in result.note
+    # AND the memory-bound share is refused too: of the counted matmul alone it would speak for the convolution
+    for name, d, refused in (("again", doc, True), ("plain", _doc(), False)):
+        t = load_events(tmp_path / name, d)
+        limits = roofline(t, peak_tflops=100, peak_bandwidth_gbps=1000)
+        assert (workload_evidence(frames_of(t), limits)["memory_bound_fraction"] is None) is refused
 
 
 def test_the_flops_command(tmp_path: Path) -> None:
