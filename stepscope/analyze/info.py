@@ -172,12 +172,13 @@ def _step_warnings(frames: TraceFrames, add: _Add) -> None:
         add("setup_iteration_excluded", 1, found.warmup.text)
     gpu = frames.trace.gpu.select("ts_ns", "dur_ns")
     if steps.height:
-        last_end = int(steps["end_ns"].max())  # type: ignore[arg-type]
+        # past the last step's window, not its CPU span: a step's own GPU work running on after its CPU side
+        # ended is inside its window (the window rule), the GPU lagging the CPU as it should
+        last_end = int(frames.step_windows["end_ns"].max())  # type: ignore[arg-type]
         first_start = int(steps["ts_ns"].min())  # type: ignore[arg-type]
         late = gpu.filter(pl.col("ts_ns") + pl.col("dur_ns") > last_end).select(pl.len()).collect().item()
         add("gpu_after_last_step", int(late),
-            "GPU events ending after the last step ended (work spilling past the window; it is "
-            "attributed to the step that launched it)")
+            "GPU events ending after the last step's window (work no step launched: outside every step figure)")
         early = gpu.filter(pl.col("ts_ns") < first_start).select(pl.len()).collect().item()
         add("gpu_before_first_step", int(early), "GPU events before the first step (outside the window)")
         numbers = steps["step"].sort().to_list()

@@ -46,8 +46,9 @@ def test_each_warning_fires_on_its_oddity(tmp_path: Path) -> None:
         step(1, ts=100, dur=50), step(3, ts=150, dur=50),                    # step 2 missing
         kernel("a", ts=110, dur=20), kernel("b", ts=120, dur=5),              # overlap on one stream
         kernel("early", ts=10, dur=5),                                        # before the first step
-        kernel("late", ts=190, dur=30, correlation=9),                        # after the last step ...
+        kernel("late", ts=190, dur=30, correlation=9),                        # past step 3's CPU end, its own
         runtime("cudaLaunchKernel", ts=195, dur=2, correlation=9),           # ... and before its launch
+        kernel("orphan", ts=230, dur=5),                                      # after the last step's window
         memcpy("HtoD", ts=140, dur=-1, nbytes=10),                            # negative duration
         flow(1, "s", 101, pid=1000, tid=1), flow(2, "f", 111, pid=0, tid=7),  # dangling both ways
         {"ph": "X", "cat": "mystery", "name": "m", "pid": 1, "tid": 1, "ts": 101, "dur": 1},
