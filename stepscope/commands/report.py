@@ -69,7 +69,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
 def _check_step(bundle: TraceAnalysis, step: int) -> None:
     """--step of a single trace must be one of its steps (as `stepscope plot timeline --step` says), checked
     before anything is written: the report's sections would only note the problem. In a run or a batch, a
-    member without the step says so on its page."""
+    member without the step says so on its page, and a step no member has is the same error."""
     steps = bundle.frames.step_windows["step"].to_list()
     if step not in steps:
         raise UsageError(f"no step {step} in this trace (steps: {', '.join(map(str, steps)) or 'none'})")
@@ -89,14 +89,20 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
     done: list[Member] = []
     rows = []
     lead: Member | None = None
+    seen: set[int] = set()  # every member's steps, for --step
     for m in _progress(members(named), len(named)):
         rows.append(member_row(m, run=run))
         if m.bundle is not None:
+            seen.update(m.bundle.frames.step_windows["step"].to_list())
             (tmp / m.name).mkdir(parents=True, exist_ok=True)
             (tmp / m.name / "index.html").write_text(member_page(m, step=step), encoding="utf-8")
             lead = m if run and len(named) == 1 else None
         done.append(dataclasses.replace(m, bundle=None))  # its page is written: let its frames go
     failed = [m.failure for m in done if m.failure]
+    if step is not None and step not in seen and len(failed) < len(done):
+        listed = ", ".join(map(str, sorted(seen)[:20])) + (", …" if len(seen) > 20 else "")
+        raise UsageError(f"no step {step} in {'this run' if run else 'these traces'} (steps: {listed or 'none'})",
+                         path=input_path)
     page = index_page(rows, run=run, lead=lead, straggler=straggler(done) if run else None,
                       facts=run_facts(inp.manifests) if isinstance(inp, RunDir) else None,
                       side=side_files(inp) if isinstance(inp, RunDir) else [], problems=failed, step=step,

@@ -166,3 +166,20 @@ def test_a_step_the_trace_does_not_hold_is_an_error_as_in_plot(tmp_path: Path,
     # THEN both exit 2 with the same one line, and nothing is written
     assert errors[0] == errors[1] == (2, ["stepscope: error: no step 99 in this trace (steps: 1, 2)"])
     assert not (tmp_path / "out").exists() and not (tmp_path / "t.png").exists()
+
+
+def test_a_step_no_trace_of_a_batch_holds_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a batch of two traces of steps 1 and 2
+    for name in ("a", "b"):
+        write_trace(tmp_path / "in", gpu_doc(), f"{name}.pt.trace.json")
+    # WHEN the report is asked for step 99, which neither holds
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(tmp_path / "in"), "--batch", "-o", str(tmp_path / "out"), "--step", "99"])
+    # THEN the same error as for one trace, naming the input, and nothing is written
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (  # (after the progress bar)
+        f"stepscope: error: {tmp_path / 'in'}: no step 99 in these traces (steps: 1, 2)")
+    assert not (tmp_path / "out").exists()
+    # AND a step one of them holds is fine
+    code, out = run("report", str(tmp_path / "in"), "--batch", "-o", str(tmp_path / "out"), "--step", "2")
+    assert code == 0, out
