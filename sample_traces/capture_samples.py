@@ -7,13 +7,18 @@
 Each workload is a small, seeded loop; each writes sample_traces/<name>/ (manifest.json + trace(s)).
 The workloads are the seed exercises: a conv net training step, a model that calls .item() inside
 forward (and the fix), a transformer encoder step with memory profiling, pageable vs pinned host-to-device
-copies, and a DataLoader-bound loop (and the fix).
+copies, a DataLoader-bound loop (and the fix), and a 2-rank distributed run (torchrun, gloo on CPU or NCCL
+on CUDA) whose rank 1 reaches every step's gradient all-reduce late.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -171,9 +176,50 @@ def dataloader_fixed(out: Path, device: str) -> None:
     _loader_loop(out, device, workers=4)
 
 
+LATE_RANK_SCRIPT = """
+import os, time, torch, torch.distributed as dist
+cuda = os.environ["SAMPLE_DEVICE"] == "cuda"
+dist.init_process_group("nccl" if cuda else "gloo")
+rank = dist.get_rank()
+device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(9):
+    x = torch.randn(64, 256, device=device)
+    model(x).sum().backward()
+    if rank == 1:
+        time.sleep(0.03)  # rank 1 is late to every step's gradient all-reduce (a slow host, a straggler)
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+    opt.zero_grad()
+dist.barrier()  # neither rank tears the group down while the other still talks to it
+dist.destroy_process_group()
+"""
+
+
+def late_rank(out: Path, device: str) -> None:
+    """A 2-rank run under torchrun through `stepscope capture` (gloo on CPU, NCCL on CUDA): rank 1 sleeps 30 ms
+    before each step's all-reduces, so rank 0 waits in them; `stepscope comm` / `ranks` name rank 1."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "late_rank.py"
+        script.write_text(LATE_RANK_SCRIPT)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "stepscope", "capture", "-o", str(out), "--skip-first", "1", "--baseline", "3", "--wait", "1",
+               "--warmup", "1", "--active", "3", "--no-stack", "--batch-size", "64", "--", str(script)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "SAMPLE_DEVICE": device}
+        for _ in range(3):  # torch's gloo teardown now and then aborts at exit after the capture is written
+            shutil.rmtree(out, ignore_errors=True)
+            done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, check=False)
+            if done.returncode == 0:
+                return
+        raise SystemExit(f"torchrun failed:\n{done.stderr[-3000:]}")
+
+
 WORKLOADS: dict[str, Callable[[Path, str], None]] = {
     f.__name__: f for f in (convnet_train, item_in_forward, item_in_forward_fixed, transformer_memory,
-                            pageable_vs_pinned, dataloader_bound, dataloader_fixed)
+                            pageable_vs_pinned, dataloader_bound, dataloader_fixed, late_rank)
 }
 
 
@@ -190,7 +236,7 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         started = time.perf_counter()
         WORKLOADS[name](out, args.device)
-        size = sum(p.stat().st_size for p in out.iterdir())
+        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         print(f"{out}: {size / 1024:.0f} KiB in {time.perf_counter() - started:.1f} s")
 
 

@@ -1,0 +1,45 @@
+"""The bundled 2-rank sample (sample_traces/late_rank: torchrun, gloo, rank 1 sleeps 30 ms before each step's
+all-reduces): `comm` and `ranks` name rank 1 and measure the wait it costs rank 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from stepscope.cli import cli
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "late_rank"
+SLEEP_NS = 30_000_000
+WEIGHT_BYTES = 256 * 256 * 4  # the first Linear's weight gradient: the all-reduce rank 1 reaches late
+
+
+def _json(*args: str) -> dict:  # type: ignore[type-arg]
+    if not SAMPLE.is_dir():
+        pytest.skip("sample_traces/late_rank is not present")
+    out = CliRunner().invoke(cli, [*args, str(SAMPLE), "--json"])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.output)  # type: ignore[no-any-return]
+
+
+def test_comm_names_the_late_rank_and_the_wait_it_costs() -> None:
+    data = _json("comm")
+    assert (data["rank_count"], data["source"], data["unmatched_calls"], data["straggler_rank"]) == (2, "cpu", 0, 1)
+    # each of the 3 recorded steps: the weight gradient's all-reduce, rank 1 last by about its 30 ms sleep
+    late = [c for c in data["calls"] if c["message_bytes"] == WEIGHT_BYTES]
+    assert len(late) == 3 and all(c["last_ranks"] == "1" for c in late)
+    for c in late:
+        wait0 = next(w["wait_ns"] for w in data["waits"] if w["call"] == c["call"] and w["rank"] == 0)
+        assert wait0 >= 0.8 * SLEEP_NS and c["skew_ns"] >= 0.8 * SLEEP_NS
+    assert data["straggler_wait_cost_ns"] >= 3 * 0.8 * SLEEP_NS
+
+
+def test_ranks_blames_rank_1s_host() -> None:
+    data = _json("ranks")
+    assert (data["rank_count"], data["step_count"], data["straggler"]) == (2, 3, 1)
+    assert data["straggler_cause"] == "host_delay"  # it sleeps on the host: no more compute, no data loading
+    # the wait rank 0 spends in collectives per step is its share of rank 1's lateness
+    ranks = {r["rank"]: r for r in data["ranks"]}
+    assert ranks[0]["wait_ns"] > 10 * ranks[1]["wait_ns"]
