@@ -18,7 +18,8 @@ call's median aligned end.
 
 Per call: arrival skew = latest - earliest aligned start; latency = the shortest duration; wait of a rank =
 its duration - latency; algbw = message bytes / latency (bytes per ns = GB/s); busbw = algbw x the
-nccl-tests factor for group size n; link share = busbw / the link's GB/s. Straggler: the rank that arrives
+nccl-tests factor for group size n; link share = busbw / the link's GB/s per direction (`links`: the device
+table's link for a run on one host, or --link-bandwidth). Straggler: the rank that arrives
 last in the most calls of two ranks or more (a tie in one call counts for every tied rank; a tie in the
 count goes to the rank whose late arrivals cost more), with the others' wait in those calls.
 """
@@ -32,6 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.analyze._comm_run import RankCalls, RunCalls, run_calls
+from stepscope.analyze.links import RunLink, device_name, run_link
 
 #: collectives whose message size is the same on every rank (part of the matching key)
 SIZE_UNIFORM = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier")
@@ -53,6 +55,7 @@ class CollectivesResult:
     straggler_last_arrivals: int | None
     straggler_wait_cost_ns: int | None
     link_bandwidth_gbps: float | None
+    link: str | None  # where link_bandwidth_gbps comes from, or why it is unknown (`links.run_link`)
     note: str | None
     warnings: list[str] = field(default_factory=list)
     groups: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
@@ -70,10 +73,15 @@ def collectives(paths: str | Path | Sequence[str | Path], *, link_bandwidth_gbps
 
 
 def analyze_run(run: RunCalls, *, link_bandwidth_gbps: float | None = None) -> CollectivesResult:
-    """The analysis of `collectives` over ranks already gathered (`_comm_run.run_calls`)."""
+    """The analysis of `collectives` over ranks already gathered (`_comm_run.run_calls`). The link's peak is
+    `link_bandwidth_gbps` where given, else the device table's link where the run is on one host
+    (`links.run_link`)."""
+    link = run_link([r.host for r in run.ranks], [device_name(r.traces[0]) if r.traces else None for r in run.ranks],
+                    override_gbps=link_bandwidth_gbps)
+    link_bandwidth_gbps = link.gbps
     parts = match(_all_calls(run.ranks))
     if parts.height == 0:
-        return _without_calls(run, link_bandwidth_gbps)
+        return _without_calls(run, link)
     # times relative to the run's first call: a median over raw ns (~1.7e18) would lose precision in float64
     parts = parts.with_columns(rel_ns=pl.col("ts_ns") - pl.col("ts_ns").min())
     offsets = clock_offsets(parts)
@@ -95,7 +103,7 @@ def analyze_run(run: RunCalls, *, link_bandwidth_gbps: float | None = None) -> C
         max_clock_residual_ns=_max_int(waits["residual_ns"].abs()) if waits.height else None,
         max_skew_ns=_max_int(calls["skew_ns"]), total_wait_ns=int(waits["wait_ns"].sum()) if waits.height else None,
         straggler_rank=straggler[0], straggler_last_arrivals=straggler[1], straggler_wait_cost_ns=straggler[2],
-        link_bandwidth_gbps=link_bandwidth_gbps, note=_note(run, calls), warnings=warnings,
+        link_bandwidth_gbps=link_bandwidth_gbps, link=_link_text(link), note=_note(run, calls), warnings=warnings,
         groups=_groups(calls, link_bandwidth_gbps), calls=_calls_out(calls, link_bandwidth_gbps),
         waits=waits, ranks=_ranks(run.ranks, waits, offsets),
     )
@@ -106,7 +114,13 @@ def _all_calls(ranks: Sequence[RankCalls]) -> pl.DataFrame:
     return pl.concat(frames, how="vertical")
 
 
-def _without_calls(run: RunCalls, link_bandwidth_gbps: float | None) -> CollectivesResult:
+def _link_text(link: RunLink) -> str:
+    """"NVLink 4 (h100-sxm: 900 GB/s both ways, 450 each)", "--link-bandwidth", or "unknown: <why>; pass
+    --link-bandwidth GB/S"."""
+    return link.described or f"unknown: {link.unknown_because}; pass --link-bandwidth GB/S for the link's share"
+
+
+def _without_calls(run: RunCalls, link: RunLink) -> CollectivesResult:
     """The result of a run where no rank ran a collective: the ranks and the warnings, no call."""
     ranks = pl.DataFrame({"rank": [r.rank for r in run.ranks], "host": [r.host for r in run.ranks],
                           "traces": [len(r.files) for r in run.ranks]},
@@ -114,7 +128,8 @@ def _without_calls(run: RunCalls, link_bandwidth_gbps: float | None) -> Collecti
     return CollectivesResult(
         rank_count=len(run.ranks), call_count=0, unmatched_calls=0, source=None, clocks=0,
         max_clock_residual_ns=None, max_skew_ns=None, total_wait_ns=None, straggler_rank=None,
-        straggler_last_arrivals=None, straggler_wait_cost_ns=None, link_bandwidth_gbps=link_bandwidth_gbps,
+        straggler_last_arrivals=None, straggler_wait_cost_ns=None, link_bandwidth_gbps=link.gbps,
+        link=_link_text(link),
         note="no collective found: no NCCL/RCCL kernel, no gloo:* or record_param_comms op in any rank",
         warnings=list(run.warnings), ranks=ranks)
 
