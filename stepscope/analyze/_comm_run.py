@@ -12,21 +12,34 @@ Problems never stop the run; each becomes a warning that names what it drops:
     two traces of one rank that overlap in time -> the second named as a duplicate, left out
     ranks below the world size with no trace    -> listed as missing
     a rank with no collective                   -> named
+
+A large run is read in parallel, one rank at a time per worker process (`usable_cores()` of them, from
+PARALLEL_FROM traces or ranks): the workers ingest the traces the cache lacks, then find each rank's
+collectives, and only those small tables come back, so memory holds one rank's events per worker, never the
+run's (`benchmarks/comm_scale.py`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import polars as pl
 
 from stepscope.analyze._comm_events import pg_config_of, rank_calls
+from stepscope.analyze._workers import usable_cores, worker_pool
 from stepscope.analyze.inputs import MemoryTimeline, RunDir, Snapshot, describe, resolve, traces_of
 from stepscope.analyze.trace import Trace, load
 from stepscope.errors import InputError, StepscopeError, UsageError, failure_line
+
+#: from this many traces (or ranks), run_calls reads them in worker processes
+PARALLEL_FROM = 16
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,14 +74,18 @@ class _Loaded:
 def run_calls(paths: Sequence[str | Path], *, cache_dir: Path | None = None) -> RunCalls:
     """Every rank of the run that `paths` name, with its collectives (see the module docstring)."""
     warnings: list[str] = []
-    loaded = _load_all(_declared(paths), cache_dir, warnings)
+    declared = _declared(paths)
+    _ingest_in_parallel([p for p, _ in declared], cache_dir)
+    loaded = _load_all(declared, cache_dir, warnings)
     if not loaded:
         raise InputError("no trace could be read (see the warnings above)" if warnings else "holds no trace",
                          path=paths[0] if len(paths) == 1 else ", ".join(map(str, paths)))
     loaded = _ranked(loaded, warnings)
     world, loaded = _one_world(loaded, warnings)
     by_rank = _by_rank(loaded, warnings)
-    ranks = tuple(_rank_calls(rank, items) for rank, items in sorted(by_rank.items()))
+    ordered = sorted(by_rank.items())
+    tables = _map(_calls_of, [([x.path for x in items], cache_dir) for _, items in ordered])
+    ranks = tuple(_rank_calls(rank, items, calls) for (rank, items), calls in zip(ordered, tables, strict=True))
     if world is not None and (missing := sorted(set(range(world)) - set(by_rank))):
         warnings.append(f"rank(s) {_list(missing)} of world size {world} have no trace: results for the rest")
     if idle := [r.rank for r in ranks if r.calls.height == 0]:
@@ -156,15 +173,49 @@ def _host(trace: Trace) -> str | None:
     return host if isinstance(host, str) and host else None
 
 
-def _rank_calls(rank: int, items: list[_Loaded]) -> RankCalls:
-    """One rank's collectives over its windows. Its clock: its host and base time when the trace names its
-    host (ranks on one host read one clock), else its own."""
-    frames = [rank_calls(x.trace, pg_config=pg_config_of(x.trace.meta.distributed)) for x in items]
+def _rank_calls(rank: int, items: list[_Loaded], calls: pl.DataFrame) -> RankCalls:
+    """One rank: its windows and collectives (`_calls_of`). Its clock: its host and base time when the trace
+    names its host (ranks on one host read one clock), else its own."""
     first = items[0].trace
     host = _host(first)
     return RankCalls(rank=rank, files=tuple(x.path for x in items), traces=tuple(x.trace for x in items),
                      clock=f"{host}@{first.meta.base_time_ns or 0}" if host else f"rank{rank}", host=host,
-                     calls=pl.concat(frames, how="vertical").sort("ts_ns"))
+                     calls=calls)
+
+
+def _calls_of(job: tuple[list[Path], Path | None]) -> pl.DataFrame:
+    """One rank's collectives over its windows (trace paths, in time order), by start (run in a worker)."""
+    paths, cache_dir = job
+    frames = []
+    for path in paths:
+        trace = load(path, cache_dir=cache_dir)
+        frames.append(rank_calls(trace, pg_config=pg_config_of(trace.meta.distributed)))
+    return pl.concat(frames, how="vertical").sort("ts_ns")
+
+
+def _ingest_one(job: tuple[Path, Path | None]) -> None:
+    """Ingest one trace into the cache (in a worker); a failure is left for `_load_all` to report."""
+    try:
+        load(job[0], cache_dir=job[1])
+    except StepscopeError:
+        pass
+
+
+def _ingest_in_parallel(paths: list[Path], cache_dir: Path | None) -> None:
+    """The traces the cache lacks, ingested by the workers (a no-op below PARALLEL_FROM traces: `_load_all`
+    ingests them one by one)."""
+    if len(paths) >= PARALLEL_FROM:
+        _map(_ingest_one, [(p, cache_dir) for p in paths])
+
+
+def _map(fn: Callable[[_T], _R], jobs: Iterable[_T]) -> list[_R]:
+    """fn over jobs, in order: in worker processes from PARALLEL_FROM jobs on a machine with several cores."""
+    todo = list(jobs)
+    cores = usable_cores()
+    if len(todo) < PARALLEL_FROM or cores < 2:
+        return [fn(j) for j in todo]
+    with worker_pool(cores, fork_if_fresh=True) as pool:
+        return list(pool.map(fn, todo, chunksize=max(1, len(todo) // (cores * 8))))
 
 
 def _list(values: Sequence[int]) -> str:

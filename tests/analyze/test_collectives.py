@@ -320,3 +320,28 @@ def test_bytes_and_bandwidth_where_the_trace_has_collective_args(corpus: Path, t
         assert row["algbw_gbps"] == pytest.approx(call["algbw_GBps"], rel=1e-9)
         assert row["busbw_gbps"] == pytest.approx(call["busbw_GBps"], rel=1e-9)
         assert row["group_size"] == call["group_size"] == 2
+
+
+def test_a_large_run_is_read_in_worker_processes_with_the_same_answer(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a synthetic 4-rank run (benchmarks/make_run.py: rank 2 late to every step's first all-reduce)
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from make_run import write_run
+
+    write_run(tmp_path / "run", 4, steps=2, ops=5, late=2)
+    # WHEN it is read one rank after another, then by worker processes (from 2 traces on), cold and warm
+    monkeypatch.setattr("stepscope.analyze._comm_run.PARALLEL_FROM", 10**9)
+    serial = analyze(tmp_path / "run", tmp_path / "serial")
+    monkeypatch.setattr("stepscope.analyze._comm_run.PARALLEL_FROM", 2)
+    monkeypatch.setattr("stepscope.analyze._comm_run.usable_cores", lambda: 2)
+    cold = analyze(tmp_path / "run", tmp_path / "parallel")
+    warm = analyze(tmp_path / "run", tmp_path / "parallel")
+    # THEN the same answer, exactly: the straggler, offsets and every table
+    assert serial.straggler_rank == 2 and serial.max_skew_ns == 2_000_000
+    for other in (cold, warm):
+        assert (other.straggler_rank, other.straggler_wait_cost_ns, other.total_wait_ns) == (
+            serial.straggler_rank, serial.straggler_wait_cost_ns, serial.total_wait_ns)
+        for table in ("calls", "groups", "waits", "ranks"):
+            assert getattr(other, table).equals(getattr(serial, table)), table
