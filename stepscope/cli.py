@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "transfers": "transfers",
     "comm": "comm",
     "ranks": "ranks",
+    "export": "export",
 }
 
 
@@ -46,6 +47,7 @@ SUMMARIES: dict[str, str] = {
     "capture": "Run a training/inference script under the profiler: traces, snapshots, a manifest.",
     "comm": "Collectives across ranks: matched calls, aligned clocks, arrival skew, waits, busbw, straggler.",
     "diff": "Did my change help? Verdicts, step time, idle by cause, ops and kernels: AFTER vs BEFORE.",
+    "export": "The trace plus the answers (steps, idle gaps by cause, verdict) as one file for Perfetto.",
     "flops": "FLOPs per op, achieved TFLOP/s and GB/s against the roofline, MFU per step.",
     "graphs": "CUDA/HIP graph replays: kernels per replay, GPU share, Python line; ops via the capture profile.",
     "gaps": "Why is the GPU idle? Every idle gap, its cause, and the CPU op and Python line behind it.",

@@ -22,7 +22,9 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _OPTION_KEYS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
 _VERSION_KEYS = ("cuda_runtime_version", "cuda_driver_version", "cupti_version", "hip_runtime_version",
                  "hip_driver_version", "roctracer_version", "torch_version")
-_KNOWN_CATEGORIES = {"Trace", "overhead", "cpu_instant_event", "cuda_profiler_range"}
+#: categories kept as kind `other` without a warning: the profiler's own, and "stepscope", the tracks
+#: `stepscope export` adds (reports/perfetto.py), which no analysis reads
+_KNOWN_CATEGORIES = {"Trace", "overhead", "cpu_instant_event", "cuda_profiler_range", "stepscope"}
 
 
 @dataclass

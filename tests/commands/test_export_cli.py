@@ -1,0 +1,116 @@
+"""`stepscope export` end to end: a trace and a run with CliRunner, the size options, bad input as one line and
+exit code 2 with nothing written, and the report's sentence that names the export command."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import cpu_op, kernel, runtime, step, trace, write_trace
+from click.testing import CliRunner
+
+from stepscope.cli import cli, main
+from stepscope.reports.html import render_page
+
+AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+ARGS: dict[str, Any] = {"Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024,
+                        "dtype": "Float", "Group size": 2, "Process Group Name": "0", "Process Group Ranks": "[0, 1]"}
+
+
+def _trace(directory: Path) -> Path:
+    events: list[dict[str, Any]] = []
+    for n in (1, 2, 3):
+        base = n * 1000
+        events += [step(n, base, 500), cpu_op("aten::mm", base + 10, 50, external_id=n),
+                   runtime("cudaLaunchKernel", base + 20, 10, correlation=n, external_id=n),
+                   kernel("sgemm", base + 100, 200, correlation=n)]
+    path: Path = write_trace(directory, trace(*events), "train.pt.trace.json")
+    return path
+
+
+def _run(directory: Path) -> Path:
+    for r in (0, 1):
+        events = [step(1, 0, 200), kernel("sgemm", 10, 50), kernel(AR, 100 + 40 * r, 60 - 40 * r, stream=20, **ARGS)]
+        write_trace(directory, trace(*events, distributedInfo={"rank": r, "world_size": 2}), f"rank{r}.pt.trace.json")
+    return directory
+
+
+def _main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    """Exit code and stderr lines of the real entry point (which maps errors to exit codes)."""
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    return int(exc.value.code or 0), capsys.readouterr().err.strip().splitlines()
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    data = path.read_bytes()
+    events: list[dict[str, Any]] = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)["traceEvents"]
+    return events
+
+
+def test_a_trace_and_the_size_options(tmp_path: Path) -> None:
+    # GIVEN a three-step trace
+    src = _trace(tmp_path / "t")
+    # WHEN it is exported whole, THEN every original event is there, and the added ones after them
+    out = CliRunner().invoke(cli, ["export", str(src), "-o", str(tmp_path / "all.json.gz")])
+    assert out.exit_code == 0, out.output
+    assert "wrote " in out.output and "12 original event(s)" in out.output and "chrome://tracing" in out.output
+    whole = _events(tmp_path / "all.json.gz")
+    assert whole[:12] == json.loads(src.read_text())["traceEvents"]
+    # --only annotations: none of the originals; --steps 2..2: the originals of step 2 only
+    assert CliRunner().invoke(cli, ["export", str(src), "-o", str(tmp_path / "a.json"), "--only",
+                                    "annotations"]).exit_code == 0
+    assert all(e.get("cat") == "stepscope" for e in _events(tmp_path / "a.json"))
+    out = CliRunner().invoke(cli, ["export", str(src), "-o", str(tmp_path / "s.json"), "--steps", "2..2"])
+    assert out.exit_code == 0, out.output
+    originals = [e for e in _events(tmp_path / "s.json") if e.get("cat") != "stepscope"]
+    assert {e["name"] for e in originals} == {"ProfilerStep#2", "aten::mm", "cudaLaunchKernel", "sgemm"}
+    assert len(originals) == 4
+
+
+def test_a_run(tmp_path: Path) -> None:
+    run = _run(tmp_path / "run")
+    out = CliRunner().invoke(cli, ["export", str(run), "-o", str(tmp_path / "run.json")])
+    assert out.exit_code == 0, out.output
+    assert "2 rank(s)" in out.output
+    names = {e["args"]["name"] for e in _events(tmp_path / "run.json")
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"rank 0", "rank 1", "rank 0 · stepscope", "rank 1 · stepscope"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--steps", "5..3"], "the first step is after the last"),
+    (["--steps", "two"], "is not N..M"),
+    (["--only", "everything"], "Invalid value for '--only'"),
+])
+def test_bad_options_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    src = _trace(tmp_path / "t")
+    out = CliRunner().invoke(cli, ["export", str(src), "-o", str(tmp_path / "o.json"), *args])
+    assert out.exit_code == 2 and message in out.output
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_bad_input_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _main(["export", str(tmp_path / "nope.json"), "-o", str(tmp_path / "o.json")], capsys)
+    assert code == 2 and err == [f"stepscope: error: {tmp_path / 'nope.json'}: no such file or directory"]
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur"')
+    code, err = _main(["export", str(broken), "-o", str(tmp_path / "o.json")], capsys)
+    assert code == 2 and len(err) == 1 and str(broken) in err[0]
+    src = _trace(tmp_path / "t")
+    code, err = _main(["export", str(src), "-o", str(tmp_path / "o.json"), "--steps", "7..8"], capsys)
+    assert code == 2 and err == [f"stepscope: error: {src}: no step in 7..8 in this trace (steps 1..3)"]
+    code, err = _main(["export", str(src), "-o", str(tmp_path / "missing" / "o.json")], capsys)
+    assert code == 2 and len(err) == 1 and "create it first" in err[0]
+    assert not list(tmp_path.glob("o.json*")) and not list(tmp_path.glob(".o.json*"))
+
+
+def test_the_report_names_the_export_command() -> None:
+    page = render_page(title="t", subtitle="s", sections=[], reproduce=["stepscope report 'my run/' -o OUT/"])
+    assert "stepscope export &#39;my run/&#39; -o trace.perfetto.json.gz" in page
+    assert "chrome://tracing" in page and "nothing is uploaded" in page
+    assert "stepscope export" not in render_page(title="t", subtitle="s", sections=[],
+                                                 reproduce=["stepscope diff a b"])
