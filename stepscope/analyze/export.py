@@ -26,12 +26,11 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
+from stepscope.analyze import steps as _steps
 from stepscope.analyze.blame import python_lines
 from stepscope.analyze.bundle import TraceAnalysis
-from stepscope.analyze.loading import merge
-from stepscope.analyze.overlap import _sync_calls
+from stepscope.analyze.overlap import sync_calls
 from stepscope.analyze.schema import Kind
-from stepscope.analyze.steps import PHASES, _phase_intervals
 from stepscope.analyze.summary import SummaryResult
 from stepscope.analyze.transfers import covered_ns
 from stepscope.errors import UsageError
@@ -69,24 +68,7 @@ def phase_segments(bundle: TraceAnalysis) -> pl.DataFrame:
     windows = bundle.frames.step_windows
     if windows.height == 0:
         return pl.DataFrame(schema=schema)
-    tagged = _phase_intervals(bundle.trace, windows)
-    merged = merge(tagged.lazy(), ["step", "phase"]).collect()
-    bounds = pl.concat([
-        merged.select("step", b="s"), merged.select("step", b="e"),
-        windows.select("step", b="cpu_start_ns"), windows.select("step", b="cpu_end_ns"),
-    ]).unique().sort("step", "b")
-    segs = (
-        bounds.with_columns(b_end=pl.col("b").shift(-1).over("step"))
-        .filter(pl.col("b_end").is_not_null())
-        .join(windows.select("step", "cpu_start_ns", "cpu_end_ns"), on="step")
-        .filter((pl.col("b") >= pl.col("cpu_start_ns")) & (pl.col("b_end") <= pl.col("cpu_end_ns")))
-        .select("step", "b", "b_end").with_columns(phase=pl.lit(None, pl.String)).sort("b")
-    )
-    for name in reversed(PHASES):  # later assignments win: from the lowest priority up, as `steps` does
-        ivs = merged.filter(pl.col("phase") == name).select("step", "s", "e").sort("s")
-        hit = segs.join_asof(ivs, left_on="b", right_on="s", by="step", strategy="backward", check_sortedness=False)
-        segs = hit.with_columns(phase=pl.when(pl.col("e").is_not_null() & (pl.col("b") < pl.col("e")))
-                                .then(pl.lit(name)).otherwise(pl.col("phase"))).drop("s", "e")
+    segs = _steps.phase_segments(windows, _steps.phase_intervals(bundle.trace, windows))
     named = segs.filter(pl.col("phase").is_not_null()).sort("step", "b")
     run = ((pl.col("phase") != pl.col("phase").shift()) | (pl.col("b") != pl.col("b_end").shift())
            | (pl.col("step") != pl.col("step").shift())).fill_null(True).cum_sum()
@@ -189,7 +171,7 @@ def trace_annotations(bundle: TraceAnalysis, *, steps: StepRange | None = None) 
     utilization = (table.filter(pl.col("gpu_busy_fraction").is_not_null())
                    .select(ts_ns="start_ns", busy_percent=pl.col("gpu_busy_fraction") * 100)
                    if table.height else pl.DataFrame(schema={"ts_ns": pl.Int64, "busy_percent": pl.Float64}))
-    syncs = _sync_calls(bundle.trace).select("pid", "tid", "name", start_ns="ts_ns",
+    syncs = sync_calls(bundle.trace).select("pid", "tid", "name", start_ns="ts_ns",
                                               end_ns=pl.col("ts_ns") + pl.col("dur_ns"), op="op", python="python")
     return Annotations(
         window_ns=window, steps=table, phases=phases,

@@ -122,7 +122,7 @@ def _queue_depth(gpu: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _sync_calls(trace: Trace) -> pl.DataFrame:
+def sync_calls(trace: Trace) -> pl.DataFrame:
     """Synchronizing runtime calls (pid, tid, ts_ns, dur_ns, name) with the user's Python line and the op
     enclosing each (`python`: `blame.python_lines`; `op`; null where none)."""
     syncs = trace.runtime.filter(is_sync_runtime(pl.col("name"))).select(
@@ -157,7 +157,7 @@ def cpu_gpu_overlap(source: Source) -> OverlapResult:
     def share(value: int) -> float | None:
         return value / window_ns if window_ns else None
 
-    syncs = _sync_calls(frames.trace)
+    syncs = sync_calls(frames.trace)
     return OverlapResult(
         gpu_events=gpu.height,
         window_ns=window_ns,

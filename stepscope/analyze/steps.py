@@ -82,7 +82,7 @@ def _covered_length(windows: pl.DataFrame, ivs: pl.DataFrame) -> pl.DataFrame:
     return clipped.group_by("step").agg(busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum()).collect()
 
 
-def _phase_intervals(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
+def phase_intervals(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
     """(step, phase, s, e) CPU intervals per phase, clipped to the step's CPU span."""
     cpu = trace.cpu.filter(pl.col("dur_ns").is_not_null()).select(
         "name", "kind", "pid", "tid", "fwd_thread_id", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")
@@ -118,8 +118,10 @@ def _phase_intervals(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _phase_split(windows: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
-    """Exclusive time per (step, phase) by elementary segments; the first phase in PHASES wins."""
+def phase_segments(windows: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
+    """step, b, b_end, phase: each step's CPU span cut at every bound of its phase intervals (`phase_intervals`),
+    each piece given the first phase in PHASES that covers it (None: other CPU time), by start. What the
+    phase split sums, and what `stepscope export` draws."""
     merged = _merge(phases.lazy(), ["step", "phase"]).collect()
     bounds = pl.concat([
         merged.select("step", b="s"), merged.select("step", b="e"),
@@ -142,8 +144,13 @@ def _phase_split(windows: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
             phase=pl.when(pl.col("e").is_not_null() & (pl.col("b") < pl.col("e"))).then(pl.lit(name))
             .otherwise(pl.col("phase"))
         ).drop("s", "e")
+    return segs
+
+
+def _phase_split(windows: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
+    """Exclusive time per (step, phase), summed over `phase_segments`; the first phase in PHASES wins."""
     return (
-        segs.group_by("step", "phase").agg(ns=(pl.col("b_end") - pl.col("b")).sum())
+        phase_segments(windows, phases).group_by("step", "phase").agg(ns=(pl.col("b_end") - pl.col("b")).sum())
         .with_columns(phase=pl.col("phase").fill_null("other_cpu"))
         .pivot(on="phase", index="step", values="ns")
     )
@@ -313,7 +320,7 @@ def step_breakdown(source: Source, *, gaps: GapsResult | None = None) -> StepsRe
         return _no_steps(modules)
     all_gpu = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select(
         s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect()
-    phases_iv = _phase_intervals(trace, windows)
+    phases_iv = phase_intervals(trace, windows)
     out = _step_table(windows, [_gpu_busy(windows, all_gpu), _gpu_by_kind(frames.gpu_by_step),
                                 _phase_split(windows, phases_iv), exposed_data_loading(trace, windows)])
     out = out.with_columns(outlier=outliers(out["wall_ns"]))
