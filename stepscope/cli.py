@@ -37,6 +37,8 @@ COMMANDS: dict[str, str] = {
     "transfers": "transfers",
     "comm": "comm",
     "ranks": "ranks",
+    "critical-path": "critical_path",
+    "whatif": "whatif",
     "export": "export",
 }
 
@@ -45,6 +47,7 @@ COMMANDS: dict[str, str] = {
 # --help has its whole text; tests/commands/test_cli_start.py keeps the two tables' names the same)
 SUMMARIES: dict[str, str] = {
     "capture": "Run a training/inference script under the profiler: traces, snapshots, a manifest.",
+    "critical-path": "The chain of dependent work that sets each step's time: CPU, launch, kernels, syncs, idle.",
     "comm": "Collectives across ranks: matched calls, aligned clocks, arrival skew, waits, busbw, straggler.",
     "diff": "Did my change help? Verdicts, step time, idle by cause, ops and kernels: AFTER vs BEFORE.",
     "export": "The trace plus the answers (steps, idle gaps by cause, verdict) as one file for Perfetto.",
@@ -64,6 +67,7 @@ SUMMARIES: dict[str, str] = {
     "snapshot": "What held CUDA memory at the peak of a memory snapshot, by allocating line.",
     "steps": "Per step: wall, GPU busy and idle, data loading / forward / backward / optimizer.",
     "summary": "One verdict per step and overall (GPU-, launch-, data-loading-, sync-, transfer-bound).",
+    "whatif": "Predicted step time if data loading vanished, kernels sped up, launches or syncs went away.",
     "transfers": "Host/device copies: bytes, GB/s, pageable vs pinned, exposed time.",
 }
 

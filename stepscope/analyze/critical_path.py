@@ -1,0 +1,281 @@
+"""`stepscope critical-path`: per step, the chain of dependent work that sets the step's time, and what it is.
+
+The dependency graph (`depgraph`: thread order and nesting, launch -> GPU work, stream order, cross-stream
+event waits, host syncs) is replayed with its measured weights, which reproduces every measured time; each node
+remembers the in-edge that set it. The **critical path** of a step is then walked back from the step's end (the
+later of its CPU end and the end of the last GPU work it launched, `window.step_windows`) along those edges to
+the step's start. Its segments tile the step window exactly, so their durations add up to the step's wall time.
+
+Each segment is attributed to one kind (`depgraph.PathKind`):
+
+    cpu              a slice of a thread's timeline, named by the innermost op / annotation / runtime call
+    launch_overhead  a launch call's own CPU time (cudaLaunchKernel, …) and the launch latency to the GPU start
+    kernel           a kernel's execution (by category: `kernels.category_expr`)
+    copy             a memcpy / memset
+    sync_wait        a blocking call's time after the GPU work it waited for ended (its return latency), or the
+                     whole call where the GPU had finished before it began
+    data_loading     CPU time inside a DataLoader __next__
+    idle             a gap with only an order to explain it: between work on a stream, a stream waiting on
+                     another, a helper thread waiting for the main thread, no recorded dependency at all
+
+Before/after, a step of one launch-bound loop (every time in µs):
+
+    CPU  [aten::add 0-10 [cudaLaunchKernel 4-9]] [aten::add 10-20 [cudaLaunchKernel 14-19]]
+    GPU                      [k1 12-13]                             [k2 22-23]
+    -> path: aten::add 0-4 (cpu), cudaLaunchKernel 4-9 (launch), aten::add 9-10, aten::add 10-14,
+       cudaLaunchKernel 14 -> k2 start 22 (launch latency 8), k2 22-23 (kernel): the CPU is the path; k1 is not
+       on it.
+
+Differences from HolisticTraceAnalysis's `critical_path_analysis` (same graph ingredients): its nodes are every
+event's start and end with nesting edges, ours the boundaries of a thread's timeline (one edge per slice: the
+same chain, fewer nodes); it analyses one annotation instance, we every step; a GPU event's launch edge counts
+there only when the stream was empty, here every launch edge carries the typical latency and the edge that
+explains the start wins; we add helper-thread wake edges and attribute every segment to a kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from stepscope.analyze.blame import python_lines, short_name
+from stepscope.analyze.depgraph import DependencyGraph, PathKind, Replay, build_graph, replay
+from stepscope.analyze.frames import Source, frames_of
+from stepscope.analyze.trace import Trace
+
+SEGMENT_SCHEMA: dict[str, pl.DataType] = {
+    "step": pl.Int64(), "seq": pl.Int64(), "name": pl.String(), "kind": pl.String(), "category": pl.String(),
+    "lane": pl.String(), "start_ns": pl.Int64(), "dur_ns": pl.Int64(), "event_id": pl.Int64(), "edge_type": pl.String(),
+}
+_KINDS = [k.value for k in PathKind]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticalPathResult:
+    """Per step, the critical path as ordered segments and its split by kind; the top contributors overall.
+
+    `steps`: step, wall_ns, segments, then `<kind>_ns` per `PathKind` (adding up to wall_ns). `attribution`: kind,
+    category (kernel/copy categories; null for the others), mean_ns per step, step_share (of the mean step). `top`:
+    kind, category, name, total_ns (over all steps), path_share (of all steps' time), segments, python (the user's
+    line at the longest segment: its CPU slice, or the launch of the GPU work). `segments`: step, seq, name, kind,
+    category, lane (thread or GPU stream), start_ns (since the step window's start), dur_ns, event_id, edge_type.
+    """
+
+    window_kind: str
+    steps_found: int
+    mean_wall_ns: float | None
+    bound_by: str | None
+    path_share: dict[str, float]
+    graph_nodes: int
+    graph_edges: dict[str, int]
+    dropped_edges: int
+    typical_launch_latency_ns: int
+    steps: pl.DataFrame
+    attribution: pl.DataFrame
+    top: pl.DataFrame
+    segments: pl.DataFrame
+
+
+def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
+    """`SEGMENT_SCHEMA` rows: the critical path of every step of `graph` under the node times of `timed`.
+
+    Walked back from the step's end along the edge that set each node, to the step's start; the segment that
+    crosses the start is clipped to it, and where the walk stops at a node with no in-edge after the start, the
+    time before it is an `idle` segment "(no recorded dependency)". Consecutive edges of one event (an op's slices
+    around a zero-length child) merge, and so do consecutive edges of data loading (each named by its DataLoader
+    fetch, the ops under it included).
+    """
+    t = timed.t_ns
+    t_list = t.tolist()
+    via = timed.via_edge.tolist()
+    src = graph.edges["src"].to_list()
+    ends = _end_nodes(graph, t)
+    rows: list[int] = []  # edge rows in path order, -1 for a path's unexplained head
+    head_s: list[int] = []  # the unexplained head's span, per -1 row
+    head_e: list[int] = []
+    counts: list[int] = []  # rows per window
+    for start, end_node in ends.select("start_ns", "end_node").iter_rows():
+        v = int(end_node)
+        path: list[int] = []
+        tv = t_list[v]
+        while tv > start:
+            e = via[v]
+            if e < 0:
+                break
+            path.append(e)
+            v = src[e]
+            tv = t_list[v]
+        if tv > start:  # nothing recorded explains the path's first node: the time before it is unexplained
+            path.append(-1)
+            head_s.append(start)
+            head_e.append(tv)
+        path.reverse()
+        rows.extend(path)
+        counts.append(len(path))
+    if not rows:
+        return pl.DataFrame(schema=SEGMENT_SCHEMA)
+    edge = np.asarray(rows, dtype=np.int64)
+    on_edge = edge >= 0
+    at = np.where(on_edge, edge, 0)
+    window = np.repeat(np.arange(len(counts)), counts)
+    w_start = ends["start_ns"].to_numpy()[window]
+    s_ns = np.full(len(edge), 0, dtype=np.int64)
+    e_ns = np.full(len(edge), 0, dtype=np.int64)
+    s_ns[on_edge] = t[graph.edges["src"].to_numpy()[edge[on_edge]]]
+    e_ns[on_edge] = t[graph.edges["dst"].to_numpy()[edge[on_edge]]]
+    s_ns[~on_edge], e_ns[~on_edge] = head_s, head_e
+    s_ns = np.maximum(s_ns, w_start)
+    e_ns = np.minimum(e_ns, ends["end_ns"].to_numpy()[window])
+    keep = e_ns > s_ns
+    edge, on_edge, at, window, s_ns, e_ns, w_start = (x[keep] for x in (edge, on_edge, at, window, s_ns, e_ns, w_start))
+    # consecutive rows of one event, kind and lane (an op's slices around a zero-length child) make one segment,
+    # and so does a stretch of data loading (the DataLoader's own time and the ops under it)
+    loading = pl.col("kind") == PathKind.DATA_LOADING.value
+    codes = graph.edges.select(pl.when(loading).then(-5).otherwise(pl.col("event_id").fill_null(-1)).alias("ev"),
+                               *(pl.col(c).cast(pl.Categorical).to_physical() for c in ("type", "kind", "lane")))
+    key = np.column_stack([window, on_edge.astype(np.int64)] + [
+        np.where(on_edge, codes[c].to_numpy().astype(np.int64)[at], -1) for c in codes.columns])
+    new = np.ones(len(edge), dtype=bool)
+    new[1:] = (key[1:] != key[:-1]).any(axis=1)
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(edge) - 1)
+    picked = graph.edges[at[first]].select("name", "kind", "category", "lane", "event_id", edge_type="type")
+    head = pl.Series(~on_edge[first])
+    segments: pl.DataFrame = (
+        picked.with_columns(
+            step=ends["step"].gather(window[first]),
+            name=pl.when(head).then(pl.lit("(no recorded dependency)")).otherwise("name"),
+            kind=pl.when(head).then(pl.lit(PathKind.IDLE.value)).otherwise("kind"),
+            **{c: pl.when(head).then(None).otherwise(c) for c in ("category", "lane", "event_id", "edge_type")},
+            start_ns=pl.Series(s_ns[first] - w_start[first]), dur_ns=pl.Series(e_ns[last] - s_ns[first]),
+        )
+        .with_columns(seq=pl.int_range(pl.len(), dtype=pl.Int64).over("step"))
+        .select(list(SEGMENT_SCHEMA))
+        .cast(SEGMENT_SCHEMA)
+    )
+    return segments
+
+
+def _end_nodes(graph: DependencyGraph, t: np.ndarray) -> pl.DataFrame:
+    """step, start_ns, end_ns, end_node of each window under node times `t` (the step-window rule of
+    `depgraph.step_times`): the end node is the step's last GPU work's end where that is later than its CPU end."""
+    from stepscope.analyze.depgraph import step_times
+
+    times = step_times(graph, t)
+    times_s = pl.Series(t)
+    w = graph.windows
+    if w.height and w["step"].null_count() == w.height:
+        last = int(np.argmax(t))
+        return times.with_columns(end_node=pl.lit(last, pl.Int64))
+    gpu_last = (graph.gpu_ends.with_columns(t=times_s.gather(graph.gpu_ends["node"]))
+                .sort("t", "node", descending=[True, True]).group_by("step", maintain_order=True).first()
+                .select("step", gpu_node="node", gpu_t="t"))
+    joined = times.join(w.select("step", "cpu_end_node"), on="step", how="left").join(gpu_last, on="step", how="left")
+    return (
+        joined.with_columns(cpu_t=pl.Series(t[joined["cpu_end_node"].fill_null(0).to_numpy()]))
+        .with_columns(end_node=pl.when(pl.col("gpu_t").is_not_null() & (pl.col("gpu_t") > pl.col("cpu_t"))
+                                       | pl.col("cpu_end_node").is_null())
+                      .then(pl.col("gpu_node")).otherwise(pl.col("cpu_end_node")))
+        .filter(pl.col("end_node").is_not_null())
+        .select("step", "start_ns", "end_ns", "end_node")
+    )
+
+
+def attribution(segments: pl.DataFrame, steps: int) -> pl.DataFrame:
+    """kind, category, mean_ns (per step), step_share (of the mean step): the critical path split, most first."""
+    schema = {"kind": pl.String, "category": pl.String, "mean_ns": pl.Float64, "step_share": pl.Float64}
+    if segments.height == 0 or steps == 0:
+        return pl.DataFrame(schema=schema)
+    total = float(segments["dur_ns"].sum())
+    gpu = pl.col("kind").is_in([PathKind.KERNEL.value, PathKind.COPY.value])
+    return (
+        segments.group_by("kind", category=pl.when(gpu).then(pl.col("category")))
+        .agg(ns=pl.col("dur_ns").sum())
+        .select("kind", "category", mean_ns=pl.col("ns") / steps, step_share=pl.col("ns") / total)
+        .sort("mean_ns", "kind", "category", descending=[True, False, False], nulls_last=True)
+        .cast(schema)  # type: ignore[arg-type]
+    )
+
+
+def per_step(segments: pl.DataFrame) -> pl.DataFrame:
+    """step, wall_ns, segments, then `<kind>_ns` for every PathKind (0 where none)."""
+    sums = segments.group_by("step", "kind").agg(ns=pl.col("dur_ns").sum())
+    walls = segments.group_by("step", maintain_order=True).agg(wall_ns=pl.col("dur_ns").sum(),
+                                                               segments=pl.len().cast(pl.Int64))
+    out = walls
+    for kind in _KINDS:
+        out = out.join(sums.filter(pl.col("kind") == kind).select("step", pl.col("ns").alias(f"{kind}_ns")),
+                       on="step", how="left", nulls_equal=True)
+    return out.with_columns(pl.col(f"{k}_ns" for k in _KINDS).fill_null(0).cast(pl.Int64)).sort("step")
+
+
+def _top(graph: DependencyGraph, segments: pl.DataFrame, trace: Trace, top: int) -> pl.DataFrame:
+    """The contributors (kind, category, name; a kernel by its short name) with the most time on the paths, with
+    the user's Python line at the longest segment of each (`blame.python_lines` at its CPU slice, or at the
+    launch of its GPU work)."""
+    schema = {"kind": pl.String, "category": pl.String, "name": pl.String, "total_ns": pl.Int64,
+              "path_share": pl.Float64, "segments": pl.Int64, "python": pl.String}
+    if segments.height == 0:
+        return pl.DataFrame(schema=schema)
+    total = float(segments["dur_ns"].sum())
+    gpu = pl.col("kind").is_in([PathKind.KERNEL.value, PathKind.COPY.value])
+    keys = [pl.col("kind"), pl.when(gpu).then(pl.col("category")).alias("category"),
+            pl.when(gpu).then(short_name(pl.col("name"))).otherwise(pl.col("name")).alias("name")]
+    grouped = (
+        segments.group_by(*keys).agg(total_ns=pl.col("dur_ns").sum(), segments=pl.len().cast(pl.Int64))
+        .sort("total_ns", "kind", "name", descending=[True, False, False]).head(top)
+    )
+    # where each contributor's longest segment ran: its edge's point (a CPU slice's start, a GPU event's launch)
+    longest = (
+        segments.select(*keys, "event_id", "edge_type", "dur_ns")
+        .join(grouped.select("kind", "category", "name"), on=["kind", "category", "name"], nulls_equal=True)
+        .sort("dur_ns", descending=True).group_by("kind", "category", "name", maintain_order=True).first()
+    )
+    located = longest.join(
+        graph.edges.select("event_id", edge_type="type", pid="pid", tid="tid", point_ns="point_ns")
+        .join(longest.select("event_id", "edge_type"), on=["event_id", "edge_type"], how="semi")
+        .unique(subset=["event_id", "edge_type"], keep="first"), on=["event_id", "edge_type"], how="left")
+    grouped = grouped.join(located.select("kind", "category", "name", "pid", "tid", "point_ns"),
+                           on=["kind", "category", "name"], how="left", nulls_equal=True, maintain_order="left")
+    points = grouped.select(pl.col("pid", "tid").fill_null(""), ts_ns=pl.col("point_ns").fill_null(0))
+    user, _ = python_lines(trace, points)
+    return grouped.select(
+        "kind", "category", "name", total_ns="total_ns", path_share=pl.col("total_ns") / total, segments="segments",
+        python=pl.when(pl.col("point_ns").is_not_null()).then(user),
+    ).cast(schema)  # type: ignore[arg-type]
+
+
+def critical_path(source: Source, *, top: int = 15, annotation: str | None = None,
+                  graph: DependencyGraph | None = None) -> CriticalPathResult:
+    """The critical path of every step of `source` and its attribution (see the module docstring). `annotation`:
+    the instances of this annotation are the steps (`depgraph.build_graph`); `graph` is the trace's graph when
+    already built."""
+    frames = frames_of(source)
+    graph = graph if graph is not None else build_graph(frames, annotation=annotation)
+    measured = replay(graph, graph.measured_weights())
+    segments = path_segments(graph, measured)
+    table = per_step(segments) if segments.height else pl.DataFrame(
+        schema={"step": pl.Int64, "wall_ns": pl.Int64, "segments": pl.Int64, **{f"{k}_ns": pl.Int64 for k in _KINDS}})
+    n = table.height
+    by_kind = {k: float(table[f"{k}_ns"].sum()) / float(table["wall_ns"].sum()) for k in _KINDS} \
+        if n and table["wall_ns"].sum() else {}
+    return CriticalPathResult(
+        window_kind=graph.window_kind,
+        steps_found=n,
+        mean_wall_ns=float(table["wall_ns"].mean()) if n else None,  # type: ignore[arg-type]
+        bound_by=max(by_kind, key=lambda k: by_kind[k]) if by_kind else None,
+        path_share={k: v for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]) if v > 0},
+        graph_nodes=graph.nodes.height,
+        graph_edges=graph.edge_counts(),
+        dropped_edges=graph.dropped_edges,
+        typical_launch_latency_ns=graph.launch_latency_ns,
+        steps=table,
+        attribution=attribution(segments, n),
+        top=_top(graph, segments, frames.trace, top),
+        segments=segments,
+    )
+
+
+__all__ = ["CriticalPathResult", "attribution", "critical_path", "path_segments", "per_step"]

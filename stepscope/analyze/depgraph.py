@@ -1,0 +1,692 @@
+"""The dependency graph of a trace's steps, and its replay: the ground the critical path and the what-if stand on.
+
+**Nodes** are moments, each with its measured time `t_ns`: the boundaries of a thread's timeline (every start
+and end of a CPU op, annotation or runtime/driver call on a thread that launches GPU work or holds the steps),
+and the start and end of every kernel, memcpy and memset.
+
+**Edges** say "v cannot happen before u + weight". One edge type per rule of DESIGN.md:
+
+    cpu           consecutive boundaries of one thread: the slice between them, attributed to the innermost
+                  event covering it (thread order and nesting in one chain)
+    gpu           a GPU event's start -> its end (its duration)
+    stream        a GPU event's end -> the start of the next one on its stream (stream order)
+    launch        the launch call's start -> the GPU event's start (correlation / launch flow)
+    cross_stream  the last work recorded on a stream (cudaEventRecord) -> the first work launched after a
+                  cudaStreamWaitEvent on another stream (matched by the event record's correlation id that the
+                  cuda_sync "Stream Wait Event" carries; without sync events, the previous record on the thread)
+    sync          the GPU work a blocking call waits for -> the end of that call (cudaDeviceSynchronize: all
+                  work launched before it; cudaStreamSynchronize: its stream's; cudaEventSynchronize: the work
+                  before the event's record; a synchronous cudaMemcpy or a DtoH copy to pageable memory: the
+                  copy); `.item()` / `.cpu()` block through these calls
+    wake          a helper thread (autograd, …) resumes after idling: from the main thread's last boundary
+
+**Weights.** Each edge has a *natural* weight: the work it stands for (a slice's or a GPU event's duration),
+the typical launch latency, 0 for a pure dependency (stream order, cross-stream, an idle helper thread), the
+return latency of a sync (its end after the GPU work, or after its own start where the work was done before).
+A blocking call's own slice counts only its part after the GPU work ended (the rest was waiting, explained by
+the sync edge). The *measured* weight is the natural one, no more than the measured gap, and for each node the
+edge that explains its time best (latest `t + natural`) is raised to the gap. So replaying the graph (each node
+at the latest of its in-edges, `replay`) reproduces every measured time; changing weights (what-if) re-times it.
+
+    kernel A on stream 7 ends at 100; kernel B launched at 90 (typical latency 5) starts at 103
+    -> launch edge natural 5, stream edge natural 0; `t + natural`: 95 vs 100: the stream edge explains B
+       and is raised to 3 (a 3 µs gap on the stream); the launch edge stays 5 (replay: max(95, 103) = 103)
+
+A node without in-edges (the first boundary of the main thread, GPU work whose launch is not in the trace)
+keeps its measured time in every replay.
+
+The replay's loop over nodes in time order is the one per-event loop here (a longest path needs one); it runs
+over plain integer lists, measured in benchmarks/critical_path.py. Everything else is vectorized.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from stepscope.analyze import intervals
+from stepscope.analyze import window as _window
+from stepscope.analyze.blame import is_sync_runtime
+from stepscope.analyze.frames import Source, TraceFrames, frames_of
+from stepscope.analyze.kernels import category_expr
+from stepscope.analyze.loading import DATALOADER_PATTERN
+from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
+from stepscope.analyze.schema import Kind
+from stepscope.errors import UsageError
+
+IntArray = npt.NDArray[np.int64]
+
+
+class EdgeType(str, enum.Enum):
+    """Why one moment waits for another (see the module docstring)."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    STREAM = "stream"
+    LAUNCH = "launch"
+    CROSS_STREAM = "cross_stream"
+    SYNC = "sync"
+    WAKE = "wake"
+
+
+class PathKind(str, enum.Enum):
+    """What time on a path is spent on: the attribution of every edge."""
+
+    CPU = "cpu"
+    LAUNCH_OVERHEAD = "launch_overhead"
+    KERNEL = "kernel"
+    COPY = "copy"
+    SYNC_WAIT = "sync_wait"
+    DATA_LOADING = "data_loading"
+    IDLE = "idle"
+
+
+#: which in-edge explains a node when several explain it equally (lower first): a sync or a cross-stream wait
+#: names the cause, then the launch, then plain order
+PRIORITY: dict[EdgeType, int] = {EdgeType.SYNC: 0, EdgeType.CROSS_STREAM: 1, EdgeType.LAUNCH: 2, EdgeType.WAKE: 3,
+                                 EdgeType.GPU: 4, EdgeType.CPU: 5, EdgeType.STREAM: 6}
+
+#: CPU events that make a thread's timeline (Python frames are left out: the op under them names the time)
+TIMELINE_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.RUNTIME, Kind.DRIVER)
+
+EDGE_SCHEMA: dict[str, pl.DataType] = {
+    "src": pl.Int64(), "dst": pl.Int64(), "type": pl.String(), "kind": pl.String(), "category": pl.String(),
+    "natural_ns": pl.Int64(), "event_id": pl.Int64(), "name": pl.String(), "lane": pl.String(), "pid": pl.String(),
+    "tid": pl.String(), "point_ns": pl.Int64(), "call_dur_ns": pl.Int64(), "launch_call": pl.Boolean(),
+    "sync_call": pl.Boolean(), "data_loading": pl.Boolean(), "pageable": pl.Boolean(), "copy_bytes": pl.Int64(),
+    "direction": pl.String(),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class DependencyGraph:
+    """Nodes (node, t_ns, lane) and edges (`EDGE_SCHEMA` plus weight_ns, the measured weight) of a trace's steps.
+
+    `windows`: step, start_ns, end_ns, cpu_start_node, cpu_end_node (the step windows, `window.step_windows`; one
+    window with a null step over the whole trace where it has no steps); `gpu_ends`: step, node (the end node of
+    every GPU event a step launched). `order` is a topological order of the nodes (time, then tie rules); edges
+    against it (clock skew between CPU and GPU) are dropped and counted in `dropped_edges`.
+    """
+
+    nodes: pl.DataFrame
+    edges: pl.DataFrame
+    windows: pl.DataFrame
+    gpu_ends: pl.DataFrame
+    order: IntArray
+    dropped_edges: int
+    window_kind: str
+    launch_latency_ns: int
+
+    def measured_weights(self) -> IntArray:
+        """The measured weight of every edge (ns), in `edges` order."""
+        return self.edges["weight_ns"].to_numpy().astype(np.int64)
+
+    def edge_counts(self) -> dict[str, int]:
+        """Edges per type."""
+        counts = self.edges.group_by("type").len()
+        return {str(t): int(n) for t, n in counts.sort("type").iter_rows()}
+
+
+@dataclass(frozen=True, eq=False)
+class Replay:
+    """Node times after a replay and, per node, the in-edge (row of `edges`) that set it (-1: kept its time)."""
+
+    t_ns: IntArray
+    via_edge: IntArray
+
+
+def replay(graph: DependencyGraph, weights: IntArray, *, enabled: npt.NDArray[np.bool_] | None = None) -> Replay:
+    """Each node at the latest `t(u) + weight` over its enabled in-edges, in topological order; a node with no
+    enabled in-edge keeps its measured time. Ties go to the edge of lowest `PRIORITY`.
+
+        a(0) --5--> c ; b(2) --1--> c     ->  c = max(0 + 5, 2 + 1) = 5, via the edge from a
+    """
+    n = graph.nodes.height
+    src = graph.edges["src"].to_numpy()
+    dst = graph.edges["dst"].to_numpy()
+    prio = graph.edges["type"].replace_strict({t.value: p for t, p in PRIORITY.items()}, return_dtype=pl.Int64)
+    keep = np.ones(len(src), dtype=bool) if enabled is None else enabled.copy()
+    rows = np.flatnonzero(keep)
+    by = np.lexsort((prio.to_numpy()[rows], dst[rows]))
+    rows = rows[by]
+    ptr = np.searchsorted(dst[rows], np.arange(n + 1))
+    e_src = src[rows].tolist()
+    e_w = weights[rows].tolist()
+    e_row = rows.tolist()
+    t = graph.nodes["t_ns"].to_list()
+    via = [-1] * n
+    order = graph.order
+    for v, a, b in zip(order.tolist(), ptr[order].tolist(), ptr[order + 1].tolist(), strict=True):
+        if a == b:
+            continue
+        if b - a == 1:  # most nodes: one in-edge
+            t[v] = t[e_src[a]] + e_w[a]
+            via[v] = e_row[a]
+            continue
+        best = t[e_src[a]] + e_w[a]
+        chosen = a
+        for e in range(a + 1, b):
+            c = t[e_src[e]] + e_w[e]
+            if c > best:
+                best, chosen = c, e
+        t[v] = best
+        via[v] = e_row[chosen]
+    return Replay(t_ns=np.asarray(t, dtype=np.int64), via_edge=np.asarray(via, dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------------------------------- building
+
+
+def _windows(frames: TraceFrames) -> tuple[pl.DataFrame, str, pl.DataFrame | None]:
+    """The step windows and the GPU events by step (`window.gpu_by_step`), or one window over the trace (first to
+    last CPU/GPU event) where it has no steps."""
+    steps = frames.step_windows
+    if steps.height:
+        kind = f"steps ({frames.iterations.source})" if frames.iterations.inferred else "steps"
+        return (steps.select("step", "start_ns", "end_ns", "cpu_start_ns", "cpu_end_ns", "pid", "tid"), kind,
+                frames.gpu_by_step)
+    trace = frames.trace
+    span = pl.concat([trace.gpu.select("ts_ns", "dur_ns"), trace.cpu.select("ts_ns", "dur_ns")]).filter(
+        pl.col("dur_ns").is_not_null()).select(
+        start_ns=pl.col("ts_ns").min(), end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect()
+    main = _main_thread(frames)
+    if span["start_ns"][0] is None or main is None:
+        return pl.DataFrame(schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                    "cpu_start_ns": pl.Int64, "cpu_end_ns": pl.Int64, "pid": pl.String,
+                                    "tid": pl.String}), "trace", None
+    lo, hi = int(span["start_ns"][0]), int(span["end_ns"][0])
+    return pl.DataFrame({"step": [None], "start_ns": [lo], "end_ns": [hi], "cpu_start_ns": [lo], "cpu_end_ns": [hi],
+                         "pid": [main[0]], "tid": [main[1]]},
+                        schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "cpu_start_ns": pl.Int64,
+                                "cpu_end_ns": pl.Int64, "pid": pl.String, "tid": pl.String}), "trace (no steps)", None
+
+
+def _annotation_windows(frames: TraceFrames, annotation: str) -> tuple[pl.DataFrame, str, pl.DataFrame]:
+    """Windows from the instances of an annotation (or op) matching `annotation`, by the step-window rule; a
+    UsageError naming the pattern where none matches (or the pattern is no regex)."""
+    try:
+        re.compile(annotation)
+    except re.error as exc:
+        raise UsageError(f"--annotation {annotation!r} is not a valid regex ({exc})") from None
+    spans = (
+        frames.trace.events.filter(pl.col("kind").is_in([Kind.USER_ANNOTATION.value, Kind.CPU_OP.value])
+                                   & pl.col("dur_ns").is_not_null() & pl.col("name").str.contains(annotation))
+        .select("ts_ns", "dur_ns", "pid", "tid", "event_id", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+        .collect().sort("ts_ns", "event_id")
+    )
+    if spans.height == 0:
+        raise UsageError(f"no annotation or op in this trace matches --annotation {annotation!r}")
+    outermost = spans.filter(pl.col("ts_ns") >= pl.col("end_ns").cum_max().shift(1).fill_null(-(2**62)))
+    spans = outermost.with_columns(step=pl.int_range(pl.len(), dtype=pl.Int64))
+    by_step = _window.gpu_by_step(frames.launches, spans)
+    windows = _window.step_windows(spans, by_step)
+    return (windows.select("step", "start_ns", "end_ns", "cpu_start_ns", "cpu_end_ns", "pid", "tid"),
+            f"annotation {annotation}", by_step)
+
+
+def _main_thread(frames: TraceFrames) -> tuple[str, str] | None:
+    """The thread holding the steps; without steps, the one that launched the most GPU work, else the busiest."""
+    if frames.main_thread is not None:
+        return frames.main_thread
+    launched = frames.launches.filter(pl.col("launch_tid").is_not_null()).group_by("launch_pid", "launch_tid").len()
+    if launched.height:
+        top = launched.sort("len", "launch_pid", "launch_tid", descending=[True, False, False]).row(0)
+        return str(top[0]), str(top[1])
+    busy = frames.trace.cpu.group_by("pid", "tid").len().collect()
+    if busy.height == 0:
+        return None
+    top = busy.sort("len", "pid", "tid", descending=[True, False, False]).row(0)
+    return str(top[0]), str(top[1])
+
+
+def _gpu_events(frames: TraceFrames, lo: int, hi: int) -> pl.DataFrame:
+    """GPU events overlapping [lo, hi) with their launch, category, copy facts; ordered by device, stream, start."""
+    trace = frames.trace
+    copies = trace.gpu.select(gpu_event_id="event_id", copy_bytes="bytes")
+    return (
+        frames.launches.lazy()
+        .filter(pl.col("dur_ns").is_not_null() & pl.col("ts_ns").is_not_null()
+                & (pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
+        .join(copies, on="gpu_event_id", how="left")
+        .with_columns(category=category_expr(), device=pl.col("device").fill_null(-1),
+                      stream=pl.col("stream").fill_null(-1))
+        .with_columns(key_ns=pl.coalesce("launch_ts_ns", "ts_ns"))
+        .sort("device", "stream", "ts_ns", "gpu_event_id")
+        .collect()
+    )
+
+
+def _timeline_events(frames: TraceFrames, threads: pl.DataFrame, lo: int, hi: int) -> pl.DataFrame:
+    """CPU events of the graph's threads overlapping [lo, hi], clipped to it."""
+    return (
+        frames.trace.events
+        .filter(pl.col("kind").is_in([k.value for k in TIMELINE_KINDS]) & pl.col("dur_ns").is_not_null()
+                & (pl.col("dur_ns") >= 0) & (pl.col("ts_ns") <= hi) & (pl.col("ts_ns") + pl.col("dur_ns") >= lo))
+        .join(threads.lazy(), on=["pid", "tid"], how="semi")
+        .select("event_id", "name", "kind", "pid", "tid",
+                s=pl.max_horizontal("ts_ns", pl.lit(lo)), e=pl.min_horizontal(pl.col("ts_ns") + pl.col("dur_ns"),
+                                                                              pl.lit(hi)),
+                full_dur_ns="dur_ns")
+        .collect()
+    )
+
+
+def _innermost(events: pl.DataFrame, slices: pl.DataFrame) -> pl.Series:
+    """Row of `events` (s, e) innermost over each slice [a, b) of `slices` (pid, tid, a, b); null where none.
+
+    On doubled coordinates a slice's point 2a+1 lies strictly inside it, so an event ending where the slice
+    starts never encloses it."""
+    iv = events.select("pid", "tid", ts_ns=pl.col("s") * 2, dur_ns=(pl.col("e") - pl.col("s")) * 2,
+                       row=pl.int_range(pl.len(), dtype=pl.Int64))
+    iv = sort_for_nesting(iv)
+    parent, _ = parent_index(iv)
+    rows = innermost_enclosing(iv.with_columns(parent=pl.Series(parent)),
+                               slices.select("pid", "tid", ts_ns=pl.col("a") * 2 + 1))
+    return iv["row"].gather(rows.fill_null(0)).to_frame().select(
+        pl.when(rows.is_not_null()).then(pl.col("row"))).to_series().alias("ev_row")
+
+
+def _launch_latency(gpu: pl.DataFrame) -> int:
+    """Typical launch latency (median of launch -> start where the stream was idle at launch), 0 where none."""
+    idle = gpu.with_columns(prev_end=(pl.col("ts_ns") + pl.col("dur_ns")).shift(1).over("device", "stream")).filter(
+        pl.col("launch_ts_ns").is_not_null()
+        & (pl.col("prev_end").is_null() | (pl.col("prev_end") <= pl.col("launch_ts_ns"))))
+    lat = (idle["ts_ns"] - idle["launch_ts_ns"]).clip(lower_bound=0)
+    return int(lat.median() or 0) if lat.len() else 0  # type: ignore[arg-type]
+
+
+def _last_launched(gpu: pl.DataFrame, queries: pl.DataFrame, *, at: str, by_stream: bool) -> pl.DataFrame:
+    """For each query (q, at, [device, stream]): the GPU event (row g) launched last at or before `at` on that
+    stream (by_stream) — or, device-wide, the one ending latest among all launched by then."""
+    g = gpu.select("g", "device", "stream", "key_ns", end=pl.col("ts_ns") + pl.col("dur_ns"))
+    if by_stream:
+        return (queries.select("q", "device", "stream", t=at).drop_nulls().sort("t")
+                .join_asof(g.sort("key_ns"), left_on="t", right_on="key_ns", by=["device", "stream"],
+                           strategy="backward", check_sortedness=False)
+                .filter(pl.col("g").is_not_null()).select("q", "g"))
+    ranked = (g.sort("key_ns", "g").with_columns(best=pl.col("end").cum_max())
+              .with_columns(g=pl.when(pl.col("end") == pl.col("best")).then(pl.col("g")).forward_fill())
+              .select("key_ns", "g"))
+    return (queries.select("q", t=at).drop_nulls().sort("t")
+            .join_asof(ranked, left_on="t", right_on="key_ns", strategy="backward", check_sortedness=False)
+            .filter(pl.col("g").is_not_null()).select("q", "g"))
+
+
+def _edges(frame: pl.DataFrame, **cols: pl.Expr | str | int | enum.Enum) -> pl.DataFrame:
+    """Edges in `EDGE_SCHEMA` from `frame`: each column an expression, a column name, an int or an enum (both
+    constants); columns not given are null."""
+    # rechunked first: polars panics ("i < self.len()") evaluating pl.format over some frames that a filter
+    # after a window expression left in several chunks (found by the hypothesis test in test_critical_path)
+    out = frame.rechunk().select(**{k: (pl.lit(v.value) if isinstance(v, enum.Enum) else pl.lit(v) if isinstance(v, int)
+                              else v) for k, v in cols.items()})
+    return out.select([pl.col(c).cast(t) if c in out.columns else pl.lit(None, t).alias(c)
+                       for c, t in EDGE_SCHEMA.items()])
+
+
+def _json_int(path: str) -> pl.Expr:
+    return pl.col("args").str.json_path_match(path).cast(pl.Int64, strict=False)
+
+
+def build_graph(source: Source, *, annotation: str | None = None) -> DependencyGraph:
+    """The dependency graph of the steps of `source` (see the module docstring), measured weights set.
+
+    `annotation` (a regex) takes the instances of the matching CPU annotation or op as the steps instead, numbered
+    0, 1, … by start (HolisticTraceAnalysis analyses one such instance: `annotation="ProfilerStep"`, or a region
+    such as `"\\[param\\|.*forward\\]"`); the step-window rule applies to them the same way.
+    """
+    frames = frames_of(source)
+    if annotation is None:
+        windows, window_kind, by_step = _windows(frames)
+    else:
+        windows, window_kind, by_step = _annotation_windows(frames, annotation)
+    main = (str(windows["pid"][0]), str(windows["tid"][0])) if windows.height else _main_thread(frames)
+    if windows.height == 0 or main is None:
+        return _empty(window_kind)
+    lo, hi = int(windows["start_ns"].min()), int(windows["end_ns"].max())  # type: ignore[arg-type]
+
+    gpu = _gpu_events(frames, lo, hi).with_row_index("g")
+    threads = pl.concat([
+        pl.DataFrame({"pid": [main[0]], "tid": [main[1]]}),
+        gpu.filter(pl.col("launch_tid").is_not_null() & pl.col("launch_ts_ns").is_between(lo, hi))
+        .select(pid="launch_pid", tid="launch_tid"),
+    ]).unique().with_columns(main=(pl.col("pid") == main[0]) & (pl.col("tid") == main[1]))
+    cpu = _timeline_events(frames, threads.select("pid", "tid"), lo, hi).with_row_index("row").with_columns(
+        pl.col("row").cast(pl.Int64))
+
+    # ---- CPU nodes: every boundary of each thread, plus the step spans on the main thread
+    stepped = windows.filter(pl.col("step").is_not_null())  # without steps the window adds no boundary
+    extra = stepped.select(pl.lit(main[0]).alias("pid"), pl.lit(main[1]).alias("tid"),
+                           pl.col("cpu_start_ns").clip(lo, hi).alias("t"), pl.col("cpu_end_ns").clip(lo, hi).alias("x"))
+    bounds = (
+        pl.concat([cpu.select("pid", "tid", t="s"), cpu.select("pid", "tid", t="e"),
+                   extra.select("pid", "tid", "t"), extra.select("pid", "tid", t="x")])
+        .unique().sort("pid", "tid", "t").with_row_index("node").with_columns(pl.col("node").cast(pl.Int64))
+    )
+    n_cpu = bounds.height
+    slices = (
+        bounds.with_columns(b=pl.col("t").shift(-1).over("pid", "tid"), dst=pl.col("node").shift(-1).over("pid", "tid"))
+        .filter(pl.col("b").is_not_null())
+        .select("pid", "tid", src="node", dst="dst", a="t", b="b")
+    )
+    ev_row = _innermost(cpu, slices) if cpu.height else pl.Series("ev_row", [None] * slices.height, dtype=pl.Int64)
+    launch_calls = gpu["runtime_event_id"].drop_nulls().unique().implode()
+    loading = intervals.union(
+        cpu.lazy().filter(pl.col("name").str.contains(DATALOADER_PATTERN)), by=["pid", "tid"], start="s", end="e"
+    ).collect().rename({"start_ns": "dl_s", "end_ns": "dl_e"}).sort("dl_s")
+    loaders = cpu.filter(pl.col("name").str.contains(DATALOADER_PATTERN)).select(
+        "pid", "tid", loader_s="s", loader="name").sort("loader_s")
+    slices = (
+        slices.with_columns(ev_row)
+        .join(cpu.select(ev_row="row", event_id="event_id", name="name", ev_kind="kind", call_dur_ns="full_dur_ns"),
+              on="ev_row", how="left")
+        .join(threads, on=["pid", "tid"], how="left")
+        .sort("a")
+        .join_asof(loading, left_on="a", right_on="dl_s", by=["pid", "tid"], strategy="backward",
+                   check_sortedness=False)
+        .join_asof(loaders, left_on="a", right_on="loader_s", by=["pid", "tid"], strategy="backward",
+                   check_sortedness=False)
+        .with_columns(
+            data_loading=(pl.col("dl_e").is_not_null() & (pl.col("a") < pl.col("dl_e"))),
+            launch_call=pl.col("event_id").is_in(launch_calls).fill_null(False),
+            sync_call=(pl.col("ev_kind").is_in([Kind.RUNTIME.value, Kind.DRIVER.value])
+                       & is_sync_runtime(pl.col("name"))).fill_null(False),
+        )
+    )
+
+    # ---- GPU nodes: start n_cpu + 2g, end n_cpu + 2g + 1
+    gpu = gpu.with_columns(start_node=pl.col("g").cast(pl.Int64) * 2 + n_cpu, end_node=pl.col("g").cast(pl.Int64) * 2
+                           + n_cpu + 1, g=pl.col("g").cast(pl.Int64))
+    gpu_lane = pl.format("gpu {} stream {}", "device", "stream")
+    nodes = pl.concat([
+        bounds.select("node", t_ns="t", lane=pl.format("thread {}/{}", "pid", "tid")),
+        gpu.select(node="start_node", t_ns="ts_ns", lane=gpu_lane),
+        gpu.select(node="end_node", t_ns=pl.col("ts_ns") + pl.col("dur_ns"), lane=gpu_lane),
+    ]).sort("node")
+    latency = _launch_latency(gpu)
+
+    copy_dir = pl.col("name").str.extract(r"(HtoD|DtoH|DtoD|HtoH|PtoP)")
+    cpu_kind = (
+        pl.when(pl.col("data_loading")).then(pl.lit(PathKind.DATA_LOADING.value))
+        .when(pl.col("sync_call")).then(pl.lit(PathKind.SYNC_WAIT.value))
+        .when(pl.col("launch_call")).then(pl.lit(PathKind.LAUNCH_OVERHEAD.value))
+        .when(pl.col("event_id").is_null() & ~pl.col("main")).then(pl.lit(PathKind.IDLE.value))
+        .otherwise(pl.lit(PathKind.CPU.value))
+    )
+    helper_idle = pl.col("event_id").is_null() & ~pl.col("main")
+    parts = [
+        _edges(slices, src="src", dst="dst", type=EdgeType.CPU, kind=cpu_kind,
+              natural_ns=pl.when(helper_idle).then(0).otherwise(pl.col("b") - pl.col("a")),
+              event_id="event_id",
+              name=pl.when(pl.col("data_loading")).then(pl.coalesce("loader", "name"))  # data loading: the fetch
+              .otherwise(pl.coalesce("name", pl.when(pl.col("main")).then(pl.lit("(untraced CPU time)"))
+                                     .otherwise(pl.lit("(thread idle)")))),
+              lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="a",
+              call_dur_ns="call_dur_ns", launch_call="launch_call", sync_call="sync_call",
+              data_loading="data_loading"),
+        _edges(gpu, src="start_node", dst="end_node", type=EdgeType.GPU,
+              kind=pl.when(pl.col("kind") == Kind.KERNEL.value).then(pl.lit(PathKind.KERNEL.value))
+              .otherwise(pl.lit(PathKind.COPY.value)),
+              category="category", natural_ns="dur_ns", event_id="gpu_event_id", name="name", lane=gpu_lane,
+              pid="launch_pid", tid="launch_tid", point_ns="launch_ts_ns",
+              pageable=pl.col("name").str.contains("Pageable"), copy_bytes="copy_bytes", direction=copy_dir),
+        _edges(gpu.with_columns(prev=pl.col("end_node").shift(1).over("device", "stream")).filter(
+            pl.col("prev").is_not_null()), src="prev", dst="start_node", type=EdgeType.STREAM,
+              kind=PathKind.IDLE, natural_ns=0, event_id="gpu_event_id", name=pl.lit("(stream gap)"),
+              lane=gpu_lane, pid="launch_pid", tid="launch_tid", point_ns="launch_ts_ns"),
+    ]
+    launch_src = gpu.filter(pl.col("launch_ts_ns").is_not_null()).join(
+        bounds.select(launch_pid="pid", launch_tid="tid", launch_ts_ns="t", launch_node="node"),
+        on=["launch_pid", "launch_tid", "launch_ts_ns"], how="inner")
+    parts.append(_edges(launch_src, src="launch_node", dst="start_node", type=EdgeType.LAUNCH,
+                       kind=PathKind.LAUNCH_OVERHEAD, natural_ns=latency, event_id="runtime_event_id",
+                       name=pl.lit("(launch latency)"), lane=gpu_lane, pid="launch_pid", tid="launch_tid",
+                       point_ns="launch_ts_ns"))
+    parts.append(_sync_edges(frames, cpu, bounds, gpu))
+    parts.append(_cross_stream_edges(frames, gpu, lo, hi))
+    parts.append(_wake_edges(slices, bounds, threads, main))
+    all_edges = pl.concat(parts).filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
+    return _finish(nodes, all_edges, windows, gpu, by_step, main, n_cpu, bounds, window_kind, latency)
+
+
+def _sync_edges(frames: TraceFrames, cpu: pl.DataFrame, bounds: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
+    """GPU work -> the end of the blocking call that waits for it."""
+    calls = cpu.filter(pl.col("kind").is_in([Kind.RUNTIME.value, Kind.DRIVER.value])).join(
+        frames.trace.runtime.select("event_id", "correlation").collect(), on="event_id", how="left")
+    syncs = frames.trace.syncs.select(
+        "correlation", sync_name="name", sync_device="device", sync_stream="stream",
+        wait_stream=_json_int("$.wait_on_stream"), record_corr=_json_int("$.wait_on_cuda_event_record_corr_id"),
+    ).collect().unique(subset="correlation", keep="first")
+    records = frames.trace.runtime.filter(pl.col("correlation").is_not_null()).select(
+        record_corr="correlation", record_ts="ts_ns").collect().unique(subset="record_corr", keep="first")
+    # a synchronous copy, or a DtoH copy into pageable memory that ended inside its call: the call waited for it
+    own = gpu.filter(pl.col("runtime_event_id").is_not_null()).select("g", event_id="runtime_event_id",
+                                                                          g_end=pl.col("ts_ns") + pl.col("dur_ns"),
+                                                                          g_name="name")
+    copy_waits = cpu.join(own, on="event_id", how="inner").filter(
+        (is_sync_runtime(pl.col("name")) & pl.col("name").str.contains("(?i)memcpy"))
+        | (pl.col("g_name").str.contains("DtoH") & pl.col("g_name").str.contains("Pageable")
+           & (pl.col("g_end") <= pl.col("e"))))
+    blocking = (
+        calls.filter(is_sync_runtime(pl.col("name")) | pl.col("event_id").is_in(copy_waits["event_id"].implode()))
+        .join(syncs, on="correlation", how="left").join(records, on="record_corr", how="left")
+        .with_row_index("q").with_columns(pl.col("q").cast(pl.Int64))
+    )
+    copy_q = blocking.join(copy_waits.select("event_id"), on="event_id", how="semi")["q"].implode()
+    waits = blocking.filter(~pl.col("q").is_in(copy_q))
+    stream_wait = waits.filter(pl.col("name").str.contains("(?i)StreamSynchronize") & (pl.col("sync_stream") >= 0)
+                               ).select("q", "s", device="sync_device", stream="sync_stream")
+    event_wait = waits.filter(pl.col("name").str.contains("(?i)EventSynchronize") & (pl.col("wait_stream") >= 0)
+                              ).select("q", pl.coalesce("record_ts", "s").alias("record_ts"), device="sync_device",
+                                       stream="wait_stream")
+    known = pl.concat([stream_wait["q"], event_wait["q"]]).implode()
+    device_wait = waits.filter(~pl.col("q").is_in(known)).select("q", "s")
+    found = pl.concat([
+        _last_launched(gpu, stream_wait, at="s", by_stream=True),
+        _last_launched(gpu, event_wait, at="record_ts", by_stream=True),
+        _last_launched(gpu, device_wait, at="s", by_stream=False),
+        copy_waits.join(blocking.select("q", "event_id"), on="event_id").select("q", "g"),
+    ])
+    targets = (
+        found.join(blocking.select("q", "pid", "tid", "name", "event_id", "s", "e"), on="q")
+        .join(gpu.select("g", "end_node", "device", "stream", g_end=pl.col("ts_ns") + pl.col("dur_ns")), on="g")
+        .join(bounds.select("pid", "tid", e="t", call_end="node"), on=["pid", "tid", "e"], how="inner")
+        .filter(pl.col("g_end") <= pl.col("e"))
+    )
+    return _edges(targets, src="end_node", dst="call_end", type=EdgeType.SYNC,
+                kind=PathKind.SYNC_WAIT, natural_ns=pl.col("e") - pl.max_horizontal("s", "g_end"), event_id="event_id",
+                name="name", lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="s")
+
+
+def _cross_stream_edges(frames: TraceFrames, gpu: pl.DataFrame, lo: int, hi: int) -> pl.DataFrame:
+    """The last work before a cudaEventRecord -> the first work on the waiting stream after cudaStreamWaitEvent."""
+    trace = frames.trace
+    runtime = trace.runtime.filter(pl.col("correlation").is_not_null()).select(
+        "correlation", "pid", "tid", "event_id", "name", "ts_ns").collect().unique(subset="correlation", keep="first")
+    waits = trace.syncs.filter(pl.col("name").str.contains("(?i)wait event")).select(
+        "correlation", "device", stream="stream", wait_stream=_json_int("$.wait_on_stream"),
+        record_corr=_json_int("$.wait_on_cuda_event_record_corr_id")).collect()
+    exact = (
+        waits.filter(pl.col("wait_stream") >= 0)
+        .join(runtime.select("correlation", "pid", "tid", "event_id", "name", wait_ts="ts_ns"), on="correlation")
+        .join(runtime.select(record_corr="correlation", record_ts="ts_ns"), on="record_corr", how="left")
+        # older sync events name the recorded stream but not the record: its work launched before the wait
+        .with_columns(record_ts=pl.coalesce("record_ts", "wait_ts"))
+        .filter(pl.col("wait_ts").is_between(lo, hi))
+    )
+    # without a sync event: the wait pairs with the thread's previous cudaEventRecord; the recorded stream is the
+    # one the thread launched on last before the record, the waiting one gets the thread's next launch elsewhere
+    rt_calls = trace.runtime.filter(pl.col("name").str.contains("(?i)(EventRecord|StreamWaitEvent)")
+                                    & pl.col("ts_ns").is_between(lo, hi)).select(
+        "pid", "tid", "event_id", "name", "correlation", "ts_ns").collect().sort("ts_ns")
+    rec = rt_calls.filter(pl.col("name").str.contains("(?i)EventRecord")).select("pid", "tid", record_ts="ts_ns")
+    loose = (
+        rt_calls.filter(pl.col("name").str.contains("(?i)StreamWaitEvent")
+                        & ~pl.col("correlation").is_in(exact["correlation"].implode()).fill_null(False))
+        .rename({"ts_ns": "wait_ts"})
+        .join_asof(rec, left_on="wait_ts", right_on="record_ts", by=["pid", "tid"], strategy="backward",
+                   check_sortedness=False)
+        .filter(pl.col("record_ts").is_not_null())
+    )
+    launched = gpu.filter(pl.col("launch_ts_ns").is_not_null()).select(
+        "g", "device", "stream", pid="launch_pid", tid="launch_tid", key="launch_ts_ns").sort("key")
+    if loose.height:
+        src_of_loose = loose.sort("record_ts").join_asof(
+            launched.rename({"g": "src_g", "device": "src_device", "stream": "src_stream"}), left_on="record_ts",
+            right_on="key", by=["pid", "tid"], strategy="backward", check_sortedness=False).drop("key")
+        nxt = (src_of_loose.filter(pl.col("src_g").is_not_null()).sort("wait_ts")
+               .join(launched.rename({"g": "dst_g"}), on=["pid", "tid"], how="inner")
+               .filter((pl.col("key") >= pl.col("wait_ts")) & ((pl.col("stream") != pl.col("src_stream"))
+                                                                | (pl.col("device") != pl.col("src_device"))))
+               .sort("key").group_by("event_id", maintain_order=True).first())
+        loose_pairs = nxt.select("pid", "tid", "event_id", "name", "wait_ts", "src_g", "dst_g")
+    else:
+        loose_pairs = pl.DataFrame(schema={"pid": pl.String, "tid": pl.String, "event_id": pl.Int64,
+                                           "name": pl.String, "wait_ts": pl.Int64, "src_g": pl.Int64,
+                                           "dst_g": pl.Int64})
+    exact = exact.with_row_index("q").with_columns(pl.col("q").cast(pl.Int64))
+    src = _last_launched(gpu, exact.select("q", "record_ts", "device", stream="wait_stream"), at="record_ts",
+                         by_stream=True).rename({"g": "src_g"})
+    dst = (exact.select("q", "device", "stream", "wait_ts").sort("wait_ts")
+           .join_asof(gpu.select("g", "device", "stream", "key_ns").sort("key_ns"), left_on="wait_ts",
+                      right_on="key_ns", by=["device", "stream"], strategy="forward", check_sortedness=False)
+           .filter(pl.col("g").is_not_null()).select("q", dst_g="g"))
+    exact_pairs = exact.join(src, on="q").join(dst, on="q").select("pid", "tid", "event_id", "name", "wait_ts",
+                                                                    "src_g", "dst_g")
+    pairs = (pl.concat([exact_pairs, loose_pairs.cast(exact_pairs.schema)])
+             .join(gpu.select(src_g="g", src_node="end_node"), on="src_g")
+             .join(gpu.select(dst_g="g", dst_node="start_node", dlane=pl.format("gpu {} stream {}", "device",
+                                                                                  "stream")), on="dst_g"))
+    return _edges(pairs, src="src_node", dst="dst_node", type=EdgeType.CROSS_STREAM,
+                kind=PathKind.IDLE, natural_ns=0, event_id="event_id", name=pl.lit("(stream wait)"),
+                lane="dlane", pid="pid", tid="tid", point_ns="wait_ts")
+
+
+def _wake_edges(slices: pl.DataFrame, bounds: pl.DataFrame, threads: pl.DataFrame, main: tuple[str, str]
+                ) -> pl.DataFrame:
+    """A helper thread resuming (after an idle slice, or at its first boundary) <- the main thread's last boundary."""
+    helper = bounds.join(threads.filter(~pl.col("main")), on=["pid", "tid"], how="semi")
+    first = helper.group_by("pid", "tid").agg(pl.col("node").min())["node"]
+    after_idle = slices.filter(pl.col("event_id").is_null() & ~pl.col("main"))["dst"]
+    resumes = helper.filter(pl.col("node").is_in(pl.concat([first, after_idle]).implode())).sort("t")
+    main_nodes = bounds.filter((pl.col("pid") == main[0]) & (pl.col("tid") == main[1])).select(
+        main_node="node", main_t="t").sort("main_t")
+    found = resumes.join_asof(main_nodes, left_on="t", right_on="main_t", strategy="backward",
+                              check_sortedness=False).filter(pl.col("main_node").is_not_null())
+    return _edges(found, src="main_node", dst="node", type=EdgeType.WAKE,
+                kind=PathKind.IDLE, natural_ns=pl.col("t") - pl.col("main_t"), name=pl.lit("(thread wait)"),
+                lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="t")
+
+
+def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu: pl.DataFrame,
+            by_step: pl.DataFrame | None, main: tuple[str, str], n_cpu: int, bounds: pl.DataFrame, window_kind: str,
+            latency: int) -> DependencyGraph:
+    """Order the nodes, drop edges against the order, set the measured weights, index the step windows."""
+    t = nodes["t_ns"].to_numpy()
+    sync_dst = edges.filter(pl.col("type") == EdgeType.SYNC.value)["dst"].unique().to_numpy()
+    rank = np.zeros(len(t), dtype=np.int64)
+    rank[n_cpu:] = 1
+    rank[sync_dst] = 2  # a blocking call's end comes after the GPU work it waited for, even at the same time
+    order = np.lexsort((np.arange(len(t)), rank, t)).astype(np.int64)
+    position = np.empty(len(t), dtype=np.int64)
+    position[order] = np.arange(len(t))
+    forward = position[edges["src"].to_numpy()] < position[edges["dst"].to_numpy()]
+    dropped = int((~forward).sum())
+    edges = edges.filter(pl.Series(forward))
+    edges = edges.with_columns(weight_ns=_measured_weights(edges, t))
+    main_nodes = bounds.filter((pl.col("pid") == main[0]) & (pl.col("tid") == main[1])).select("node", "t")
+    if windows["step"].null_count() == windows.height:  # no steps: the window is what the graph covers
+        windows = windows.with_columns(start_ns=pl.lit(int(t.min())), end_ns=pl.lit(int(t.max())))
+    lo, hi = int(windows["start_ns"].min()), int(windows["end_ns"].max())  # type: ignore[arg-type]
+    win = (windows.with_columns(cs=pl.col("cpu_start_ns").clip(lo, hi), ce=pl.col("cpu_end_ns").clip(lo, hi))
+           .join(main_nodes.rename({"node": "cpu_start_node", "t": "cs"}), on="cs", how="left")
+           .join(main_nodes.rename({"node": "cpu_end_node", "t": "ce"}), on="ce", how="left")
+           .select("step", "start_ns", "end_ns", "cpu_start_ns", "cpu_end_ns", "cpu_start_node", "cpu_end_node")
+           .sort("start_ns"))
+    if by_step is None:  # no steps: the one window owns all GPU work
+        gpu_ends = gpu.select(step=pl.lit(None, pl.Int64), node="end_node")
+    else:
+        gpu_ends = by_step.select("gpu_event_id", "step").join(
+            gpu.select("gpu_event_id", node="end_node"), on="gpu_event_id").select("step", "node")
+    return DependencyGraph(nodes=nodes, edges=edges, windows=win, gpu_ends=gpu_ends, order=order,
+                           dropped_edges=dropped, window_kind=window_kind, launch_latency_ns=latency)
+
+
+def _measured_weights(edges: pl.DataFrame, t: IntArray) -> pl.Series:
+    """Each edge's measured weight: its natural weight, at most the measured gap t(dst) - t(src); where no in-edge
+    of a node then reaches the node's time, the one that comes closest (latest t(src) + natural, then PRIORITY)
+    is raised to its gap. A blocking call's last slice first drops the part before its GPU work ended.
+
+        in-edges of v (t = 103): launch from 90 natural 5 -> 95; stream from 100 natural 0 -> 100
+        -> weights 5 and 3 (the stream edge is raised: it explains v)
+    """
+    src, dst = edges["src"].to_numpy(), edges["dst"].to_numpy()
+    tu, tv = t[src], t[dst]
+    natural = edges["natural_ns"].to_numpy().astype(np.int64)
+    etype = edges["type"].to_numpy()
+    sync = etype == EdgeType.SYNC.value
+    waited = np.full(len(t), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(waited, dst[sync], tu[sync])
+    reduced = (etype == EdgeType.CPU.value) & (waited[dst] > np.iinfo(np.int64).min)
+    natural = np.where(reduced, tv - np.maximum(tu, waited[dst]), natural)
+    gap = tv - tu
+    weight = np.minimum(natural, gap)
+    best = np.full(len(t), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(best, dst, tu + weight)
+    short = np.flatnonzero(best[dst] < tv)  # edges into nodes nothing explains yet
+    if len(short):
+        prio = pl.Series(etype[short]).replace_strict({k.value: p for k, p in PRIORITY.items()},
+                                                     return_dtype=pl.Int64).to_numpy()
+        ranked = short[np.lexsort((prio, -(tu[short] + natural[short]), dst[short]))]
+        first = np.ones(len(ranked), dtype=bool)
+        first[1:] = dst[ranked][1:] != dst[ranked][:-1]
+        weight[ranked[first]] = gap[ranked[first]]
+    return pl.Series("weight_ns", weight, dtype=pl.Int64)
+
+
+def _empty(window_kind: str) -> DependencyGraph:
+    """The graph of a trace with nothing to analyse."""
+    return DependencyGraph(
+        nodes=pl.DataFrame(schema={"node": pl.Int64, "t_ns": pl.Int64, "lane": pl.String}),
+        edges=pl.DataFrame(schema={**EDGE_SCHEMA, "weight_ns": pl.Int64}),
+        windows=pl.DataFrame(schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                     "cpu_start_ns": pl.Int64, "cpu_end_ns": pl.Int64, "cpu_start_node": pl.Int64,
+                                     "cpu_end_node": pl.Int64}),
+        gpu_ends=pl.DataFrame(schema={"step": pl.Int64, "node": pl.Int64}),
+        order=np.zeros(0, dtype=np.int64), dropped_edges=0, window_kind=window_kind, launch_latency_ns=0)
+
+
+def step_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:
+    """step, start_ns, end_ns, wall_ns of each window with node times `t_ns`, by the step-window rule
+    (`window.step_windows`): a step ends at the later of its CPU end and its last GPU work's end, and starts at
+    its CPU start or where the previous step ended, if later. Without steps: the window's start to the latest
+    node."""
+    w = graph.windows
+    if w.height == 0:
+        return pl.DataFrame(schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "wall_ns": pl.Int64})
+    times = pl.Series("t", t_ns)
+    if w["step"].null_count() == w.height:
+        start = int(w["start_ns"][0])
+        end = int(t_ns.max()) if len(t_ns) else int(w["end_ns"][0])
+        return pl.DataFrame({"step": [None], "start_ns": [start], "end_ns": [end], "wall_ns": [end - start]},
+                            schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "wall_ns": pl.Int64})
+    gpu_end = graph.gpu_ends.with_columns(t=times.gather(graph.gpu_ends["node"])).group_by("step").agg(
+        gpu_end=pl.col("t").max())
+    return (
+        w.with_columns(cs=times.gather(w["cpu_start_node"].fill_null(0)),
+                       ce=times.gather(w["cpu_end_node"].fill_null(0)))
+        .with_columns(cs=pl.when(pl.col("cpu_start_node").is_null()).then(pl.col("cpu_start_ns")).otherwise("cs"),
+                      ce=pl.when(pl.col("cpu_end_node").is_null()).then(pl.col("cpu_end_ns")).otherwise("ce"))
+        .join(gpu_end, on="step", how="left")
+        .with_columns(end_ns=pl.max_horizontal("ce", "gpu_end"))
+        .with_columns(start_ns=pl.max_horizontal("cs", pl.col("end_ns").shift(1)))
+        .with_columns(end_ns=pl.max_horizontal("end_ns", "start_ns"))
+        .select("step", "start_ns", "end_ns", wall_ns=pl.col("end_ns") - pl.col("start_ns"))
+    )
+
+
+__all__ = ["DependencyGraph", "EdgeType", "PathKind", "Replay", "build_graph", "replay", "step_times"]

@@ -1,0 +1,320 @@
+"""Critical path (stepscope.analyze.critical_path) and the dependency graph under it (depgraph): exact paths on
+traces built by hand, the replay against a slow obvious longest-path computation, and the HTA corpus."""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import critical_path_traces as cp
+import numpy as np
+import polars as pl
+import pytest
+from builders import load_events
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepscope.analyze.critical_path import critical_path
+from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, replay, step_times
+
+US = 1_000
+
+
+def segments(doc: dict[str, Any], tmp_path: Path) -> list[tuple[str, str, int, int]]:
+    """(name, kind, start µs, duration µs) of the first step's critical path."""
+    result = critical_path(load_events(tmp_path, doc))
+    rows = result.segments.filter(pl.col("step") == result.segments["step"][0])
+    return [(r["name"], r["kind"], r["start_ns"] // US, r["dur_ns"] // US) for r in rows.iter_rows(named=True)]
+
+
+def slow_longest_times(graph: DependencyGraph, weights: np.ndarray) -> list[int]:
+    """Node times by relaxing every edge until nothing changes (Bellman-Ford for longest paths on a DAG): each node
+    the latest t(u) + w over its in-edges, nodes without in-edges at their measured time."""
+    edges = list(zip(graph.edges["src"].to_list(), graph.edges["dst"].to_list(), weights.tolist(), strict=True))
+    measured = graph.nodes["t_ns"].to_list()
+    has_in = {d for _, d, _ in edges}
+    t: list[float] = [measured[v] if v not in has_in else float("-inf") for v in range(len(measured))]
+    changed = True
+    while changed:
+        changed = False
+        for s, d, w in edges:
+            if t[s] != float("-inf") and t[s] + w > t[d]:
+                t[d] = t[s] + w
+                changed = True
+    return [int(x) for x in t]
+
+
+# ------------------------------------------------------------------------------------------------ exact paths
+
+
+def test_a_sync_serializes_the_cpu_behind_the_gemm(tmp_path: Path) -> None:
+    # GIVEN a GEMM the CPU waits for in cudaDeviceSynchronize WHEN the path is walked THEN it runs through the
+    # GEMM and back to the CPU through the sync (hand-computed in the builder's docstring)
+    assert segments(cp.sync_serializes(), tmp_path) == [
+        ("ProfilerStep#1", "cpu", 0, 10), ("aten::mm", "cpu", 10, 5),
+        ("(launch latency)", "launch_overhead", 15, 15), ("sgemm_128x64_nn", "kernel", 30, 100),
+        ("cudaDeviceSynchronize", "sync_wait", 130, 5), ("ProfilerStep#1", "cpu", 135, 5),
+        ("aten::add", "cpu", 140, 5), ("cudaLaunchKernel", "launch_overhead", 145, 5), ("aten::add", "cpu", 150, 10),
+        ("ProfilerStep#1", "cpu", 160, 40),
+    ]
+
+
+def test_two_streams_joined_by_an_event(tmp_path: Path) -> None:
+    # the add on stream 20 waits (cudaStreamWaitEvent on the record after the conv) for the conv on stream 7
+    assert segments(cp.two_streams(), tmp_path) == [
+        ("ProfilerStep#1", "cpu", 0, 10), ("aten::conv2d", "cpu", 10, 2),
+        ("(launch latency)", "launch_overhead", 12, 8), ("implicit_convolve_sgemm", "kernel", 20, 150),
+        ("(stream wait)", "idle", 170, 1), ("vectorized_elementwise_kernel", "kernel", 171, 9),
+        ("cudaDeviceSynchronize", "sync_wait", 180, 5), ("ProfilerStep#1", "cpu", 185, 115),
+    ]
+    graph = build_graph(load_events(tmp_path / "g", cp.two_streams()))
+    assert graph.edge_counts()[EdgeType.CROSS_STREAM.value] == 1
+
+
+def test_a_launch_bound_loop_has_the_cpu_as_its_path(tmp_path: Path) -> None:
+    expected = [("ProfilerStep#1", "cpu", 0, 10)]
+    for i in range(4):
+        t = 10 + 16 * i
+        expected += [("aten::add", "cpu", t, 2), ("cudaLaunchKernel", "launch_overhead", t + 2, 10),
+                     ("aten::add", "cpu", t + 12, 3), ("ProfilerStep#1", "cpu", t + 15, 1)]
+    expected += [("aten::add", "cpu", 74, 2), ("(launch latency)", "launch_overhead", 76, 12),
+                 ("vectorized_elementwise_kernel", "kernel", 88, 2)]
+    assert segments(cp.launch_bound(), tmp_path) == expected
+
+
+def test_a_gpu_bound_loop_has_the_kernels_as_its_path(tmp_path: Path) -> None:
+    assert segments(cp.gpu_bound(), tmp_path) == [
+        ("ProfilerStep#1", "cpu", 0, 2), ("aten::mm", "cpu", 2, 1), ("(launch latency)", "launch_overhead", 3, 7),
+        ("sgemm_0", "kernel", 10, 40), ("sgemm_1", "kernel", 50, 40), ("sgemm_2", "kernel", 90, 40),
+        ("sgemm_3", "kernel", 130, 40), ("cudaStreamSynchronize", "sync_wait", 170, 5),
+        ("ProfilerStep#1", "cpu", 175, 5),
+    ]
+
+
+def test_data_loading_and_a_pageable_copy_are_attributed(tmp_path: Path) -> None:
+    assert ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "data_loading", 1, 30) in segments(
+        cp.data_loading(), tmp_path / "a")
+    assert segments(cp.pageable_copy(), tmp_path / "b") == [
+        ("ProfilerStep#1", "cpu", 0, 5), ("(launch latency)", "launch_overhead", 5, 5),
+        ("Memcpy HtoD (Pageable -> Device)", "copy", 10, 40), ("vectorized_elementwise_kernel", "kernel", 50, 10),
+    ]
+
+
+def test_attribution_adds_up_to_the_step(tmp_path: Path) -> None:
+    result = critical_path(load_events(tmp_path, cp.sync_serializes()))
+    step = result.steps.row(0, named=True)
+    assert step["wall_ns"] == 200 * US
+    assert step["kernel_ns"] == 100 * US and step["sync_wait_ns"] == 5 * US
+    assert step["launch_overhead_ns"] == 20 * US and step["cpu_ns"] == 75 * US
+    assert sum(step[f"{k}_ns"] for k in ("cpu", "launch_overhead", "kernel", "copy", "sync_wait", "data_loading",
+                                         "idle")) == step["wall_ns"]
+    assert result.bound_by == "kernel"
+    gemm = result.attribution.filter(pl.col("kind") == "kernel").row(0, named=True)
+    assert gemm["category"] == "gemm" and gemm["mean_ns"] == 100 * US and gemm["step_share"] == pytest.approx(0.5)
+    assert result.top.row(0, named=True)["name"] == "sgemm_128x64_nn"
+
+
+# ------------------------------------------------------------------------------------- the replay and the graph
+
+
+@pytest.mark.parametrize("build", [cp.sync_serializes, cp.two_streams, cp.launch_bound, cp.gpu_bound,
+                                   cp.data_loading, cp.pageable_copy])
+def test_the_replay_is_the_longest_path_under_any_weights(build: Any, tmp_path: Path) -> None:
+    graph = build_graph(load_events(tmp_path, build()))
+    measured = graph.measured_weights()
+    timed = replay(graph, measured)
+    assert timed.t_ns.tolist() == graph.nodes["t_ns"].to_list()  # measured weights reproduce every time
+    rng = random.Random(7)
+    for _ in range(5):
+        weights = np.array([rng.randint(0, 50_000) for _ in measured], dtype=np.int64)
+        assert replay(graph, weights).t_ns.tolist() == slow_longest_times(graph, weights)
+
+
+def test_step_times_follow_the_step_window_rule(tmp_path: Path) -> None:
+    # the step's CPU span ends at 89 µs, its last kernel at 90: the window ends at 90 (window.step_windows)
+    graph = build_graph(load_events(tmp_path, cp.launch_bound()))
+    times = step_times(graph, replay(graph, graph.measured_weights()).t_ns).row(0, named=True)
+    assert (times["step"], times["start_ns"], times["end_ns"], times["wall_ns"]) == (1, 0, 90 * US, 90 * US)
+
+
+def test_a_cpu_only_trace_without_steps_is_one_cpu_path(tmp_path: Path) -> None:
+    from builders import cpu_op, trace
+
+    result = critical_path(load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5))))
+    assert (result.window_kind, result.steps_found, result.bound_by) == ("trace (no steps)", 1, "cpu")
+    assert result.segments.select("name", "dur_ns").rows() == [("aten::add", 5 * US)]
+
+
+# ------------------------------------------------------------------------------------------------- HTA corpus
+
+
+def _corpus_trace(corpus: Path, name: str) -> Path:
+    return next((corpus / "traces/hta/critical_path" / name).glob("*.json.gz"))
+
+
+def _gpu_by_correlation(graph: DependencyGraph, trace: Any, correlation: int) -> tuple[int, int]:
+    """(start node, end node) of the GPU event with that correlation."""
+    gpu = graph.edges.filter(pl.col("type") == EdgeType.GPU.value)
+    ids = trace.gpu.filter(pl.col("correlation") == correlation).select("event_id").collect()["event_id"]
+    row = gpu.filter(pl.col("event_id").is_in(ids.implode())).row(0, named=True)
+    return int(row["src"]), int(row["dst"])
+
+
+def test_hta_event_sync_edges(corpus: Path) -> None:
+    # HTA's test: the spin kernel ends -> cudaEventSynchronize ends, and -> cudaDeviceSynchronize
+    from stepscope.analyze import load
+
+    trace = load(_corpus_trace(corpus, "cuda_event_sync"))
+    graph = build_graph(trace)
+    _, spin_end = _gpu_by_correlation(graph, trace, 1526)
+    syncs = graph.edges.filter((pl.col("type") == EdgeType.SYNC.value) & (pl.col("src") == spin_end))
+    assert set(syncs["name"]) == {"cudaEventSynchronize", "cudaDeviceSynchronize"}
+    result = critical_path(trace)
+    path = result.segments["name"].to_list()
+    assert "at::cuda::(anonymous namespace)::spin_kernel(long)" in path
+    assert path[path.index("at::cuda::(anonymous namespace)::spin_kernel(long)") + 1] == "cudaEventSynchronize"
+    assert result.steps["wall_ns"].to_list() == [3_154 * US]
+
+
+def test_hta_multi_stream_event_wait(corpus: Path) -> None:
+    # HTA's test: the record on stream 20 syncs back to kernel 1 (correlation 27), not kernel 2 on stream 28;
+    # the memset on stream 24 (correlation 1411) waits for it
+    from stepscope.analyze import load
+
+    trace = load(_corpus_trace(corpus, "cuda_event_sync_multi_stream"))
+    graph = build_graph(trace)
+    _, kernel1_end = _gpu_by_correlation(graph, trace, 27)
+    memset_start, _ = _gpu_by_correlation(graph, trace, 1411)
+    cross = graph.edges.filter(pl.col("type") == EdgeType.CROSS_STREAM.value)
+    assert cross.select("src", "dst").rows() == [(kernel1_end, memset_start)]
+
+
+def test_hta_alexnet_gpu_to_gpu_sync(corpus: Path) -> None:
+    # HTA's test: fft2d_c2r on stream 20 (correlation 5606) -> the elementwise kernel on stream 7 (5629)
+    from stepscope.analyze import load
+
+    trace = load(_corpus_trace(corpus, "alexnet"))
+    graph = build_graph(trace)
+    _, fft_end = _gpu_by_correlation(graph, trace, 5606)
+    elementwise_start, _ = _gpu_by_correlation(graph, trace, 5629)
+    cross = graph.edges.filter(pl.col("type") == EdgeType.CROSS_STREAM.value)
+    assert (fft_end, elementwise_start) in cross.select("src", "dst").rows()
+
+
+@pytest.mark.parametrize("name", ["alexnet", "simple_add", "cuda_event_sync", "cuda_event_sync_multi_stream"])
+def test_corpus_paths_tile_their_windows(corpus: Path, name: str) -> None:
+    from stepscope.analyze import load
+
+    trace = load(_corpus_trace(corpus, name))
+    result = critical_path(trace)
+    graph = build_graph(trace)
+    walls = step_times(graph, replay(graph, graph.measured_weights()).t_ns)["wall_ns"].to_list()
+    assert result.steps["wall_ns"].to_list() == walls
+    assert result.dropped_edges == 0
+    per_step = result.segments.group_by("step").agg(pl.col("dur_ns").sum(), pl.col("seq").max())
+    assert per_step["dur_ns"].to_list() == walls
+
+
+def test_top_contributors_carry_the_users_python_line(tmp_path: Path) -> None:
+    # GIVEN a with_stack capture WHEN the GEMM tops the path THEN its line is the frame around its launch
+    from builders import python_fn
+
+    doc = cp.sync_serializes()
+    doc["traceEvents"] += [python_fn("train.py(3): main", 0, 200), python_fn("model.py(7): forward", 10, 20),
+                           python_fn("torch/nn/modules/module.py(1501): _call_impl", 11, 18)]
+    top = critical_path(load_events(tmp_path, doc)).top
+    lines = dict(zip(top["name"], top["python"], strict=True))
+    assert lines["sgemm_128x64_nn"] == "model.py(7): forward"
+    assert lines["ProfilerStep#1"] == "train.py(3): main"
+
+
+def test_an_event_wait_without_sync_events_pairs_record_and_wait_on_the_thread(tmp_path: Path) -> None:
+    # older traces have no cuda_sync events: the wait pairs with the thread's previous cudaEventRecord, whose
+    # stream is the one launched on last (the conv's), and holds the thread's next launch on another stream
+    doc = cp.two_streams()
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "cuda_sync"]
+    assert ("(stream wait)", "idle", 170, 1) in segments(doc, tmp_path)
+
+
+def test_a_helper_thread_waits_for_the_main_thread(tmp_path: Path) -> None:
+    # the autograd thread (tid 2) starts MmBackward0 at 40 while the main thread is in backward() since 30
+    from builders import cpu_op, kernel, runtime, step, trace
+
+    doc = trace(step(1, ts=0, dur=100), cpu_op("torch::autograd::backward", ts=30, dur=65),
+                cpu_op("MmBackward0", ts=40, dur=20, tid=2, external_id=1),
+                runtime("cudaLaunchKernel", ts=45, dur=5, correlation=1, external_id=1, tid=2),
+                kernel("sgemm_nt", ts=50, dur=100, correlation=1))
+    assert segments(doc, tmp_path) == [
+        ("ProfilerStep#1", "cpu", 0, 30), ("(thread wait)", "idle", 30, 10), ("MmBackward0", "cpu", 40, 5),
+        ("(launch latency)", "launch_overhead", 45, 5), ("sgemm_nt", "kernel", 50, 100),
+    ]
+
+
+def test_an_annotation_s_instances_can_be_the_steps(tmp_path: Path) -> None:
+    # GIVEN a "forward" annotation around aten::mm (9-31 µs) WHEN it is the step THEN its window runs to the end
+    # of the GEMM it launched (130) and the path is the annotation's own time, the op, the launch and the GEMM
+    from builders import annotation
+
+    from stepscope.errors import UsageError
+
+    doc = cp.sync_serializes()
+    doc["traceEvents"].append(annotation("forward", ts=9, dur=22))
+    trace = load_events(tmp_path, doc)
+    result = critical_path(trace, annotation="^forward$")
+    assert result.window_kind == "annotation ^forward$" and result.steps["step"].to_list() == [0]
+    rows = result.segments.select("name", "kind", "start_ns", "dur_ns").rows()
+    assert rows == [("forward", "cpu", 0, 1 * US), ("aten::mm", "cpu", 1 * US, 5 * US),
+                    ("(launch latency)", "launch_overhead", 6 * US, 15 * US),
+                    ("sgemm_128x64_nn", "kernel", 21 * US, 100 * US)]
+    with pytest.raises(UsageError, match="no annotation or op"):
+        critical_path(trace, annotation="backward")
+
+
+def _simulated(ops: list[tuple[int, int, int, int, bool, int]]) -> dict[str, Any]:
+    """A loop simulated the way a GPU runs it: each op (cpu µs, launch µs, kernel µs, stream bit, sync after,
+    delay µs) launches one kernel, which starts 5 µs after its launch or when its stream is free, whichever is
+    later, plus the delay (the GPU's own jitter); a sync waits for every kernel launched so far and returns 2 µs
+    after the last one ends."""
+    from builders import cpu_op, kernel, runtime, step, trace
+
+    events: list[dict[str, Any]] = []
+    t, free, corr = 1, {7: 0, 20: 0}, 0
+    for cpu, launch, dur, stream_bit, sync, delay in ops:
+        corr += 1
+        stream = 20 if stream_bit else 7
+        events += [cpu_op("aten::op", ts=t, dur=cpu + launch + 1, external_id=corr),
+                   runtime("cudaLaunchKernel", ts=t + cpu, dur=launch, correlation=corr, external_id=corr)]
+        start = max(t + cpu + 5, free[stream]) + delay
+        free[stream] = start + dur
+        events.append(kernel(f"gemm_{corr}", ts=start, dur=dur, correlation=corr, stream=stream))
+        t += cpu + launch + 1
+        if sync:
+            end = max(t + 1, max(free.values()) + 2)
+            events.append(runtime("cudaDeviceSynchronize", ts=t, dur=end - t, correlation=10_000 + corr))
+            t = end
+    return trace(step(1, ts=0, dur=t + 1), *events)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 10), st.integers(1, 80), st.integers(0, 1),
+                          st.booleans(), st.integers(0, 20)), min_size=1, max_size=12),
+       st.floats(1.0, 8.0))
+def test_paths_tile_the_step_and_speedups_never_slow_it(ops: list[tuple[int, int, int, int, bool, int]],
+                                                       factor: float) -> None:
+    from stepscope.analyze.whatif import WhatIf, what_if
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = load_events(Path(tmp), _simulated(ops))
+        graph = build_graph(trace)
+        measured = replay(graph, graph.measured_weights())
+        assert measured.t_ns.tolist() == graph.nodes["t_ns"].to_list()
+        result = critical_path(trace, graph=graph)
+        segs = result.segments
+        assert segs["dur_ns"].sum() == result.steps["wall_ns"][0]  # the path tiles the window
+        assert (segs["start_ns"] + segs["dur_ns"]).to_list()[:-1] == segs["start_ns"].to_list()[1:]
+        faster = what_if(trace, WhatIf(speedups=(("gemm", factor),), no_sync=True), graph=graph)
+        assert faster.replay_residual_fraction == 0.0
+        assert faster.predicted_mean_ns is not None and faster.measured_mean_ns is not None
+        assert faster.predicted_mean_ns <= faster.measured_mean_ns

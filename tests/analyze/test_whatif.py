@@ -1,0 +1,81 @@
+"""What-if (stepscope.analyze.whatif): predictions on traces with known paths, worked out by hand; the replay
+with no change reproduces the measured steps (synthetic and the HTA corpus)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import critical_path_traces as cp
+import pytest
+from builders import load_events
+
+from stepscope.analyze.whatif import WhatIf, parse_speedup, what_if
+from stepscope.errors import UsageError
+
+US = 1_000
+
+
+def predicted(doc: dict[str, Any], tmp_path: Path, change: WhatIf) -> int:
+    result = what_if(load_events(tmp_path, doc), change)
+    assert result.replay_residual_fraction == 0.0
+    return int(result.steps["predicted_ns"][0]) // US
+
+
+def test_no_change_replays_the_measured_steps(tmp_path: Path) -> None:
+    result = what_if(load_events(tmp_path, cp.two_streams()), WhatIf())
+    assert result.steps.select("measured_ns", "replay_ns", "predicted_ns").row(0) == (300 * US,) * 3
+    assert result.saving_ns == 0 and result.changes == ["(none: the measured graph replayed)"]
+
+
+def test_a_faster_gemm_shortens_a_step_that_waits_for_it(tmp_path: Path) -> None:
+    # sgemm 30-130 becomes 30-80; the sync returns 5 µs later (85) and the rest of the CPU moves up 50 µs
+    assert predicted(cp.sync_serializes(), tmp_path, WhatIf(speedups=(("gemm", 2.0),))) == 150
+    # in the GPU-bound loop the four 40 µs GEMMs become 20 µs: they end at 90, the sync at 95, the step at 100
+    result = what_if(load_events(tmp_path / "b", cp.gpu_bound()), WhatIf(speedups=(("sgemm_[0-3]", 2.0),)))
+    assert int(result.steps["predicted_ns"][0]) == 100 * US
+    assert result.saving_fraction == pytest.approx(80 / 180)
+    assert result.bound_by_measured == "kernel"
+
+
+def test_dropping_the_sync(tmp_path: Path) -> None:
+    # without the sync the CPU runs on at once (its end moves from 200 to 105) but the add kernel still follows
+    # the GEMM on the stream: 130-140, so the step ends at 140
+    assert predicted(cp.sync_serializes(), tmp_path, WhatIf(no_sync=True)) == 140
+
+
+def test_free_launches_shorten_a_launch_bound_loop(tmp_path: Path) -> None:
+    # each iteration loses its 10 µs launch call: the CPU span ends 5 x 10 µs earlier, at 39; the last kernel
+    # (launched at 36 with no latency) ends at 38
+    assert predicted(cp.launch_bound(), tmp_path, WhatIf(launch_overhead_ns=0)) == 39
+
+
+def test_hiding_data_loading(tmp_path: Path) -> None:
+    assert predicted(cp.data_loading(), tmp_path, WhatIf(no_data_loading=True)) == 30
+
+
+def test_pinned_copies_without_a_pinned_copy_to_measure(tmp_path: Path) -> None:
+    # no pinned HtoD copy in the trace: twice as fast (40 -> 20 µs, 10-30), the kernel follows at 30-40
+    result = what_if(load_events(tmp_path, cp.pageable_copy()), WhatIf(pinned=True))
+    assert int(result.steps["predicted_ns"][0]) == 40 * US
+    assert any("assumed 2x" in note for note in result.notes)
+
+
+def test_speedup_parsing() -> None:
+    assert parse_speedup("gemm=2") == ("gemm", 2.0)
+    assert parse_speedup("flash.*fwd=1.5") == ("flash.*fwd", 1.5)
+    for bad in ("gemm", "gemm=0", "gemm=-1", "=2", "gemm=fast", "(=2"):
+        with pytest.raises(UsageError):
+            parse_speedup(bad)
+
+
+@pytest.mark.parametrize("name", ["alexnet", "simple_add", "cuda_event_sync", "cuda_event_sync_multi_stream"])
+def test_corpus_replay_residual_is_under_one_percent(corpus: Path, name: str) -> None:
+    from stepscope.analyze import load
+
+    path = next((corpus / "traces/hta/critical_path" / name).glob("*.json.gz"))
+    result = what_if(load(path), WhatIf())
+    assert result.replay_residual_fraction is not None and result.replay_residual_fraction < 0.01
+    faster = what_if(load(path), WhatIf(launch_overhead_ns=0))
+    assert faster.predicted_mean_ns is not None and result.predicted_mean_ns is not None
+    assert faster.predicted_mean_ns <= result.predicted_mean_ns
