@@ -10,13 +10,13 @@ trace's own clock (ns) so that `reports.perfetto` only has to write it:
 - `gaps`: every idle gap of `gaps.gpu_gaps` with its cause and blame (they add up to its idle total per device);
 - `copies`: the host/device copies not entirely hidden by a kernel on their device (`exposed_ns` > 0);
 - `syncs`: the synchronizing runtime calls, with the op and Python line that made them;
-- counters: GPU busy share per step, launch queue depth per stream, allocated/reserved memory per device.
+- counters: GPU busy share per step, launch queue depth per stream, allocated/reserved memory per device;
+- `critical_path`: each step's critical path (`critical_path.critical_path`), its segments tiling the step
+  window, each with its kind (CPU, launch overhead, kernel, copy, sync wait, data loading, idle).
 
     step 1 CPU [0, 100): DataLoader [0, 30), aten::conv [30, 60), ConvBackward (autograd thread) [55, 80),
     Optimizer.step [80, 100)
     -> phases: data_loading [0, 30), forward [30, 55), backward [55, 80), optimizer [80, 100)
-
-The critical path is not among them: that analysis does not exist yet.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from stepscope.analyze import intervals
 from stepscope.analyze import steps as _steps
 from stepscope.analyze.blame import python_lines
 from stepscope.analyze.bundle import TraceAnalysis
+from stepscope.analyze.critical_path import critical_path
 from stepscope.analyze.overlap import sync_calls
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.summary import SummaryResult
@@ -57,6 +58,7 @@ class Annotations:
     utilization: pl.DataFrame  # ts_ns, busy_percent (per step, at its start)
     queue_depth: pl.DataFrame  # device, stream, ts_ns, depth
     memory: pl.DataFrame  # device_name, ts_ns, allocated_bytes, reserved_bytes
+    critical_path: pl.DataFrame  # step, seq, name, kind, category, lane, start_ns, end_ns (absolute), edge_type
 
 
 def phase_segments(bundle: TraceAnalysis) -> pl.DataFrame:
@@ -153,6 +155,21 @@ def _points_within(frame: pl.DataFrame, window: tuple[int, int] | None) -> pl.Da
     return frame.filter(pl.col("ts_ns").is_between(window[0], window[1], closed="left"))
 
 
+def path_segments(bundle: TraceAnalysis, steps: pl.DataFrame) -> pl.DataFrame:
+    """Each step's critical-path segments on the trace's clock: step, seq, name, kind, category, lane, start_ns,
+    end_ns, edge_type (`critical_path`'s segments start at their step window's start)."""
+    schema = {"step": pl.Int64, "seq": pl.Int64, "name": pl.String, "kind": pl.String, "category": pl.String,
+              "lane": pl.String, "start_ns": pl.Int64, "end_ns": pl.Int64, "edge_type": pl.String}
+    if steps.height == 0:
+        return pl.DataFrame(schema=schema)
+    segments = critical_path(bundle.frames).segments
+    return (segments.join(steps.select("step", window_ns="start_ns"), on="step")
+            .select("step", "seq", "name", "kind", "category", "lane",
+                    start_ns=pl.col("window_ns") + pl.col("start_ns"),
+                    end_ns=pl.col("window_ns") + pl.col("start_ns") + pl.col("dur_ns"), edge_type="edge_type")
+            .cast(schema).sort("step", "seq"))  # type: ignore[arg-type]
+
+
 def trace_annotations(bundle: TraceAnalysis, *, steps: StepRange | None = None) -> Annotations:
     """The added tracks of `bundle`'s trace (of steps first..last only, with `steps`)."""
     window = step_window(bundle, steps) if steps is not None else None
@@ -179,8 +196,9 @@ def trace_annotations(bundle: TraceAnalysis, *, steps: StepRange | None = None) 
         copies=_within(exposed_copies(bundle), window), syncs=_within(syncs.drop_nulls("end_ns"), window),
         verdict=bundle.verdict, step_verdicts=step_verdicts, utilization=utilization,
         queue_depth=_points_within(queue_depth(bundle), window), memory=_points_within(_memory(bundle), window),
+        critical_path=_within(path_segments(bundle, table), window),
     )
 
 
-__all__ = ["Annotations", "StepRange", "trace_annotations", "exposed_copies", "phase_segments", "queue_depth",
-           "step_window"]
+__all__ = ["Annotations", "StepRange", "trace_annotations", "exposed_copies", "path_segments", "phase_segments",
+           "queue_depth", "step_window"]

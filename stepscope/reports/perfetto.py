@@ -7,7 +7,8 @@ the other top-level keys are kept. The added tracks follow, in a process of thei
 every pid of the trace), each event with ``cat: "stepscope"`` so a reader can tell them apart:
 
     steps | phases | verdict | GPU <d> idle (one slice per gap, named by its cause, blame in args) |
-    GPU <d> stream <s> exposed copies | host syncs | counters: GPU busy %, queue depth, memory
+    GPU <d> stream <s> exposed copies | host syncs | critical path (each step's, tiling its window) |
+    counters: GPU busy %, queue depth, memory
 
 A run (several ranks): one file, one process per rank ("rank N", pid 2N+1) holding all of that rank's events
 (each original (pid, tid) becomes one thread of it, named "<process> · <thread>"; the original process and
@@ -436,6 +437,9 @@ def _annotation_events(ann: Annotations, process: _Process, *, shift_ns: int) ->
     yield from _laned(ann.syncs, process, lambda r: "host syncs", shift_ns, lambda r: str(r["name"]),
                       lambda r: {"op": r["op"], "python": r["python"], "thread": f"{r['pid']}/{r['tid']}",
                                  "dur_ns": r["end_ns"] - r["start_ns"]})
+    yield from _laned(ann.critical_path, process, lambda r: "critical path", shift_ns, lambda r: str(r["name"]),
+                      lambda r: {k: r[k] for k in ("step", "seq", "kind", "category", "lane", "edge_type")}
+                      | {"dur_ns": r["end_ns"] - r["start_ns"]})
     yield from _counters(ann, process, shift_ns)
 
 
@@ -572,8 +576,7 @@ def _top_level(top: dict[str, Any], options: ExportOptions, info: dict[str, Any]
     """The source's top-level keys (one trace), and what this export is under the key "stepscope"."""
     return {**{k: v for k, v in top.items() if k != "traceEvents"}, "stepscope": {
         "version": __version__, **info, "only_annotations": options.only_annotations,
-        "steps": list(options.steps) if options.steps else None, "category": CATEGORY,
-        "not_included": ["critical path (not analysed yet)"]}}
+        "steps": list(options.steps) if options.steps else None, "category": CATEGORY}}
 
 
 def _overlapping(window: tuple[int, int]) -> Callable[[dict[str, msgspec.Raw]], bool]:

@@ -34,6 +34,7 @@ from polars.testing import assert_frame_equal
 from stepscope.analyze import load
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.collectives import collectives
+from stepscope.analyze.critical_path import critical_path
 from stepscope.errors import InputError, UsageError
 from stepscope.reports.perfetto import CATEGORY, ExportOptions, _ns, _us, export, export_run, export_trace
 
@@ -247,7 +248,7 @@ def test_added_tracks_have_their_own_process(synthetic: Path, tmp_path: Path) ->
     (pid,) = ours
     assert pid > max(p for p in original_pids if isinstance(p, int))
     names = {e["args"].get("name") for e in doc["traceEvents"] if e["ph"] == "M" and e["pid"] == pid}
-    assert {"stepscope", "steps", "phases", "verdict", "GPU 0 idle", "host syncs"} <= names
+    assert {"stepscope", "steps", "phases", "verdict", "GPU 0 idle", "host syncs", "critical path"} <= names
 
 
 def test_gap_slices_add_up_to_the_idle_time_and_steps_to_their_windows(synthetic: Path, tmp_path: Path) -> None:
@@ -274,6 +275,14 @@ def test_gap_slices_add_up_to_the_idle_time_and_steps_to_their_windows(synthetic
         for phase in ("data_loading", "forward", "backward", "optimizer"):
             assert phases.get((row["step"], phase), 0) == row[f"{phase}_ns"], (row["step"], phase)
     assert phases[(1, "backward")] > 0 and phases[(1, "optimizer")] > 0
+    # the critical path's slices tile each step window, in order, as `critical-path` lists them
+    path = on_thread(doc, "critical path")
+    segments = critical_path(bundle.frames).segments
+    assert len(path) == segments.height > 0
+    for row in windows.iter_rows(named=True):
+        mine = sorted((to_ns(e["ts"]), to_ns(e["dur"])) for e in path if e["args"]["step"] == row["step"])
+        assert mine[0][0] == row["start_ns"] and sum(d for _, d in mine) == row["wall_ns"]
+        assert all(a + d == b for (a, d), (b, _) in zip(mine, mine[1:], strict=False))
 
 
 def test_verdict_copies_syncs_and_counters(synthetic: Path, tmp_path: Path) -> None:
