@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "ranks": "ranks",
     "critical-path": "critical_path",
     "whatif": "whatif",
+    "serving": "serving",
     "export": "export",
 }
 
@@ -64,6 +65,7 @@ SUMMARIES: dict[str, str] = {
     "plot": "Write one figure of the report as a PNG.",
     "ranks": "Ranks side by side per step: compute, exposed comm, idle, imbalance, straggler and its cause.",
     "report": "One self-contained HTML report: a trace, a capture run, or a batch.",
+    "serving": "Inference engine iterations: prefill/decode/mixed, batch, tokens; per phase p50/p95/p99, tokens/s.",
     "snapshot": "What held CUDA memory at the peak of a memory snapshot, by allocating line.",
     "steps": "Per step: wall, GPU busy and idle, data loading / forward / backward / optimizer.",
     "summary": "One verdict per step and overall (GPU-, launch-, data-loading-, sync-, transfer-bound).",

@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
+from stepscope.analyze import intervals
 from stepscope.analyze.blame import innermost
+from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
 
 #: a communication kernel's name
@@ -97,14 +100,16 @@ def _mapped(frame: pl.DataFrame, col: str, fn: Callable[[str | None], str | None
     return pl.col(col).cast(pl.String).replace_strict(table, default=None, return_dtype=pl.String)
 
 
-def rank_calls(trace: Trace, *, pg_config: Mapping[str, Any] | None = None) -> pl.DataFrame:
+def rank_calls(trace: Trace, *, pg_config: Mapping[str, Any] | None = None,
+               launches: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every collective of one trace (see the module docstring), sorted by start: the CALL_SCHEMA columns.
 
-    `pg_config` (distributedInfo's, by pg_name) fills the ranks of a group that the call does not list.
+    `pg_config` (distributedInfo's, by pg_name) fills the ranks of a group that the call does not list;
+    `launches` (`Trace.launches()`, collected) saves recomputing the launch links where the caller has them.
     """
     kernels = trace.kernels.filter(pl.col("name").str.contains(COMM_KERNEL)).collect()
     if kernels.height:
-        calls = _kernel_calls(trace, kernels)
+        calls = _kernel_calls(trace, kernels, launches)
     else:
         cpu = _with_seq(trace.cpu.filter(pl.col("dur_ns").is_not_null()))
         calls = cpu.filter(pl.col("name").str.contains(COMM_ANNOTATION)).collect()
@@ -114,9 +119,10 @@ def rank_calls(trace: Trace, *, pg_config: Mapping[str, Any] | None = None) -> p
     return _finish(calls, pg_config or {})
 
 
-def _kernel_calls(trace: Trace, kernels: pl.DataFrame) -> pl.DataFrame:
+def _kernel_calls(trace: Trace, kernels: pl.DataFrame, launches: pl.DataFrame | None) -> pl.DataFrame:
     """Kernels with their launching record_param_comms op's args and the enclosing `nccl:<op>` annotation."""
-    launches = trace.launches().select("gpu_event_id", "launch_pid", "launch_tid", "launch_ts_ns").collect()
+    cols = ("gpu_event_id", "launch_pid", "launch_tid", "launch_ts_ns")
+    launches = trace.launches().select(cols).collect() if launches is None else launches.select(cols)
     linked = kernels.join(launches, left_on="event_id", right_on="gpu_event_id", how="left")
     points = linked.select(pid="launch_pid", tid="launch_tid", ts_ns="launch_ts_ns")
     cpu = trace.cpu.filter(pl.col("dur_ns").is_not_null())
@@ -217,3 +223,57 @@ def pg_config_of(distributed: Mapping[str, Any] | None) -> dict[str, list[int]]:
             out[str(entry.get("pg_name"))] = [int(r) for r in entry["ranks"] if isinstance(r, int)]
     return out
 
+
+
+@dataclass(frozen=True)
+class CommSplit:
+    """A rank's GPU time split for communication (DESIGN.md, "Distributed runs"), disjoint (device, start_ns,
+    end_ns) intervals per device:
+
+        compute   union of the kernels that are not communication kernels (COMM_KERNEL); memcpy/memset are not
+        comm      union of the collectives (`rank_calls`: NCCL/RCCL kernels, or a CPU backend's collective ops)
+        exposed   comm not covered by compute on the same device (a CPU backend's collectives, device null,
+                  are all exposed)
+        busy      union of all GPU work (kernels, memcpy, memset)
+
+        compute [0,60) [80,90), comm [50,100)  ->  exposed [60,80) [90,100): 30 of comm's 50
+    """
+
+    compute: pl.LazyFrame
+    comm: pl.LazyFrame
+    exposed: pl.LazyFrame
+    busy: pl.LazyFrame
+
+
+def gpu_work(gpu: pl.LazyFrame) -> pl.LazyFrame:
+    """device, start_ns, end_ns, compute (a kernel that is not a communication kernel) of GPU events (a trace's
+    `gpu` frame: kind, name, ts_ns, dur_ns, device), those with a duration and a device."""
+    kernel = pl.col("kind") == Kind.KERNEL.value
+    return (gpu.filter(pl.col("dur_ns").is_not_null() & pl.col("device").is_not_null())
+            .select(pl.col("device").cast(pl.Int64), start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
+                    compute=kernel & ~pl.col("name").fill_null("").str.contains(COMM_KERNEL)))
+
+
+def comm_split(gpu: pl.LazyFrame, calls: pl.LazyFrame) -> CommSplit:
+    """`CommSplit` of GPU work (`gpu_work`) and collectives (CALL_SCHEMA rows: device, ts_ns, dur_ns): the one
+    definition of compute, communication and exposed communication that `ranks` and `summary` share."""
+    by = ["device"]
+    compute = intervals.union(gpu.filter(pl.col("compute")), by=by, start="start_ns", end="end_ns")
+    comm = intervals.union(calls.select(pl.col("device").cast(pl.Int64), start_ns="ts_ns",
+                                        end_ns=pl.col("ts_ns") + pl.col("dur_ns")),
+                           by=by, start="start_ns", end="end_ns")
+    return CommSplit(compute=compute, comm=comm, exposed=intervals.subtract(comm, compute, by=by),
+                     busy=intervals.union(gpu, by=by, start="start_ns", end="end_ns"))
+
+
+def per_window(pieces: pl.LazyFrame, windows: pl.DataFrame, name: str) -> pl.DataFrame:
+    """step, `name`: the length of `pieces` (start_ns, end_ns; disjoint per device) inside each window, summed
+    over devices.
+
+        pieces [0,12) [20,25); windows step 1 [0,10), step 2 [10,22)  ->  step 1: 10, step 2: 4
+    """
+    w = windows.lazy().select("step", w_start="start_ns", w_end="end_ns")
+    inside = pl.min_horizontal("end_ns", "w_end") - pl.max_horizontal("start_ns", "w_start")
+    return (pieces.select("start_ns", "end_ns")
+            .join_where(w, pl.col("start_ns") < pl.col("w_end"), pl.col("end_ns") > pl.col("w_start"))
+            .group_by("step").agg(inside.sum().alias(name)).collect())

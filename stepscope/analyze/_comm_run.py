@@ -84,7 +84,7 @@ def run_calls(paths: Sequence[str | Path], *, cache_dir: Path | None = None) -> 
     world, loaded = _one_world(loaded, warnings)
     by_rank = _by_rank(loaded, warnings)
     ordered = sorted(by_rank.items())
-    tables = _map(_calls_of, [([x.path for x in items], cache_dir) for _, items in ordered])
+    tables = parallel_map(_calls_of, [([x.path for x in items], cache_dir) for _, items in ordered])
     ranks = tuple(_rank_calls(rank, items, calls) for (rank, items), calls in zip(ordered, tables, strict=True))
     if world is not None and (missing := sorted(set(range(world)) - set(by_rank))):
         warnings.append(f"rank(s) {_list(missing)} of world size {world} have no trace: results for the rest")
@@ -205,11 +205,12 @@ def _ingest_in_parallel(paths: list[Path], cache_dir: Path | None) -> None:
     """The traces the cache lacks, ingested by the workers (a no-op below PARALLEL_FROM traces: `_load_all`
     ingests them one by one)."""
     if len(paths) >= PARALLEL_FROM:
-        _map(_ingest_one, [(p, cache_dir) for p in paths])
+        parallel_map(_ingest_one, [(p, cache_dir) for p in paths])
 
 
-def _map(fn: Callable[[_T], _R], jobs: Iterable[_T]) -> list[_R]:
-    """fn over jobs, in order: in worker processes from PARALLEL_FROM jobs on a machine with several cores."""
+def parallel_map(fn: Callable[[_T], _R], jobs: Iterable[_T]) -> list[_R]:
+    """fn over jobs, in order: in worker processes from PARALLEL_FROM jobs on a machine with several cores (fn
+    and the jobs must pickle: paths and small tables, never a Trace). `ranks` uses it for its per-rank work."""
     todo = list(jobs)
     cores = usable_cores()
     if len(todo) < PARALLEL_FROM or cores < 2:

@@ -22,6 +22,7 @@ from stepscope.analyze.memory import ActivationMemory, MemoryTimeline, activatio
 from stepscope.analyze.ops import OpTable, op_table
 from stepscope.analyze.overlap import OverlapResult, cpu_gpu_overlap
 from stepscope.analyze.roofline import RooflineResult, roofline
+from stepscope.analyze.serving import ServingResult, serving_iterations
 from stepscope.analyze.steps import StepsResult, step_breakdown
 from stepscope.analyze.summary import SummaryResult, verdict
 from stepscope.analyze.timeline import GpuTimeline, gpu_timeline
@@ -99,9 +100,15 @@ class TraceAnalysis:
         return roofline(self.frames)
 
     @cached_property
+    def serving(self) -> ServingResult:
+        """`stepscope serving`: engine iterations (prefill, decode, mixed), per-phase latency, GPU busy, tokens/s."""
+        return serving_iterations(self.frames)
+
+    @cached_property
     def verdict(self) -> SummaryResult:
-        """`stepscope summary`, from this bundle's gaps, steps, kernels and roofline."""
-        return verdict(self.frames, gaps=self.gaps, steps=self.steps, kernels=self.kernels, limits=self.roofline)
+        """`stepscope summary`, from this bundle's gaps, steps, kernels, roofline and serving iterations."""
+        return verdict(self.frames, gaps=self.gaps, steps=self.steps, kernels=self.kernels, limits=self.roofline,
+                       serving=self.serving)
 
     def timeline(self, step: int | None = None) -> GpuTimeline | None:
         """The GPU timeline of `step` (default: the median step), idle gaps from this bundle's gaps."""

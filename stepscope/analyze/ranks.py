@@ -44,12 +44,15 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze._comm_events import COMM_KERNEL
-from stepscope.analyze._comm_run import RankCalls, run_calls
+from stepscope.analyze._comm_events import comm_split, gpu_work
+from stepscope.analyze._comm_events import per_window as per_window  # re-exported: the window sums of `ranks`
+from stepscope.analyze._comm_run import RankCalls, RunCalls, parallel_map, run_calls
 from stepscope.analyze.blame import innermost, python_lines
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.collectives import CollectivesResult, analyze_run
-from stepscope.analyze.schema import Kind
+from stepscope.analyze.loading import loading_intervals, merge
+from stepscope.analyze.summary import SummaryResult
+from stepscope.analyze.trace import load
 from stepscope.analyze.window import with_step
 
 
@@ -100,30 +103,49 @@ class RanksResult:
 
 @dataclass(frozen=True)
 class _RankSteps:
-    """One rank's step table and its compute intervals (rank, start_ns, end_ns; merged over devices)."""
+    """One rank's step table, its compute intervals (rank, start_ns, end_ns; merged over devices) and, when
+    asked, its own verdict (that of its longest window): small tables, all a worker sends back."""
 
     steps: pl.DataFrame
     compute: pl.DataFrame
-    bundles: tuple[TraceAnalysis, ...]
+    verdict: SummaryResult | None
 
 
 def ranks(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | None = None) -> RanksResult:
     """Every rank of the run in `paths` (as `collectives.collectives` reads it), per step, with imbalance and
     stragglers (see the module docstring)."""
     many = [paths] if isinstance(paths, str | Path) else list(paths)
-    run = run_calls(many, cache_dir=cache_dir)
+    return run_ranks(run_calls(many, cache_dir=cache_dir)).ranks
+
+
+@dataclass(frozen=True)
+class RunRanks:
+    """`ranks` of a run with what it was computed from: the matched collectives and, when asked, each rank's own
+    verdict (that of its longest window), for the run's verdict (`run_summary`) to reuse."""
+
+    ranks: RanksResult
+    collectives: CollectivesResult
+    verdicts: dict[int, SummaryResult]
+
+
+def run_ranks(run: RunCalls, *, verdicts: bool = False) -> RunRanks:
+    """`ranks` over ranks already gathered (`_comm_run.run_calls`), with the collectives behind it and (with
+    `verdicts`) each rank's own verdict. Each rank is analysed on its own (by worker processes in a large run,
+    `_comm_run.parallel_map`), and only its small tables are kept, so memory holds one rank's analysis per
+    worker, never the run's."""
     coll = analyze_run(run)
-    per_rank = {r.rank: _rank_steps(r) for r in run.ranks}
+    jobs = [(r.rank, tuple(t.directory for t in r.traces), r.calls, verdicts) for r in run.ranks]
+    per_rank = dict(zip([r.rank for r in run.ranks], parallel_map(_rank_job, jobs), strict=True))
     steps = pl.concat([p.steps for p in per_rank.values()], how="vertical")
     waits = _waits_by_step(coll.waits, steps)
     steps = _with_waits(steps, waits)
     by_step = _last_arrivals(waits)
     stragglers = _stragglers(by_step, waits, steps, pl.concat([p.compute for p in per_rank.values()]))
-    stragglers = _with_host_blame(stragglers, per_rank)
+    stragglers = _with_host_blame(stragglers, {r.rank: r for r in run.ranks})
     step_count = steps.select(pl.col("step").n_unique()).item() if steps.height else 0
     per_rank_table = _per_rank(steps)
     cause, host_op, host_line = _straggler_cause(stragglers, coll.straggler_rank)
-    return RanksResult(
+    result = RanksResult(
         rank_count=len(run.ranks), step_count=step_count, source=coll.source, straggler=coll.straggler_rank,
         straggler_last_arrivals=coll.straggler_last_arrivals, straggler_wait_cost_ns=coll.straggler_wait_cost_ns,
         straggler_wait_cost_per_step_ns=_cost_per_step(by_step, coll.straggler_rank, waits),
@@ -132,66 +154,53 @@ def ranks(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | None = 
         stragglers=stragglers.drop("ts_ns"),
         steps=steps.select("rank", "step", *METRICS, "last_arrivals").sort("step", "rank", nulls_last=True),
     )
+    return RunRanks(ranks=result, collectives=coll,
+                    verdicts={r: p.verdict for r, p in per_rank.items() if p.verdict is not None})
 
 
-def _rank_steps(rank: RankCalls) -> _RankSteps:
-    """One rank's steps over its windows (traces): wall, compute, comm, exposed comm, idle, data loading, CPU."""
-    bundles = tuple(TraceAnalysis.of(t) for t in rank.traces)
+def _rank_job(job: tuple[int, tuple[Path, ...], pl.DataFrame, bool]) -> _RankSteps:
+    """One rank's steps over its windows (ingested trace directories, in time order): wall, compute, comm,
+    exposed comm, idle, data loading, CPU (`_comm_events.comm_split`, the definition `summary` uses too), and
+    its own verdict when asked. Runs in a worker process for a large run."""
+    rank, directories, calls, with_verdict = job
+    bundles = tuple(TraceAnalysis.of(load(d)) for d in directories)
     windows = pl.concat([_windows(b) for b in bundles], how="vertical")
-    gpu = pl.concat([_gpu(b) for b in bundles], how="vertical")
-    compute = intervals.union(gpu.filter(pl.col("compute")), by=["device"], start="start_ns", end="end_ns")
-    comm = intervals.union(
-        rank.calls.lazy().select("device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")),
-        by=["device"], start="start_ns", end="end_ns")
-    busy = intervals.union(gpu, by=["device"], start="start_ns", end="end_ns")
+    gpu = pl.concat([gpu_work(b.trace.gpu) for b in bundles], how="vertical")
+    split = comm_split(gpu, calls.lazy())
     devices = gpu.select(pl.col("device").n_unique()).collect().item()
     out = windows
-    for name, pieces in (("compute_ns", compute), ("comm_ns", comm),
-                         ("exposed_comm_ns", intervals.subtract(comm, compute, by=["device"])), ("busy", busy)):
+    for name, pieces in (("compute_ns", split.compute), ("comm_ns", split.comm), ("exposed_comm_ns", split.exposed),
+                         ("busy", split.busy)):
         out = out.join(per_window(pieces, windows, name), on="step", how="left", nulls_equal=True)
     gpu_known = pl.lit(devices > 0)
     out = out.with_columns(
-        rank=pl.lit(rank.rank, pl.Int64),
+        rank=pl.lit(rank, pl.Int64),
         compute_ns=pl.when(gpu_known).then(pl.col("compute_ns").fill_null(0)),
         comm_ns=pl.col("comm_ns").fill_null(0), exposed_comm_ns=pl.col("exposed_comm_ns").fill_null(0),
         idle_ns=pl.when(gpu_known).then(devices * pl.col("wall_ns") - pl.col("busy").fill_null(0)),
     ).drop("busy")
-    merged = intervals.union(compute, start="start_ns", end="end_ns").collect()
-    return _RankSteps(steps=out, compute=merged.with_columns(rank=pl.lit(rank.rank, pl.Int64)), bundles=bundles)
+    merged = intervals.union(split.compute, start="start_ns", end="end_ns").collect()
+    verdict = max((b.verdict for b in bundles), key=lambda v: v.wall_ns) if with_verdict else None
+    return _RankSteps(steps=out, compute=merged.with_columns(rank=pl.lit(rank, pl.Int64)), verdict=verdict)
 
 
 def _windows(bundle: TraceAnalysis) -> pl.DataFrame:
-    """step, start_ns, end_ns, wall_ns, data_loading_ns, cpu_ns of a trace's steps (steps.py); without steps
-    one window, step null, from its first event to its last."""
-    steps = bundle.steps.steps
-    if steps.height:
-        return steps.select(list(_WINDOW_SCHEMA)).cast(_WINDOW_SCHEMA)  # type: ignore[arg-type]
+    """step, start_ns, end_ns, wall_ns, data_loading_ns, cpu_ns of a trace's steps (the step windows, and the
+    DataLoader time in each step's CPU span: `steps`' data_loading_ns, the first phase, so its union), without
+    the rest of `steps`' analysis (idle causes, blame), which ranks does not show; without steps one window,
+    step null, from its first event to its last."""
+    spans = bundle.frames.step_windows
+    if spans.height:
+        loading = merge(loading_intervals(bundle.trace, spans).lazy(), ["step"]).collect()
+        per_step = loading.group_by("step").agg(data_loading_ns=(pl.col("e") - pl.col("s")).sum())
+        return (spans.join(per_step, on="step", how="left")
+                .with_columns(pl.col("data_loading_ns").fill_null(0))
+                .select(list(_WINDOW_SCHEMA)).cast(_WINDOW_SCHEMA))  # type: ignore[arg-type]
     first, last = bundle.trace.meta.time.first_ns, bundle.trace.meta.time.last_ns
     if first is None or last is None:
         return pl.DataFrame(schema=_WINDOW_SCHEMA)
     return pl.DataFrame({"step": [None], "start_ns": [first], "end_ns": [last], "wall_ns": [last - first],
                          "data_loading_ns": [None], "cpu_ns": [None]}, schema=_WINDOW_SCHEMA)
-
-
-def _gpu(bundle: TraceAnalysis) -> pl.LazyFrame:
-    """device, start_ns, end_ns, compute (a kernel that is not a communication kernel) of a trace's GPU work."""
-    gpu = bundle.trace.gpu.filter(pl.col("dur_ns").is_not_null() & pl.col("device").is_not_null())
-    kernel = pl.col("kind") == Kind.KERNEL.value
-    return gpu.select(pl.col("device").cast(pl.Int64), start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
-                      compute=kernel & ~pl.col("name").fill_null("").str.contains(COMM_KERNEL))
-
-
-def per_window(pieces: pl.LazyFrame, windows: pl.DataFrame, name: str) -> pl.DataFrame:
-    """step, `name`: the length of `pieces` (start_ns, end_ns; disjoint per device) inside each window, summed
-    over devices.
-
-        pieces [0,12) [20,25); windows step 1 [0,10), step 2 [10,22)  ->  step 1: 10, step 2: 4
-    """
-    w = windows.lazy().select("step", w_start="start_ns", w_end="end_ns")
-    inside = pl.min_horizontal("end_ns", "w_end") - pl.max_horizontal("start_ns", "w_start")
-    return (pieces.select("start_ns", "end_ns")
-            .join_where(w, pl.col("start_ns") < pl.col("w_end"), pl.col("end_ns") > pl.col("w_start"))
-            .group_by("step").agg(inside.sum().alias(name)).collect())
 
 
 def _waits_by_step(waits: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
@@ -279,15 +288,16 @@ def _covered(pieces: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
     return idx.join(hit, on="_i", how="left").sort("_i")["n"].fill_null(0)
 
 
-def _with_host_blame(stragglers: pl.DataFrame, per_rank: dict[int, _RankSteps]) -> pl.DataFrame:
+def _with_host_blame(stragglers: pl.DataFrame, ranks: dict[int, RankCalls]) -> pl.DataFrame:
     """host_op, host_line: for a host-delay straggler, the innermost CPU op and the user's Python line on its
-    step thread half its lateness before its arrival (one lookup per step: a handful of rows)."""
+    step thread half its lateness before its arrival (one lookup per step: a handful of rows; the straggler's
+    traces are analysed again here, the only ranks whose events are read twice)."""
     ops: list[str | None] = []
     lines: list[str | None] = []
     for rank, ts, late, cause in stragglers.select("straggler", "ts_ns", "lateness_ns", "cause").iter_rows():
         found: tuple[str | None, str | None] = (None, None)
         if cause == Cause.HOST_DELAY.value and ts is not None and late is not None:
-            found = _host_at(per_rank[rank].bundles, ts - late // 2)
+            found = _host_at([TraceAnalysis.of(t) for t in ranks[rank].traces], ts - late // 2)
         ops.append(found[0])
         lines.append(found[1])
     return stragglers.with_columns(host_op=pl.Series(ops, dtype=pl.String), host_line=pl.Series(lines, dtype=pl.String))

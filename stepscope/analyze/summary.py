@@ -9,6 +9,22 @@ GPU (a CPU-only capture of such a loop should say so, not just "no GPU"), with a
 counts while the GPU is busy < 60% only: a sync while the GPU is busy only waits for work that had to run anyway.
 A figure the trace cannot give (None: no GPU work, an empty window) never passes a test.
 
+Communication (DESIGN.md, "Distributed runs"; `_comm_events.comm_split`, the definition `stepscope ranks` uses):
+`exposed_comm_fraction` is the collectives' time (NCCL/RCCL kernels, or a CPU backend's collective ops) not
+covered by compute kernels on the same device, inside the step windows (over devices as one timeline, as GPU
+busy is). It comes before launch_bound and gpu_bound, so a GPU busy with NCCL is never called compute-bound or
+launch-bound, and before the sync-calls clause of sync_bound, since a host sync during an exposed collective
+waits for the communication. Threshold COMM_MIN = 20%: DDP's last gradient bucket, the optimizer's wait and a
+few small collectives are exposed in any data-parallel step (a few % to ~15% in a well-tuned job); 20% is where
+communication, not compute or the host, is the step's largest cost (the dlrm ranks that wait for their
+straggler: 25% to 56%; the straggler itself: 13%, its GPU idle behind the host 52%).
+
+What one rank's trace cannot say: whether the time inside a collective is the transfer or waiting for a later
+rank (the latency is the shortest duration across ranks, `stepscope comm`). It gives a hint only:
+`comm_excess_fraction`, the collectives' time above the fastest call of their kind on this rank (same collective
+and message size), a share of the step: waiting for a later rank, or a slower transfer; no rule tests it, and
+the straggler verdict is a run's (`stepscope summary RUN`, `run_summary`).
+
 Before/after: a 100 ms step with 30 ms of exposed data loading and 40 ms GPU busy is data_loading_bound
 (data loading comes before launch_bound); with 5 ms of data loading it is launch_bound.
 
@@ -25,15 +41,19 @@ from typing import Literal
 
 import polars as pl
 
+from stepscope.analyze import intervals
+from stepscope.analyze._comm_events import CommSplit, comm_split, gpu_work, per_window, rank_calls
 from stepscope.analyze.blame import is_sync_runtime, short_name
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
 from stepscope.analyze.info import trace_warnings
-from stepscope.analyze.kernels import KernelsResult, kernel_summary
+from stepscope.analyze.kernels import KernelCategory, KernelsResult, kernel_summary
 from stepscope.analyze.roofline import RooflineResult, roofline
 from stepscope.analyze.schema import Kind
+from stepscope.analyze.serving import ServingResult, serving_iterations
 from stepscope.analyze.steps import DATALOADER_PATTERN, StepsResult, step_breakdown
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.window import with_step
 from stepscope.analyze.workload import workload_evidence
 
 TINY_KERNEL_NS = 10_000
@@ -44,6 +64,7 @@ MEMCPY_MIN = 0.10
 PAGEABLE_MIN = 0.05
 GPU_BUSY_MIN = 0.60
 MOST = 0.50  # "most kernel time": graph-replayed, compiled, memory-bound
+COMM_MIN = 0.20  # exposed communication: see the module docstring
 
 
 class Verdict(enum.Enum):
@@ -53,8 +74,10 @@ class Verdict(enum.Enum):
     DATA_LOADING_BOUND = "data_loading_bound"
     SYNC_BOUND = "sync_bound"
     TRANSFER_BOUND = "transfer_bound"
+    COMMUNICATION_BOUND = "communication_bound"
     LAUNCH_BOUND = "launch_bound"
     GPU_BOUND = "gpu_bound"
+    STRAGGLER = "straggler"  # a run's verdict only (`run_summary`): one rank cannot see another arrive late
 
 
 Evidence = dict[str, float | None]
@@ -102,8 +125,14 @@ class Rule:
         return any(all(t.holds(evidence) for t in group) for group in self.any_of)
 
 
+_COMM_ADVICE = ("Communication is not hidden behind compute. {}Waiting inside a collective is often another rank "
+                "arriving late: `stepscope summary RUN` (or `stepscope ranks RUN`) on every rank's trace names a "
+                "straggler; `stepscope comm RUN` gives each collective's bandwidth by message size.")
 _LOADER_ADVICE = ("Load data in parallel: DataLoader(num_workers>0, {}persistent_workers=True, prefetch_factor), "
                   "and move decoding/augmentation off the training process.")
+
+_SYNC_ADVICE = ("Remove host syncs from the loop: .item(), .cpu(), print(tensor), torch.cuda.synchronize(), "
+                "blocking copies; log metrics every N steps.")
 
 RULES: tuple[Rule, ...] = (
     # without a GPU there is nothing to pin memory for: the same verdict, advice without pin_memory
@@ -113,15 +142,25 @@ RULES: tuple[Rule, ...] = (
     Rule(Verdict.DATA_LOADING_BOUND, ((_at_least("data_loading_fraction", DATA_LOADING_MIN),),),
          f"exposed data loading >= {DATA_LOADING_MIN:.0%} of the step",
          _LOADER_ADVICE.format("pin_memory=True, ")),
+    # a CPU backend (gloo) waiting in its collectives: say so before "no GPU"
+    Rule(Verdict.COMMUNICATION_BOUND, ((_at_least("exposed_comm_fraction", COMM_MIN), NO_GPU_WORK),),
+         f"CPU collectives (gloo …) >= {COMM_MIN:.0%} of the step, no GPU work in the trace",
+         _COMM_ADVICE.format("On GPUs use the NCCL backend; overlap the all-reduce with backward (DDP buckets: "
+                             "bucket_cap_mb) and send fewer, larger messages. ")),
     Rule(Verdict.NO_GPU, ((NO_GPU_WORK,),), "no GPU work in the trace",
          "No GPU kernel, memcpy or memset was recorded: a CPU-only run, or GPU activity was not captured "
          "(add ProfilerActivity.CUDA). See `stepscope ops` for where the CPU time goes."),
-    Rule(Verdict.SYNC_BOUND, ((_at_least("sync_idle_fraction", SYNC_MIN),),
-                              (_at_least("sync_fraction", SYNC_MIN), _below("gpu_busy_fraction", GPU_BUSY_MIN))),
-         f"GPU idle behind host syncs >= {SYNC_MIN:.0%}, or sync calls >= {SYNC_MIN:.0%} "
-         f"with GPU busy < {GPU_BUSY_MIN:.0%}",
-         "Remove host syncs from the loop: .item(), .cpu(), print(tensor), torch.cuda.synchronize(), "
-         "blocking copies; log metrics every N steps."),
+    Rule(Verdict.SYNC_BOUND, ((_at_least("sync_idle_fraction", SYNC_MIN),),),
+         f"GPU idle behind host syncs >= {SYNC_MIN:.0%}", _SYNC_ADVICE),
+    # before launch/gpu_bound: NCCL kernels are not compute; before the sync calls: those wait for the collective
+    Rule(Verdict.COMMUNICATION_BOUND, ((GPU_WORK, _at_least("exposed_comm_fraction", COMM_MIN)),),
+         f"exposed communication (not overlapped by compute kernels) >= {COMM_MIN:.0%} of the step",
+         _COMM_ADVICE.format("Overlap it: with DDP, tune bucket_cap_mb (smaller buckets start all-reduces earlier "
+                             "in backward) and set gradient_as_bucket_view=True; with FSDP, prefetch "
+                             "(backward_prefetch=BACKWARD_PRE, forward_prefetch=True); accumulate gradients "
+                             "under no_sync() or grow the per-rank batch so each step communicates less per sample. ")),
+    Rule(Verdict.SYNC_BOUND, ((_at_least("sync_fraction", SYNC_MIN), _below("gpu_busy_fraction", GPU_BUSY_MIN)),),
+         f"sync calls >= {SYNC_MIN:.0%} with GPU busy < {GPU_BUSY_MIN:.0%}", _SYNC_ADVICE),
     Rule(Verdict.TRANSFER_BOUND, ((_at_least("memcpy_fraction", MEMCPY_MIN),),
                                   (_at_least("pageable_memcpy_fraction", PAGEABLE_MIN),),
                                   (_at_least("memcpy_idle_fraction", MEMCPY_MIN),)),
@@ -158,7 +197,8 @@ RULES: tuple[Rule, ...] = (
          "--graph-capture`), then see how far each is from the roofline (`stepscope flops`): decode matmuls are "
          "usually bandwidth-bound, helped by larger batches and quantized weights, not faster math."),
     Rule(Verdict.GPU_BOUND, ((GPU_WORK,),), "otherwise, with GPU work in the trace",
-         "The GPU is busy: speed up the longest kernels (mixed precision, channels_last, better algorithms)."),
+         "The GPU is busy: speed up the longest compute kernels (mixed precision, channels_last, better "
+         "algorithms)."),
 )
 
 #: what each figure a rule tests is called in a margin ("GPU busy 59.6% < 60%")
@@ -166,6 +206,7 @@ FIGURE_NAMES = {
     "gpu_busy_fraction": "GPU busy", "data_loading_fraction": "exposed data loading", "sync_fraction": "sync calls",
     "memcpy_fraction": "memcpy", "pageable_memcpy_fraction": "pageable memcpy",
     "sync_idle_fraction": "GPU idle behind host syncs", "memcpy_idle_fraction": "GPU idle waiting for copies",
+    "exposed_comm_fraction": "exposed communication",
 }
 
 
@@ -262,7 +303,9 @@ class SummaryResult:
     """Overall verdict and advice, how close the call was (`margin`, `decision_margin`) and the rule that would
     decide next (`runner_up`, its `when` as `runner_up_reason`), the evidence behind it, per-step verdicts (with
     their runner-up and margin) and the top places to look, the rule table as applied (`rules`: holds, matched,
-    runner_up), and the trace's warnings (`info.trace_warnings`: missing timestamps, negative durations …)."""
+    runner_up), and the trace's warnings (`info.trace_warnings`: missing timestamps, negative durations …).
+    Communication (see the module docstring): `exposed_comm_fraction` (a rule's figure), `comm_excess_fraction` and
+    `comm_note` (one rank's hint at waiting in its collectives, and what it cannot tell)."""
 
     verdict: Verdict
     reason: str
@@ -291,6 +334,11 @@ class SummaryResult:
     graph_replay_fraction: float | None = None  # `workload.workload_evidence`: shares of kernel time / FLOP-op time
     compiled_fraction: float | None = None
     memory_bound_fraction: float | None = None
+    exposed_comm_fraction: float | None = None  # collectives not overlapped by compute (`_comm_events.comm_split`)
+    comm_excess_fraction: float | None = None  # collective time above the fastest of its kind: a hint at waiting
+    comm_note: str | None = None
+    serving: str | None = None  # `serving.ServingResult.line`: the engine iterations of an inference server
+    predicted_savings: pl.DataFrame | None = None  # `savings.predicted_savings` (summary --predict): each fix, replayed
 
 
 #: Nsight Systems over a capture range the program opens and closes (torch.cuda.profiler.start()/stop() around
@@ -339,7 +387,7 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
 
 
 def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy: int, pageable: int,
-              tiny: int, kernels: int, idle: dict[str, int]) -> Evidence:
+              tiny: int, kernels: int, idle: dict[str, int], exposed_comm: int) -> Evidence:
     def frac(x: int) -> float | None:
         return x / wall if wall else None
 
@@ -354,11 +402,12 @@ def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy:
         "memcpy_idle_fraction": frac(idle["memcpy_wait"]) if gpu_events else None,
         "launch_idle_fraction": frac(idle["launch_overhead"]) if gpu_events else None,
         "tiny_kernel_fraction": tiny / kernels if kernels else None,
+        "exposed_comm_fraction": frac(exposed_comm),
     }
 
 
 def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: GapsResult,
-            kernels: KernelsResult | None) -> pl.DataFrame:
+            kernels: KernelsResult | None, comm: tuple[pl.DataFrame, CommSplit]) -> pl.DataFrame:
     """Top three places to look for this verdict: (what, name, total_ns, count)."""
     trace = frames.trace
     ops = trace.cpu_ops.select("name", "ts_ns", "dur_ns", "external_id", "pid", "tid")
@@ -403,17 +452,76 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
                     .with_columns(what=pl.lit("op (launches, launch time)")))
         out = pl.concat([late.sort("total_ns", descending=True).head(2),
                          launches.sort("count", descending=True).head(3)], how="diagonal_relaxed")
+    elif verdict is Verdict.COMMUNICATION_BOUND:
+        out = _comm_places(*comm)
     elif verdict is Verdict.GPU_BOUND:
         # by short name: template instances of one kernel (elementwise_kernel<…Add…>, <…Mul…>) are one place
         k = (kernel_summary(trace) if kernels is None else kernels).by_name
+        k = k.filter(pl.col("category") != KernelCategory.COMMUNICATION.value)  # NCCL kernels are not compute
         out = (k.group_by(name=short_name(pl.col("name"))).agg(pl.col("total_ns", "count").sum())
                .with_columns(what=pl.lit("kernel")))
     else:
         out = ops.group_by("name").agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(
             what=pl.lit("op (inclusive CPU)")).collect()
-    if verdict not in (Verdict.LAUNCH_BOUND, Verdict.DATA_LOADING_BOUND, Verdict.SYNC_BOUND):
+    if verdict not in (Verdict.LAUNCH_BOUND, Verdict.DATA_LOADING_BOUND, Verdict.SYNC_BOUND,
+                       Verdict.COMMUNICATION_BOUND):
         out = out.sort("total_ns", descending=True)
     return out.select("what", "name", pl.col("total_ns").cast(pl.Int64), pl.col("count").cast(pl.Int64)).head(3)
+
+
+def _kind_name() -> pl.Expr:
+    """A collective's kind as one place: its type and message size ("all_reduce 4096 B"), the type alone where the
+    trace records no size."""
+    return (pl.when(pl.col("message_bytes").is_not_null())
+            .then(pl.format("{} {} B", "collective", "message_bytes")).otherwise(pl.col("collective")))
+
+
+def _excess(calls: pl.DataFrame, windows: pl.DataFrame | None) -> pl.DataFrame:
+    """Each collective (in a step window where the trace has steps) with `excess_ns`: its duration above the fastest
+    call of its kind on this rank (source, collective and message size): the one-rank hint at waiting.
+
+        all_reduce 4096 B: 120 µs, 40 µs, 45 µs  ->  excess 80, 0, 5
+    """
+    timed = calls.filter(pl.col("dur_ns").is_not_null()).with_columns(
+        excess_ns=pl.col("dur_ns") - pl.col("dur_ns").min().over("source", "collective", "message_bytes"))
+    if windows is None:
+        return timed
+    return with_step(timed, windows, at="ts_ns").filter(pl.col("step").is_not_null())
+
+
+def _comm_places(calls: pl.DataFrame, split: CommSplit) -> pl.DataFrame:
+    """For communication_bound: the kinds of collective (type and size) with the most exposed time, then the kind
+    with the most time above its fastest call (the one-rank hint at waiting for a later rank)."""
+    pieces = split.exposed.collect()
+    inside = pl.min_horizontal("end_ns", "e") - pl.max_horizontal("start_ns", "s")
+    per_call = calls.with_row_index("_i").with_columns(s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns"))
+    exposed = (per_call.join(pieces, on="device", how="inner", nulls_equal=True)
+               .filter((pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s")))
+               .group_by("_i").agg(exposed_ns=inside.sum()))
+    kinds = (per_call.join(exposed, on="_i", how="left").group_by(name=_kind_name())
+             .agg(total_ns=pl.col("exposed_ns").fill_null(0).sum(), count=pl.len())
+             .filter(pl.col("total_ns") > 0).sort("total_ns", "name", descending=[True, False])
+             .with_columns(what=pl.lit("collective, exposed time")))
+    waits = (_excess(calls, None).group_by(name=_kind_name())
+             .agg(total_ns=pl.col("excess_ns").sum(), count=(pl.col("excess_ns") > 0).sum())
+             .filter(pl.col("total_ns") > 0).sort("total_ns", "name", descending=[True, False])
+             .with_columns(what=pl.lit("above its fastest call (wait?)")))
+    return pl.concat([kinds.head(2), waits.head(1)], how="diagonal_relaxed")
+
+
+def _comm_note(calls: pl.DataFrame, excess: int, wall: int) -> str | None:
+    """What one rank's trace says about waiting in its collectives, and what it cannot (see the module docstring)."""
+    if calls.height == 0:
+        return None
+    share = f"{excess / wall:.1%} of the step" if wall else "some time"
+    return (f"one rank's view: {calls.height} collective(s); {share} is collective time above the fastest call of "
+            "its kind (same collective and size) on this rank: waiting for a later rank or a slower transfer. A "
+            "straggler cannot be seen from one rank: `stepscope summary RUN` on every rank's trace names it")
+
+
+def _length(frame: pl.LazyFrame) -> int:
+    """Summed length of disjoint (start_ns, end_ns) intervals."""
+    return int(frame.select((pl.col("end_ns") - pl.col("start_ns")).sum()).collect().item() or 0)
 
 
 def _idle(frame: pl.DataFrame) -> dict[str, int]:
@@ -422,7 +530,8 @@ def _idle(frame: pl.DataFrame) -> dict[str, int]:
 
 
 def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResult | None = None,
-            kernels: KernelsResult | None = None, limits: RooflineResult | None = None) -> SummaryResult:
+            kernels: KernelsResult | None = None, limits: RooflineResult | None = None,
+            serving: ServingResult | None = None) -> SummaryResult:
     """The overall and per-step verdict (rule table `RULES`), its evidence, the top three places, and the
     trace's warnings (`info.trace_warnings`), so a damaged trace never gets an unqualified verdict.
 
@@ -430,9 +539,11 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     windows (per step, and summed over steps for the overall verdict); without, of the analysis window of
     `stepscope gaps` (first to last GPU event per device).
     `mfu_fraction` is the roofline's MFU over the steps (None without shapes, steps or a known device);
-    `profile_next` the command that looks deeper where this verdict points (`profile_next_command`).
-    `gaps` (`gpu_gaps`, every gap), `steps` (`step_breakdown`), `kernels` (`kernel_summary`) and `limits`
-    (`roofline`) save recomputing them where the caller (the bundle, `stepscope.analyze.bundle`) already has them.
+    `profile_next` the command that looks deeper where this verdict points (`profile_next_command`);
+    `serving` the one-line phase summary of an inference server's engine iterations (None for other traces).
+    `gaps` (`gpu_gaps`, every gap), `steps` (`step_breakdown`), `kernels` (`kernel_summary`), `limits`
+    (`roofline`) and `serving` (`serving_iterations`) save recomputing them where the caller (the bundle,
+    `stepscope.analyze.bundle`) already has them.
     """
     frames = frames_of(source)
     trace = frames.trace
@@ -440,16 +551,21 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     br = step_breakdown(frames, gaps=gaps) if steps is None else steps
     limits = roofline(frames) if limits is None else limits
     work = workload_evidence(frames, limits)  # whole-trace shares: graph-replayed, compiled, memory-bound
+    colls = rank_calls(trace, launches=frames.launches)
+    split = comm_split(gpu_work(trace.gpu), colls.lazy())
     syncs = _sync_calls(trace)
     gpu_events = int(trace.gpu.select(pl.len()).collect().item())
     if br.steps_found:
-        per = _per_step(frames, br.steps, syncs)
+        per = _per_step(frames, br.steps, syncs).join(
+            per_window(intervals.union(split.exposed, start="start_ns", end="end_ns"), br.steps, "exposed_comm_ns"),
+            on="step", how="left").with_columns(pl.col("exposed_comm_ns").fill_null(0))
         idle_by_step = br.idle_by_cause
         rows = []
         for r in per.iter_rows(named=True):  # one row per step: a handful, not per event
             idle = _idle(idle_by_step.filter(pl.col("step") == r["step"]))
             ev = _evidence(r["wall_ns"], gpu_events, r["gpu_busy_ns"], r["data_loading_exposed_ns"], r["sync_ns"],
-                           r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"], idle) | work
+                           r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"], idle,
+                           r["exposed_comm_ns"]) | work
             rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
             rows.append({"step": r["step"], "verdict": rule.verdict.value,
                          "runner_up": second.verdict.value if second else None,
@@ -458,11 +574,12 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                          **{k: v for k, v in ev.items() if k != "gpu_events" and k not in work}})
         per_step = pl.DataFrame(rows, infer_schema_length=None)
         tot = per.select(pl.col("wall_ns", "gpu_busy_ns", "data_loading_exposed_ns", "sync_ns", "memcpy_ns",
-                                "pageable_ns", "tiny", "kernels").sum()).row(0, named=True)
+                                "pageable_ns", "tiny", "kernels", "exposed_comm_ns").sum()).row(0, named=True)
         calls = int(per["sync_calls"].sum())
         wall = int(tot["wall_ns"])
         ev = _evidence(wall, gpu_events, tot["gpu_busy_ns"], tot["data_loading_exposed_ns"], tot["sync_ns"],
-                       tot["memcpy_ns"], tot["pageable_ns"], tot["tiny"], tot["kernels"], _idle(idle_by_step))
+                       tot["memcpy_ns"], tot["pageable_ns"], tot["tiny"], tot["kernels"], _idle(idle_by_step),
+                       tot["exposed_comm_ns"])
     else:
         per_step = pl.DataFrame()
         g = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select("kind", "name", "dur_ns").collect()
@@ -476,8 +593,10 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                        int(syncs["dur_ns"].sum() or 0),
                        int(memcpy["dur_ns"].sum() or 0),
                        int(memcpy.filter(pl.col("name").str.contains("Pageable"))["dur_ns"].sum() or 0),
-                       int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle)
+                       int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle,
+                       _length(intervals.clip(split.exposed, frames.analysis_window().lazy(), by=["device"])))
     ev = ev | work
+    excess = int(_excess(colls, br.steps if br.steps_found else None)["excess_ns"].sum() or 0)
     rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
     rules = pl.DataFrame([{"order": i + 1, "verdict": r.verdict.value, "when": r.when, "holds": r.condition(ev),
                            "matched": r is rule, "runner_up": r is second} for i, r in enumerate(RULES)])
@@ -491,6 +610,12 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         pageable_memcpy_fraction=ev["pageable_memcpy_fraction"], sync_idle_fraction=ev["sync_idle_fraction"],
         memcpy_idle_fraction=ev["memcpy_idle_fraction"], launch_idle_fraction=ev["launch_idle_fraction"],
         tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
-        places=_places(frames, rule.verdict, syncs, gaps, kernels), rules=rules, warnings=trace_warnings(frames),
-        mfu_fraction=limits.mfu_fraction, profile_next=profile_next_command(rule.verdict, limits), **work,
+        places=_places(frames, rule.verdict, syncs, gaps, kernels, (colls, split)), rules=rules,
+        warnings=trace_warnings(frames), mfu_fraction=limits.mfu_fraction,
+        profile_next=profile_next_command(rule.verdict, limits), exposed_comm_fraction=ev["exposed_comm_fraction"],
+        comm_excess_fraction=excess / wall if wall and colls.height else None,
+        comm_note=_comm_note(colls, excess, wall),
+        graph_replay_fraction=work["graph_replay_fraction"], compiled_fraction=work["compiled_fraction"],
+        memory_bound_fraction=work["memory_bound_fraction"],
+        serving=(serving_iterations(frames) if serving is None else serving).line,
     )

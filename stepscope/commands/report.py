@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,6 +18,7 @@ from stepscope.errors import UsageError
 if TYPE_CHECKING:  # the analyses and the report writer load polars and matplotlib: imported when a report runs
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.collection import Collection, Member
+    from stepscope.reports.html import Section
 
 
 @click.command("report")
@@ -38,6 +39,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.inputs import Dataset, MemoryTimeline, RunDir, Snapshot, TraceBatch, describe, resolve
     from stepscope.analyze.trace import load
+    from stepscope.reports._render import FigureWorkers
     from stepscope.reports.assemble import trace_report
 
     start = time.perf_counter()
@@ -52,12 +54,14 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
         with atomic_dir(out, create_parents=False) as tmp:
             kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step)
     else:
-        bundle = TraceAnalysis.of(load(inp))
-        if step is not None:
-            _check_step(bundle, step)
-        with atomic_dir(out, create_parents=False) as tmp:
-            page = trace_report(bundle, source=str(input_path), step=step)
-            (tmp / "index.html").write_text(page, encoding="utf-8")
+        trace = load(inp)
+        with FigureWorkers() as renderer:  # they warm up while the trace is analysed
+            bundle = TraceAnalysis.of(trace)
+            if step is not None:
+                _check_step(bundle, step)
+            with atomic_dir(out, create_parents=False) as tmp:
+                page = trace_report(bundle, source=str(input_path), step=step, renderer=renderer)
+                (tmp / "index.html").write_text(page, encoding="utf-8")
         kind, failed, total = "trace", [], 1
     for line in failed:
         echo_failure(line)
@@ -81,6 +85,7 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
     the failed files' lines and the number of traces."""
     from stepscope.analyze.collection import members, page_names, run_facts, side_files, straggler
     from stepscope.analyze.inputs import RunDir
+    from stepscope.reports._render import FigureWorkers
     from stepscope.reports.assemble import index_page, member_page, member_row
     from stepscope.reports.html import plural
 
@@ -90,27 +95,54 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
     rows = []
     lead: Member | None = None
     seen: set[int] = set()  # every member's steps, for --step
-    for m in _progress(members(named), len(named)):
-        rows.append(member_row(m, run=run))
-        if m.bundle is not None:
-            seen.update(m.bundle.frames.step_windows["step"].to_list())
-            (tmp / m.name).mkdir(parents=True, exist_ok=True)
-            (tmp / m.name / "index.html").write_text(member_page(m, step=step), encoding="utf-8")
-            lead = m if run and len(named) == 1 else None
-        done.append(dataclasses.replace(m, bundle=None))  # its page is written: let its frames go
+    with FigureWorkers() as renderer:  # a member's figures are drawn while its sections are built
+        for m in _progress(members(named), len(named)):
+            rows.append(member_row(m, run=run))
+            if m.bundle is not None:
+                seen.update(m.bundle.frames.step_windows["step"].to_list())
+                (tmp / m.name).mkdir(parents=True, exist_ok=True)
+                page = member_page(m, step=step, renderer=renderer)
+                (tmp / m.name / "index.html").write_text(page, encoding="utf-8")
+                lead = m if run and len(named) == 1 else None
+            done.append(dataclasses.replace(m, bundle=None))  # its page is written: let its frames go
     failed = [m.failure for m in done if m.failure]
     if step is not None and step not in seen and len(failed) < len(done):
         listed = ", ".join(map(str, sorted(seen)[:20])) + (", …" if len(seen) > 20 else "")
         raise UsageError(f"no step {step} in {'this run' if run else 'these traces'} (steps: {listed or 'none'})",
                          path=input_path)
-    page = index_page(rows, run=run, lead=lead, straggler=straggler(done) if run else None,
+    # a capture run, or a directory whose traces are the distinct ranks of one job (distributedInfo)
+    ranked = [r.get("rank") for r in rows if "href" in r]
+    of_ranks = len(ranked) > 1 and None not in ranked and len(set(ranked)) == len(ranked)
+    first, mark, problems = _run_verdict(input_path, rows) if (run and len(named) > 1) or of_ranks else ([], None, [])
+    page = index_page(rows, run=run, lead=lead, straggler=mark or (straggler(done) if run else None),
                       facts=run_facts(inp.manifests) if isinstance(inp, RunDir) else None,
-                      side=side_files(inp) if isinstance(inp, RunDir) else [], problems=failed, step=step,
+                      side=side_files(inp) if isinstance(inp, RunDir) else [], problems=failed + problems, step=step,
                       title=f"stepscope {'run' if run else 'batch'} report: {input_path.name}",
                       subtitle=f"{plural(len(rows), 'trace')} from {input_path}",
-                      reproduce=f"stepscope report {input_path} -o OUT/" + (" --batch" if batch else ""))
+                      reproduce=f"stepscope report {input_path} -o OUT/" + (" --batch" if batch else ""),
+                      first=first)
     (tmp / "index.html").write_text(page, encoding="utf-8")
     return ("run" if run else "batch"), failed, len(rows)
+
+
+def _run_verdict(input_path: Path, rows: list[dict[str, Any]]) -> tuple[list[Section], str | None, list[str]]:
+    """A run's verdict and ranks section (`run_summary`, `reports.run_page`), the page of its straggler to mark in
+    the index, and a problem line instead where the run's verdict cannot be computed (the rest still renders)."""
+    from stepscope.analyze.run_summary import run_analysis
+    from stepscope.reports.run_page import run_section
+
+    pages: dict[int, str] = {}
+    for r in rows:
+        if r.get("rank") is not None and "href" in r:
+            pages.setdefault(int(r["rank"]), str(r["href"]))
+    try:
+        analysis = run_analysis(input_path)
+        section = run_section(analysis, pages, str(input_path))
+    except Exception as exc:  # noqa: BLE001 - the ranks' own pages and the index still render
+        return [], None, [f"run verdict could not be computed: {type(exc).__name__}: {exc}"]
+    straggler = analysis.summary.straggler
+    mark = next((str(r["page"]) for r in rows if straggler is not None and r.get("rank") == straggler), None)
+    return [section], mark, []
 
 
 def _progress(found: Iterator[Member], total: int) -> Iterator[Member]:

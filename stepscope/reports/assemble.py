@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from stepscope.reports._render import INLINE, FigureRenderer
 from stepscope.reports.html import (
     Cell,
     Figure,
@@ -131,20 +132,21 @@ def member_row(m: Member, *, run: bool) -> dict[str, Any]:
     return row
 
 
-def member_page(m: Member, *, step: int | None) -> str:
-    """A member's own report, linking back to the index."""
+def member_page(m: Member, *, step: int | None, renderer: FigureRenderer = INLINE) -> str:
+    """A member's own report, linking back to the index; `renderer` draws its figures (as in `trace_report`)."""
     if m.bundle is None:
         raise ValueError(f"{m.path}: a failed member has no page")
-    return trace_report(m.bundle, source=str(m.path), step=step, back_link="../index.html")
+    return trace_report(m.bundle, source=str(m.path), step=step, back_link="../index.html", renderer=renderer)
 
 
 def index_page(rows: list[dict[str, Any]], *, run: bool, lead: Member | None, straggler: str | None,
                facts: RunFacts | None, side: Sequence[SideFile], problems: Sequence[str], step: int | None,
-               title: str, subtitle: str, reproduce: str) -> str:
+               title: str, subtitle: str, reproduce: str, first: Sequence[Section] = ()) -> str:
     """The index: in a run the capture's facts, its memory files and the ranks side by side (`straggler`: the
     page name of the rank to mark); a batch's traces side by side. `lead` (a run of one rank) puts that
-    rank's whole report first instead of a one-row table."""
-    sections: list[Section] = []
+    rank's whole report first instead of a one-row table; `first`: sections before all (a run's verdict and
+    ranks, `run_page.run_section`)."""
+    sections: list[Section] = list(first)
     problems = list(problems)
     if lead is not None and lead.bundle is not None:
         trace_sections, trace_problems = build_sections(ReportContext(bundle=lead.bundle, source=str(lead.path),

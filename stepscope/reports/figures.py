@@ -15,7 +15,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from stepscope.reports._plot import literal, ns_axis, ns_tick, short, short_labels, style, subplots, to_png
+from stepscope.reports._plot import ns_axis, ns_tick, style, subplots, to_png
+from stepscope.reports.labels import literal, short, short_labels, top_kernels
 from stepscope.reports.palette import color, idle_color
 from stepscope.reports.units import human_ns
 
@@ -189,17 +190,6 @@ def _gpu_step_parts(steps: pl.DataFrame, idle_by_cause: pl.DataFrame) -> list[tu
     else:
         parts.append(("GPU idle", idle, color("gpu_idle"), None))
     return parts
-
-
-KERNEL_LABEL_CHARS = 56
-
-
-def top_kernels(result: KernelsResult, n: int = 12) -> pl.DataFrame:
-    """The kernels `kernels_figure` draws (most GPU time first) with the label of each bar: long names cut in
-    the middle, distinct (a table beside the figure gives the full names). A leading 'void ' is left out."""
-    top = result.by_name.sort("total_ns", "name", descending=[True, False]).head(n)
-    names = [x.removeprefix("void ") for x in top["name"].to_list()]
-    return top.with_columns(label=pl.Series(short_labels(names, KERNEL_LABEL_CHARS), dtype=pl.String))
 
 
 def kernels_figure(result: KernelsResult, n: int = 12) -> bytes | None:

@@ -10,6 +10,7 @@ on the page, the rest of the report still renders.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as _dt
 import shlex
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ import jinja2
 import polars as pl
 
 from stepscope import __version__
+from stepscope.reports._render import INLINE, FigureRenderer, PendingPng
 from stepscope.reports.text import format_value, result_headline
 from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
@@ -43,6 +45,15 @@ class Figure:
     @property
     def data_uri(self) -> str:
         return "data:image/png;base64," + base64.b64encode(self.png).decode("ascii")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingFigure:
+    """A figure still being drawn (`ReportContext.figure`): `build_sections` waits for it and keeps it as a
+    `Figure`, or leaves it out when there was nothing to draw."""
+
+    title: str
+    png: PendingPng
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +86,7 @@ class Section:
     title: str
     lead: list[str] = field(default_factory=list)  # prominent sentences (the verdict, its advice)
     headline: list[tuple[str, str]] = field(default_factory=list)
-    figures: list[Figure] = field(default_factory=list)
+    figures: list[Figure | PendingFigure] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
@@ -131,14 +142,21 @@ def headline_items(result: Any, skip: Sequence[str] = ()) -> list[tuple[str, str
 @dataclass(frozen=True, kw_only=True)
 class ReportContext:
     """What section builders share: the trace's analysis bundle (results, computed once), the step the
-    timeline shows, and the input as the user named it (for the commands that reproduce a section)."""
+    timeline shows, the input as the user named it (for the commands that reproduce a section), and what
+    draws the figures (here, or worker processes that draw while the next sections are built)."""
 
     bundle: TraceAnalysis
     source: str
     step: int | None = None
+    renderer: FigureRenderer = INLINE
 
     def command(self, *args: str) -> str:
         return shlex.join(["stepscope", *args])
+
+    def figure(self, title: str, draw: str, *args: Any) -> PendingFigure:
+        """The figure `draw` of `args` ('figures.gaps_figure', see `_render.draw`), started now; on the page
+        only if it has something to draw."""
+        return PendingFigure(title=title, png=self.renderer.submit(draw, *args))
 
 
 SectionBuilder = Callable[[ReportContext], Section | None]
@@ -155,7 +173,7 @@ def verdict_section(ctx: ReportContext) -> Section | None:
     if result.runner_up is not None:
         close.append(("runner-up", f"{result.runner_up.value}: {result.runner_up_reason}"))
     headline = close + headline_items(result, skip=("verdict", "reason", "advice", "margin", "runner_up",
-                                                    "runner_up_reason"))
+                                                    "runner_up_reason", "comm_note"))
     tables = []
     if result.warnings.height:
         tables.append(frame_table(result.warnings, "Warnings: the trace is odd here; read the verdict with care"))
@@ -166,24 +184,21 @@ def verdict_section(ctx: ReportContext) -> Section | None:
     if result.rules.height:
         tables.append(frame_table(result.rules, "Rules, in order (the first that holds decides)"))
     return Section(id="verdict", title="Verdict", lead=[f"{name}: {result.reason}", result.advice],
-                   headline=headline, tables=tables, commands=[ctx.command("summary", ctx.source)])
+                   headline=headline, tables=tables, notes=[result.comm_note] if result.comm_note else [],
+                   commands=[ctx.command("summary", ctx.source)])
 
 
 def steps_section(ctx: ReportContext) -> Section | None:
     """Per-step breakdown (steps.py): wall time, GPU busy/idle, CPU phases; and the GPU timeline of one step."""
-    from stepscope.reports import figures
-
     result = ctx.bundle.steps
-    figs = []
-    timeline = figures.timeline_figure(ctx.bundle.timeline(ctx.step))
+    figs: list[Figure | PendingFigure] = []
+    timeline = ctx.bundle.timeline(ctx.step)
     if result.steps_found == 0 and timeline is None:
         return None
     notes = []
     if result.steps_found:
-        png = figures.step_breakdown_figure(result)
-        if png is not None:
-            figs.append(Figure(title="Each step: CPU time by phase; GPU time as compute, memcpy and idle by cause",
-                               png=png))
+        figs.append(ctx.figure("Each step: CPU time by phase; GPU time as compute, memcpy and idle by cause",
+                               "figures.step_breakdown_figure", result))
         if result.outlier_steps:
             notes.append(f"Outlier steps (wall time far from the median): {', '.join(map(str, result.outlier_steps))}.")
     else:
@@ -191,8 +206,8 @@ def steps_section(ctx: ReportContext) -> Section | None:
                      "the timeline shows the whole trace.")
     if timeline is not None:
         which = f"step {ctx.step}" if ctx.step is not None else "the median-duration step (--step N for another)"
-        figs.append(Figure(title=f"GPU timeline of {which}: one row per device and stream, kernels by category, "
-                                 "idle shaded by cause, copies marked", png=timeline))
+        figs.append(ctx.figure(f"GPU timeline of {which}: one row per device and stream, kernels by category, "
+                               "idle shaded by cause, copies marked", "figures.timeline_figure", timeline))
     cols = [c for c in result.steps.columns if c not in ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")]
     tables = [frame_table(result.steps, "Steps", columns=cols)] if result.steps.height else []
     if result.idle_by_cause.height:
@@ -210,17 +225,14 @@ def steps_section(ctx: ReportContext) -> Section | None:
 
 def gaps_section(ctx: ReportContext) -> Section | None:
     """GPU idle gaps (gaps.py): utilization per device, idle by cause, histogram, the longest gaps and blame."""
-    from stepscope.reports import figures
-
     result = ctx.bundle.gaps
     if result.devices_with_gpu_work == 0:
         return None
-    png = figures.gaps_figure(result)
     cols = ["device", "step", "dur_ns", "cause", "blamed_op", "blamed_python", "blamed_runtime", "prev_kernel",
             "next_kernel"]
     longest = result.gaps.sort("dur_ns", descending=True)
     return Section(id="gaps", title="GPU idle gaps", headline=headline_items(result),
-                   figures=[Figure(title="Idle by cause and gap lengths", png=png)] if png else [],
+                   figures=[ctx.figure("Idle by cause and gap lengths", "figures.gaps_figure", result)],
                    tables=[frame_table(result.devices, "Per device"),
                            frame_table(result.idle_by_cause, "Idle by cause"),
                            frame_table(longest, "Longest gaps (what the CPU was doing)", max_rows=25, columns=cols),
@@ -230,51 +242,44 @@ def gaps_section(ctx: ReportContext) -> Section | None:
 
 def overlap_section(ctx: ReportContext) -> Section | None:
     """CPU/GPU overlap (overlap.py): shares of the step windows, launch latency, queue depth, sync sources."""
-    from stepscope.reports import figures
-
     result = ctx.bundle.overlap
     if result.gpu_busy_fraction is None or ctx.bundle.kernels.gpu_events == 0:
         return None  # CPU-only trace: the verdict section already says there is no GPU work
-    png = figures.overlap_figure(result)
     tables = [frame_table(getattr(result, name), title) for name, title in (
         ("launch_latency", "Launch latency (runtime call to kernel start)"),
         ("queue_depth", "Queue depth (kernels launched, not yet finished)"),
         ("sync_sources", "Synchronizing calls and the ops that made them")) if getattr(result, name).height]
     return Section(id="overlap", title="CPU/GPU overlap", headline=headline_items(result),
-                   figures=[Figure(title="Overlap", png=png)] if png else [], tables=tables,
+                   figures=[ctx.figure("Overlap", "figures.overlap_figure", result)], tables=tables,
                    commands=[ctx.command("overlap", ctx.source)])
 
 
 def transfers_section(ctx: ReportContext) -> Section | None:
     """Host/device copies (transfers.py): per direction and step, pageable/sync copies, the worst ones."""
-    from stepscope.reports import figures
-
     result = ctx.bundle.transfers
     if result.copies_total == 0:
         return None
-    png = figures.transfers_figure(result)
     tables = [frame_table(result.by_direction, "By direction"), frame_table(result.by_step, "By step")]
     if result.worst.height:
         tables.append(frame_table(result.worst, "Worst copies (exposed time first)", max_rows=15))
     return Section(id="transfers", title="Transfers", headline=headline_items(result),
-                   figures=[Figure(title="Copies per step", png=png)] if png else [], tables=tables,
+                   figures=[ctx.figure("Copies per step", "figures.transfers_figure", result)], tables=tables,
                    commands=[ctx.command("transfers", ctx.source)])
 
 
 def kernels_section(ctx: ReportContext) -> Section | None:
     """GPU time by kernel category and by kernel name (kernels.py)."""
-    from stepscope.reports import figures
+    from stepscope.reports.labels import top_kernels
 
     result = ctx.bundle.kernels
     if result.gpu_events == 0:
         return None
-    png = figures.kernels_figure(result)
     tables = [frame_table(result.by_category, "By category"),
               frame_table(result.by_name, "By kernel name", max_rows=30)]
-    if png is not None:
-        tables.insert(0, _kernel_labels_table(figures.top_kernels(result)))
+    if result.by_category.height:  # the figure draws exactly then
+        tables.insert(0, _kernel_labels_table(top_kernels(result)))
     return Section(id="kernels", title="Kernels", headline=headline_items(result),
-                   figures=[Figure(title="GPU time by category and top kernels", png=png)] if png else [],
+                   figures=[ctx.figure("GPU time by category and top kernels", "figures.kernels_figure", result)],
                    tables=tables, commands=[ctx.command("kernels", ctx.source)])
 
 
@@ -291,14 +296,11 @@ def _kernel_labels_table(top: pl.DataFrame) -> Table:
 def roofline_section(ctx: ReportContext) -> Section | None:
     """How far from the hardware limit (roofline.py): FLOPs per op, achieved TFLOP/s and GB/s against the
     device's roofline, MFU per step, and the kernels to hand to Nsight Compute."""
-    from stepscope.reports import figures
-
     result = ctx.bundle.roofline
     if ctx.bundle.kernels.gpu_events == 0:
         return None
     if not result.shapes_recorded:
         return Section(id="roofline", title="Hardware limits", notes=[result.note])
-    png = figures.roofline_figure(result)
     tables = [frame_table(result.families, "By op family")]
     if result.ops.height:
         tables.append(frame_table(result.ops, "Per op (most GPU time first)", max_rows=25))
@@ -308,18 +310,15 @@ def roofline_section(ctx: ReportContext) -> Section | None:
         tables.append(frame_table(result.handoff, "Far below the roofline: profile one instance with Nsight Compute"))
     return Section(id="roofline", title="Hardware limits", headline=headline_items(result, skip=("note",)),
                    notes=[result.note] if result.note else [],
-                   figures=[Figure(title="Roofline", png=png)] if png else [], tables=tables,
+                   figures=[ctx.figure("Roofline", "figures.roofline_figure", result)], tables=tables,
                    commands=[ctx.command("flops", ctx.source)])
 
 
 def ops_section(ctx: ReportContext) -> Section | None:
     """key_averages()-style op table, sortable, and the top ops as bars."""
-    from stepscope.reports import figures
-
     table = ctx.bundle.ops
     if table.ops.height == 0:
         return None
-    png = figures.ops_figure(table)
     cols = [c for c in ("name", "kind", "calls", "self_cpu_ns", "self_cpu_fraction", "cpu_total_ns",
                         "self_device_ns", "self_device_fraction", "device_total_ns", "self_device_mem_bytes",
                         "flops") if c in table.ops.columns]
@@ -330,7 +329,7 @@ def ops_section(ctx: ReportContext) -> Section | None:
     return Section(
         id="ops", title="Operators",
         headline=headline_items(table, skip=("sort_by", "group_by_shape")),
-        figures=[Figure(title="Top ops", png=png)] if png else [],
+        figures=[ctx.figure("Top ops", "figures.ops_figure", table)],
         tables=[frame_table(table.ops, f"Ops (top {MAX_TABLE_ROWS} by {table.sort_by}; click a header to sort)",
                             columns=cols)],
         commands=[ctx.command("ops", ctx.source)],
@@ -339,14 +338,11 @@ def ops_section(ctx: ReportContext) -> Section | None:
 
 def memory_section(ctx: ReportContext) -> Section | None:
     """Allocated/reserved over time per device, the peak with its op and step, bytes per op, never freed."""
-    from stepscope.reports import memory_figures
-
     result = ctx.bundle.memory
     if result.memory_events == 0:
         return Section(id="memory", title="Memory", notes=[
             "No [memory] events in this trace: capture with torch.profiler.profile(profile_memory=True) to "
             "see memory over time."])
-    png = memory_figures.memory_figure(result)
     tables = [frame_table(result.devices, "Per device")]
     if result.mem_ops.height:
         tables.append(frame_table(result.mem_ops, "Allocated per op (MiB; frees not subtracted)", max_rows=20))
@@ -354,7 +350,7 @@ def memory_section(ctx: ReportContext) -> Section | None:
         tables.append(frame_table(result.never_freed, "Allocations never freed in the trace (largest)",
                                   max_rows=20))
     return Section(id="memory", title="Memory", headline=headline_items(result), tables=tables,
-                   figures=[Figure(title="Allocated and reserved over time", png=png)] if png else [],
+                   figures=[ctx.figure("Allocated and reserved over time", "memory_figures.memory_figure", result)],
                    commands=[ctx.command("memory", ctx.source)])
 
 
@@ -406,10 +402,24 @@ def snapshot_section(result: SnapshotResult) -> Section:
                    tables=tables, commands=[shlex.join(["stepscope", "snapshot", str(path)])])
 
 
+def serving_section(ctx: ReportContext) -> Section | None:
+    """An inference server's engine iterations (serving.py): per phase (prefill, decode, mixed) the latency
+    percentiles, GPU busy and tokens/s, then each iteration; only where the trace names engine iterations."""
+    result = ctx.bundle.serving
+    if not result.iterations_found:
+        return None
+    return Section(id="serving", title="Serving iterations", headline=headline_items(result, skip=("note",)),
+                   notes=[result.note] if result.note else [],
+                   tables=[frame_table(result.phases, "Per phase (latency = each iteration's wall)"),
+                           frame_table(result.iterations, "Engine iterations")],
+                   commands=[ctx.command("serving", ctx.source)])
+
+
 # page order; register a new section with one line here
 SECTIONS: list[tuple[str, SectionBuilder]] = [
     ("verdict", verdict_section),
     ("steps", steps_section),
+    ("serving", serving_section),
     ("gaps", gaps_section),
     ("overlap", overlap_section),
     ("transfers", transfers_section),
@@ -421,19 +431,47 @@ SECTIONS: list[tuple[str, SectionBuilder]] = [
 ]
 
 
+#: sections built after the others (still shown in page order): the verdict reads the results of most
+#: sections but draws no figure, so building it last lets their figures be drawn while it is computed
+BUILT_LAST = ("verdict",)
+
+
 def build_sections(ctx: ReportContext) -> tuple[list[Section], list[str]]:
-    """Run every registered builder; one that raises becomes a problem line, the others still render."""
-    sections: list[Section] = []
-    problems: list[str] = []
-    for name, builder in SECTIONS:
+    """Run every registered builder; one that raises becomes a problem line, the others still render.
+
+    Builders only start their figures (`ReportContext.figure`): with worker processes the figures are drawn
+    while the next builders run. Then each section's figures are waited for in page order, a figure that
+    raised losing its section as a builder that raised does, so the page and its problem lines are the
+    same however the figures were drawn."""
+    built: dict[str, Section | Exception] = {}
+    for name, builder in sorted(SECTIONS, key=lambda s: s[0] in BUILT_LAST):
         try:
             section = builder(ctx)
         except Exception as exc:  # noqa: BLE001 - a broken section must not lose the rest of the report
-            problems.append(f"section {name!r} could not be built: {type(exc).__name__}: {exc}")
+            built[name] = exc
             continue
         if section is not None:
-            sections.append(section)
+            built[name] = section
+    sections: list[Section] = []
+    problems: list[str] = []
+    for name, item in sorted(built.items(), key=lambda kv: [s[0] for s in SECTIONS].index(kv[0])):
+        try:
+            if isinstance(item, Exception):
+                raise item
+            sections.append(_drawn(item))
+        except Exception as exc:  # noqa: BLE001 - as above
+            problems.append(f"section {name!r} could not be built: {type(exc).__name__}: {exc}")
     return sections, problems
+
+
+def _drawn(section: Section) -> Section:
+    """The section with its figures drawn: each pending figure waited for, those with nothing to draw left out."""
+    figures: list[Figure | PendingFigure] = []
+    for f in section.figures:
+        png = f.png.result() if isinstance(f, PendingFigure) else f.png
+        if png is not None:
+            figures.append(Figure(title=f.title, png=png))
+    return dataclasses.replace(section, figures=figures)
 
 
 # ---------------------------------------------------------------------------------------------- rendering
@@ -462,10 +500,11 @@ def render_page(*, title: str, subtitle: str, sections: Sequence[Section], probl
     )
 
 
-def trace_report(bundle: TraceAnalysis, *, source: str, step: int | None = None,
-                 back_link: str | None = None) -> str:
-    """The full HTML report of one trace, from its analysis bundle."""
-    ctx = ReportContext(bundle=bundle, source=source, step=step)
+def trace_report(bundle: TraceAnalysis, *, source: str, step: int | None = None, back_link: str | None = None,
+                 renderer: FigureRenderer = INLINE) -> str:
+    """The full HTML report of one trace, from its analysis bundle; `renderer` draws its figures (default:
+    here, one after another; `_render.FigureWorkers`: in worker processes while the sections are built)."""
+    ctx = ReportContext(bundle=bundle, source=source, step=step, renderer=renderer)
     trace = bundle.trace
     sections, problems = build_sections(ctx)
     reproduce = [ctx.command("report", source, "-o", "OUT/")]

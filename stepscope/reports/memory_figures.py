@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from stepscope.reports._plot import bytes_axis, ns_axis, short, style, subplots, to_png
+from stepscope.reports._plot import bytes_axis, ns_axis, style, subplots, to_png
+from stepscope.reports.labels import short
 from stepscope.reports.palette import color
 from stepscope.reports.units import human_bytes
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import polars as pl
+
+from stepscope.analyze.run_summary import RunSummaryResult
 from stepscope.analyze.summary import SummaryResult
 from stepscope.reports.text import render_frame
 from stepscope.reports.units import human_fraction, human_ns
@@ -37,6 +40,9 @@ def render_summary(result: SummaryResult) -> str:
             "  (every cause: `stepscope gaps`)",
             f"  kernels < 10 µs             {human_fraction(result.tiny_kernel_fraction)} of kernels",
         ]
+    if result.comm_note is not None or (result.exposed_comm_fraction or 0) > 0:
+        lines.append(f"  exposed communication       {human_fraction(result.exposed_comm_fraction)}"
+                     "  (not overlapped by compute; `stepscope ranks` for every rank)")
     if result.mfu_fraction is not None:
         lines.append(f"  MFU (model FLOPs / peak)    {human_fraction(result.mfu_fraction)}  (`stepscope flops`)")
     shares = ((result.graph_replay_fraction, "replayed from graphs", "of kernel time, `stepscope graphs`"),
@@ -45,6 +51,8 @@ def render_summary(result: SummaryResult) -> str:
     for value, label, where in shares:
         if value is not None and value >= 0.005:  # said where there is some: most traces hold no graphs or Triton
             lines.append(f"  {label:<27} {human_fraction(value)}  ({where})")
+    if result.serving:  # an inference server's trace: its engine iterations by phase
+        lines.append(f"serving: {result.serving}  (`stepscope serving`)")
     if result.per_step.height:
         counts = result.per_step.group_by("verdict").len().sort("len", descending=True)
         lines.append("per step: " + ", ".join(f"{v} ×{n}" for v, n in counts.iter_rows()))
@@ -55,9 +63,47 @@ def render_summary(result: SummaryResult) -> str:
     lines.append("")
     if result.places.height:
         lines.append(render_frame(result.places, title="where to look").rstrip("\n"))
+    if result.predicted_savings is not None:
+        lines += ["", _savings_text(result)]
+    if result.comm_note:
+        lines += ["", f"note: {result.comm_note}"]
     if result.profile_next:
         lines += ["", f"profile next: {result.profile_next}"]
     return "\n".join(lines) + "\n"
+
+
+def render_run_summary(result: RunSummaryResult) -> str:
+    """The run's verdict, why and what to do; the straggler's cost and cause; each rank's own verdict; where to
+    look."""
+    lines = [f"verdict: {result.verdict.value}  ({result.reason})", f"advice:  {result.advice}", ""]
+    lines += [f"warning: {w}" for w in result.warnings] + ([f"note: {result.note}"] if result.note else [])
+    lines.append(f"{result.rank_count} ranks, {result.step_count} step{'' if result.step_count == 1 else 's'}; "
+                 "rank verdicts: " + ", ".join(f"{v} ×{n}" for v, n in result.rank_verdicts.items()))
+    if result.straggler is not None:
+        cost = (f"the others wait {human_ns(result.straggler_wait_cost_per_step_ns)} per step in all, "
+                f"{human_fraction(result.straggler_wait_fraction)} of each one's step"
+                if result.straggler_wait_cost_per_step_ns is not None else "no wait measured")
+        cause = result.straggler_cause.value if result.straggler_cause else "no cause above 0"
+        lines.append(f"straggler: rank {result.straggler} ({cost}); cause: {cause}")
+    lines += ["", render_frame(result.per_rank, title="per rank (its own verdict, `stepscope summary RANK_TRACE`):",
+                               max_rows=None).rstrip("\n"), ""]
+    if result.places.height:
+        lines.append(render_frame(result.places, title="where to look").rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def _savings_text(result: SummaryResult) -> str:
+    """What each fix would buy (`savings.predicted_savings`), the verdict's own row marked."""
+    table = result.predicted_savings
+    if table is None or table.height == 0:
+        return "what a fix would buy: nothing to replay (no steps or no GPU work in the dependency graph)"
+    marked = table.with_columns(
+        verdict=pl.when(pl.col("verdict") == result.verdict.value).then(pl.format("{} (this)", "verdict"))
+        .otherwise("verdict"))
+    residual = table["replay_residual_fraction"].max()
+    title = ("what a fix would buy (the dependency graph replayed with each change, `stepscope whatif`; "
+             f"no-change replay residual {human_fraction(residual if isinstance(residual, float) else None)}):")
+    return render_frame(marked.drop("replay_residual_fraction"), title=title).rstrip("\n")
 
 
 def _close_call_lines(result: SummaryResult) -> list[str]:

@@ -62,3 +62,20 @@ def test_a_missing_capture_file_is_a_usage_error(tmp_path: Path) -> None:
     _, run, _ = run_dir(tmp_path)
     out = CliRunner().invoke(cli, ["graphs", str(run), "--graph-capture", str(tmp_path / "nope.json")])
     assert out.exit_code == 2 and "nope.json" in out.output
+
+
+def test_summary_takes_the_graph_capture_given_or_found(tmp_path: Path) -> None:
+    directory, run, capture = run_dir(tmp_path)
+    runner = CliRunner()
+    # GIVEN the run directory (its trace and capture_traces/): one trace's verdict, not a run of ranks
+    found = runner.invoke(cli, ["summary", str(directory)])
+    assert found.exit_code == 0, found.output
+    assert found.stdout.startswith("graph capture:") and "6 of 6" in found.stdout.splitlines()[0]
+    assert "replayed from graphs" in found.stdout
+    # AND the capture given for the trace file: the same verdict, the line on stderr beside JSON
+    given = runner.invoke(cli, ["summary", str(run), "--graph-capture", str(capture), "--json"])
+    assert given.exit_code == 0, given.output
+    assert "graph capture:" in given.stderr and json.loads(given.stdout)["verdict"] in found.stdout
+    # AND without a capture the trace is summarised as it is
+    plain = runner.invoke(cli, ["summary", str(run)])
+    assert plain.exit_code == 0 and not plain.stdout.startswith("graph capture:")

@@ -15,7 +15,6 @@ from report_traces import gpu_doc
 
 from stepscope.analyze import load
 from stepscope.analyze.gaps import gpu_gaps
-from stepscope.analyze.kernels import kernel_summary
 from stepscope.analyze.memory import memory_timeline
 from stepscope.analyze.ops import op_table
 from stepscope.analyze.overlap import cpu_gpu_overlap
@@ -109,15 +108,3 @@ def test_a_copy_half_under_a_kernel_is_half_exposed(tmp_path: Path) -> None:
     by_step, steps = _copy_steps(tmp_path, doc)
     (d, exposed, _e), (_d, hidden, _h) = figures.copy_time_parts(by_step, steps)
     assert d == "DtoH" and exposed.tolist() == [10_000.0] and hidden.tolist() == [10_000.0]
-
-
-def test_top_kernel_labels_are_distinct_and_name_their_kernel(tmp_path: Path) -> None:
-    """Six ROCm GEMMs alike in their first 48 characters: six bar labels, each holding its tile size."""
-    tiles = ("256x128x64", "128x224x64", "128x128x64", "256x256x64", "64x64x64", "128x128x32")
-    name = "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT{}_MI16x16x1_SN_LDSB1_AFC1_AFEM1_AFEM1_WS64_WG32_8_1"
-    doc = trace(*[kernel(name.format(t), ts=10 * i, dur=9 - i) for i, t in enumerate(tiles)])
-    top = figures.top_kernels(kernel_summary(load_events(tmp_path, doc)))
-    labels = top["label"].to_list()
-    assert len(set(labels)) == 6 and all(len(x) <= figures.KERNEL_LABEL_CHARS for x in labels)
-    assert all(t in x for t, x in zip(tiles, labels, strict=True))
-    assert top["name"].to_list() == [name.format(t) for t in tiles]  # the full names, for the table

@@ -10,8 +10,8 @@ from builders import kernel, load_events, trace
 from markupsafe import escape
 
 from stepscope.analyze.bundle import TraceAnalysis
-from stepscope.reports import figures
 from stepscope.reports import html as H
+from stepscope.reports.labels import top_kernels
 
 
 def test_plural() -> None:
@@ -42,7 +42,7 @@ def test_kernel_bar_labels_have_their_full_names_beside_the_figure(tmp_path: Pat
                                                             for i, x in enumerate(tiles)])))
     page = H.trace_report(bundle, source="rocm.json")
     table = page[page.index("Top kernels in the figure"):page.index("By category")]
-    top = figures.top_kernels(bundle.kernels)
+    top = top_kernels(bundle.kernels)
     assert top["label"].n_unique() == 3
     for label, full in zip(top["label"], top["name"], strict=True):
         assert f">{escape(label)}</td>" in table and f">{full}</td>" in table  # the whole name, not cut

@@ -356,9 +356,10 @@ def _run(directory: Path) -> None:
     for r, starts in ARRIVE.items():
         events = [step(1, 0 + CLOCK[r], 1200)]
         for k, (s, e) in enumerate(zip(starts, END, strict=True)):
-            events += [kernel(AR, s + CLOCK[r], e - s, **{"Collective name": "allreduce", "In msg nelems": 256,
-                                                          "Out msg nelems": 256, "dtype": "Float", "Group size": 2,
-                                                          "Process Group Name": "0", "Process Group Ranks": "[0, 1]"}),
+            args: dict[str, Any] = {"Collective name": "allreduce", "In msg nelems": 256, "Out msg nelems": 256,
+                                    "dtype": "Float", "Group size": 2, "Process Group Name": "0",
+                                    "Process Group Ranks": "[0, 1]"}
+            events += [kernel(AR, s + CLOCK[r], e - s, **args),
                        kernel("sgemm", s + CLOCK[r] - 50, 40), flow(k + 1, "s", s, pid=1000, tid=1),
                        flow(k + 1, "f", s + CLOCK[r], pid=0, tid=7), thread_name(f"main {r}")]
         doc = trace(*events, distributedInfo={"backend": "nccl", "rank": r, "world_size": 2})

@@ -1,11 +1,16 @@
-"""Figure plumbing (_plot.py): labels for bars side by side stay short and tell the names apart."""
+"""Figure labels (labels.py): labels for bars side by side stay short and tell the names apart, the top
+kernels' labels included."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from builders import kernel, load_events, trace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stepscope.reports._plot import literal, short_labels
+from stepscope.analyze.kernels import kernel_summary
+from stepscope.reports.labels import KERNEL_LABEL_CHARS, literal, short_labels, top_kernels
 
 # six ROCm GEMM kernels (hipBLASLt names) alike in their first 48 characters and in their last 60
 PREFIX = "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT"
@@ -43,3 +48,15 @@ def test_distinct_names_get_distinct_labels_within_the_width(names: list[str], w
     labels = short_labels(names, width)
     assert all(len(label) <= width for label in labels)
     assert len(set(labels)) == len(set(names))
+
+
+def test_top_kernel_labels_are_distinct_and_name_their_kernel(tmp_path: Path) -> None:
+    """Six ROCm GEMMs alike in their first 48 characters: six bar labels, each holding its tile size."""
+    tiles = ("256x128x64", "128x224x64", "128x128x64", "256x256x64", "64x64x64", "128x128x32")
+    name = "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT{}_MI16x16x1_SN_LDSB1_AFC1_AFEM1_AFEM1_WS64_WG32_8_1"
+    doc = trace(*[kernel(name.format(t), ts=10 * i, dur=9 - i) for i, t in enumerate(tiles)])
+    top = top_kernels(kernel_summary(load_events(tmp_path, doc)))
+    labels = top["label"].to_list()
+    assert len(set(labels)) == 6 and all(len(x) <= KERNEL_LABEL_CHARS for x in labels)
+    assert all(t in x for t, x in zip(tiles, labels, strict=True))
+    assert top["name"].to_list() == [name.format(t) for t in tiles]  # the full names, for the table

@@ -1,0 +1,158 @@
+"""Where a report's figures are drawn: here, when asked (the default), or in worker processes while this
+process goes on with the analyses and the tables.
+
+Drawing is most of a report's single-threaded Python (text layout, ticks, Agg rasterizing, PNG encoding) and
+needs none of what comes after it, so `FigureWorkers` sends each figure's result to a worker as soon as its
+section has it; the worker has imported matplotlib (which this process then never imports) while the trace
+was being analysed. pyplot's global state stays in the worker, one figure at a time.
+
+A figure is named by its function in a figure module ('figures.gaps_figure'): the worker imports the module,
+this process needs only the name. A PNG is the same bytes wherever it is drawn (same matplotlib, same Agg
+settings), so the page does not depend on the workers. A figure that raises in a worker raises the same
+exception where its `result()` is asked for; a worker that died (killed, out of memory) has its figures
+drawn here instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+#: the modules a figure name may point into (stepscope.reports.<module>)
+FIGURE_MODULES = ("figures", "memory_figures")
+
+
+def draw(name: str, args: tuple[Any, ...]) -> bytes | None:
+    """Draw the figure `name` ('figures.gaps_figure') of `args`: its PNG bytes, or None (nothing to draw)."""
+    module, _, function = name.partition(".")
+    if module not in FIGURE_MODULES:
+        raise ValueError(f"{name!r} is not a figure (one of stepscope.reports.{', '.join(FIGURE_MODULES)})")
+    fn: Callable[..., bytes | None] = getattr(importlib.import_module(f"stepscope.reports.{module}"), function)
+    return fn(*args)
+
+
+def warm_up() -> None:
+    """What a worker does first, while the analyses run: import the figure modules and the results' classes
+    (unpickling a result imports its module) and draw a throwaway figure with text (the font cache, the
+    FreeType font and Agg's first-use set-up), so the first real figure pays none of it."""
+    import stepscope.analyze.bundle  # noqa: F401 - every result class a figure receives
+    from stepscope.reports import _plot, figures, memory_figures  # noqa: F401
+
+    fig, ax = _plot.subplots(figsize=(1, 1))
+    ax.set_title("warm-up")
+    _plot.to_png(fig)
+
+
+@dataclass(eq=False)
+class PendingPng:
+    """A figure being drawn: `result()` waits for its PNG bytes (None: nothing to draw)."""
+
+    name: str
+    args: tuple[Any, ...]
+    future: Future[bytes | None] | None = field(default=None, repr=False)
+
+    def result(self) -> bytes | None:
+        """The PNG bytes; the figure function's own exception if it raised."""
+        if self.future is not None:
+            try:
+                return self.future.result()
+            except BrokenProcessPool:  # the worker died: draw it here (the same bytes)
+                self.future = None
+        return draw(self.name, self.args)
+
+
+class FigureRenderer:
+    """Draws figures in this process, each when its `result()` is asked for (the page order)."""
+
+    def submit(self, name: str, *args: Any) -> PendingPng:
+        """Start drawing the figure `name` of `args` (see `draw`)."""
+        return PendingPng(name=name, args=args)
+
+
+INLINE = FigureRenderer()
+
+
+def default_workers() -> int:
+    """Figure workers for this machine: two where there are two cores or more, else one. Drawing takes about
+    as long as analysing, and most figures can only start near the end of the analyses: on two cores, two
+    workers split what is left between the cores once this process is done, where one worker left a core
+    idle (benchmarks/report_vs_json.py)."""
+    from stepscope.analyze._workers import usable_cores
+
+    return 2 if usable_cores() >= 2 else 1
+
+
+_POOL_THREAD = re.compile(r"polars-\d|tokio-|async-executor")
+
+
+def polars_pools_started() -> bool:
+    """Whether polars has started its thread pools in this process (it names their threads polars-N, tokio-…,
+    async-executor-…; they start at its first query, not at import): a process forked after that would
+    wait forever on threads it does not have. True where the threads cannot be listed (not Linux)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8", errors="replace") as f:
+                if _POOL_THREAD.match(f.read()):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
+
+
+class FigureWorkers(FigureRenderer):
+    """Draws figures in `workers` processes, each started as soon as it is submitted; a context manager.
+
+    The workers start (and warm up) when this is entered: enter it once the trace is loaded (an ingest on
+    the fly runs its own worker pool first) and before the analyses start: in the CLI's own process, with
+    stepscope imported and no polars pool started yet, they are forked (`_workers.worker_context`) and
+    start with polars and the analyses' modules already loaded; elsewhere (a test calling the CLI, a
+    trace ingested just now) they come from the fork server. Leaving it normally waits for nothing
+    (every figure's result was taken); leaving it on an error ends the workers at once, so a failed report
+    exits without waiting for a figure nobody will read.
+    """
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers if workers is not None else default_workers()
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> FigureWorkers:
+        from stepscope.analyze._workers import mark_import_threads, worker_pool
+
+        fork = not polars_pools_started()
+        if fork:  # the threads running now are the imports' own (see _workers.worker_context)
+            mark_import_threads()
+        self._pool = worker_pool(self.workers, fork_if_fresh=fork)
+        for _ in range(self.workers):
+            self._pool.submit(warm_up)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kind is not None:
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                process.terminate()  # (no public way before Python 3.14's terminate_workers)
+        pool.shutdown(wait=kind is None, cancel_futures=True)
+
+    def submit(self, name: str, *args: Any) -> PendingPng:
+        """Send the figure to a worker; drawn here (on `result()`) when the pool is closed or broken."""
+        pending = PendingPng(name=name, args=args)
+        if self._pool is not None:
+            try:
+                pending.future = self._pool.submit(draw, name, args)
+            except BrokenProcessPool:
+                pass
+        return pending
