@@ -18,6 +18,8 @@ from stepscope.errors import StepscopeError
 # command name -> module under stepscope.commands that defines `command: click.Command`
 COMMANDS: dict[str, str] = {
     "ingest": "ingest",
+    "cache": "cache",
+    "fleet": "fleet",
     "report": "report",
     "plot": "plot",
     "diff": "diff",
@@ -47,11 +49,13 @@ COMMANDS: dict[str, str] = {
 # command name -> its line in `stepscope --help`, so the list needs no command imported (each command's own
 # --help has its whole text; tests/commands/test_cli_start.py keeps the two tables' names the same)
 SUMMARIES: dict[str, str] = {
+    "cache": "The cache of traces ingested on the fly: where, how big; evict the least recently used.",
     "capture": "Run a training/inference script under the profiler: traces, snapshots, a manifest.",
     "critical-path": "The chain of dependent work that sets each step's time: CPU, launch, kernels, syncs, idle.",
     "comm": "Collectives across ranks: matched calls, aligned clocks, arrival skew, waits, busbw, straggler.",
     "diff": "Did my change help? Verdicts, step time, idle by cause, ops and kernels: AFTER vs BEFORE.",
     "export": "The trace plus the answers (steps, idle gaps by cause, verdict) as one file for Perfetto.",
+    "fleet": "One row per trace and rank over many traces: steps, GPU busy, verdict, idle cause, MFU, memory.",
     "flops": "FLOPs per op, achieved TFLOP/s and GB/s against the roofline, MFU per step.",
     "graphs": "CUDA/HIP graph replays: kernels per replay, GPU share, Python line; ops via the capture profile.",
     "gaps": "Why is the GPU idle? Every idle gap, its cause, and the CPU op and Python line behind it.",

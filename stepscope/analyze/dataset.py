@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stepscope.analyze._read import json_size
 from stepscope.analyze._workers import mark_import_threads, usable_cores, worker_pool
+from stepscope.analyze.engines import Engine, import_ray, ray_map
 from stepscope.analyze.ingest import ingest_trace
 from stepscope.analyze.inputs import file_sha256, find_trace_files, is_ingested, trace_id_for
 from stepscope.analyze.meta import read_meta
-from stepscope.errors import StepscopeError
+from stepscope.errors import StepscopeError, failure_line
 
 mark_import_threads()  # polars, pyarrow and stepscope are loaded: see worker_context
 
@@ -88,7 +90,7 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, sp
             meta = read_meta(done)
             return FileOutcome(source=source, trace_id=trace_id, out_dir=str(done), status="skipped",
                                n_events=meta.counts.events, seconds=0.0, error=None)
-        staging = root / f".staging-{trace_id}-{os.getpid()}"
+        staging = root / f".staging-{trace_id}-{socket.gethostname()}-{os.getpid()}"  # (Ray: many hosts, one dataset)
         result = ingest_trace(src, staging, force=True, jobs=jobs, sha256=sha, spare_core=spare_core)
         meta = read_meta(staging)
         target = _partition_dir(root, trace_id, meta.rank)
@@ -107,30 +109,64 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, sp
 
 
 def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None, force: bool = False,
-                on_done: Callable[[FileOutcome], None] | None = None, fork_workers: bool = False) -> BatchResult:
+                on_done: Callable[[FileOutcome], None] | None = None, fork_workers: bool = False,
+                engine: Engine = "local", address: str | None = None) -> BatchResult:
     """Ingest files/directories/globs into `dataset`, `jobs` processes at a time (default: the cores this
     process may use).
+
+    `engine="ray"`: each file is a Ray task instead (engines.ray_map) on the cluster at `address` (None or
+    "local": one started here, with `jobs` CPUs), writing the same partitions; the dataset must then be on
+    storage every node sees.
 
     `fork_workers`: fork the worker processes from this one where that is safe (see
     _workers.worker_context): a quarter of a second sooner at work. For a process of its own that ran
     nothing before importing stepscope, as the CLI; leave it False in a process that may have run polars.
     """
     files = find_trace_files(paths)
+    if engine == "ray":
+        import_ray()  # (not installed: one line saying how, before anything is written)
     created = not dataset.exists()
     dataset.mkdir(parents=True, exist_ok=True)
-    jobs = max(1, jobs or usable_cores())
+    if engine == "ray":
+        runner = _run_ray(files, dataset, force, address, jobs)
+    else:
+        runner = _run(files, dataset, max(1, jobs or usable_cores()), force, fork_workers)
     outcomes: list[FileOutcome] = []
-    for outcome in _run(files, dataset, jobs, force, fork_workers):
-        outcomes.append(outcome)
-        if on_done is not None:
-            on_done(outcome)
-    for stale in dataset.glob(".staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    if created and not any(dataset.iterdir()):  # every file failed: leave no empty dataset behind
-        dataset.rmdir()
+    try:
+        for outcome in runner:
+            outcomes.append(outcome)
+            if on_done is not None:
+                on_done(outcome)
+    finally:  # (also when the engine could not start)
+        for stale in dataset.glob(".staging-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if created and not any(dataset.iterdir()):  # every file failed: leave no empty dataset behind
+            dataset.rmdir()
     order = {str(f): i for i, f in enumerate(files)}
     outcomes.sort(key=lambda o: order.get(o.source, 0))
     return BatchResult(dataset=str(dataset), outcomes=tuple(outcomes))
+
+
+def _run_ray(files: list[Path], dataset: Path, force: bool, address: str | None,
+             jobs: int | None) -> Iterator[FileOutcome]:
+    """Each file an `ingest_one` Ray task, largest first; a task Ray lost is that file's failure.
+
+    A task gets absolute paths (a worker's working directory is not this process's), and its outcome is told in
+    the paths as given here, as the local engine tells it."""
+    def lost(args: tuple[str, str, bool, int, bool], exc: BaseException) -> FileOutcome:
+        return FileOutcome(source=args[0], trace_id=None, out_dir=None, status="failed", n_events=None,
+                           seconds=None, error=failure_line(exc, args[0]))
+
+    given = {str(f.absolute()): str(f) for f in files}
+    root = str(dataset.absolute())
+    tasks = [(str(f.absolute()), root, force, 1, False) for f in sorted(files, key=json_size, reverse=True)]
+    for outcome in ray_map(ingest_one, tasks, on_error=lost, address=address, num_cpus=jobs):
+        source = given.get(outcome.source, outcome.source)
+        out_dir = outcome.out_dir
+        if out_dir is not None and out_dir.startswith(root):
+            out_dir = str(dataset) + out_dir[len(root):]
+        error = outcome.error.replace(outcome.source, source, 1) if outcome.error is not None else None
+        yield replace(outcome, source=source, out_dir=out_dir, error=error)
 
 
 def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -> Iterator[FileOutcome]:

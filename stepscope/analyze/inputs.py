@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeAlias
 
+from stepscope.analyze.remote import as_url, fetch
 from stepscope.analyze.schema import INGEST_SCHEMA_VERSION
 from stepscope.errors import InputError, UsageError
 
@@ -90,6 +91,15 @@ def find_trace_files(paths: Sequence[Path]) -> list[Path]:
     """
     found: list[Path] = []
     for p in paths:
+        url = as_url(p)
+        if url is not None:  # object storage: the trace files it names, streamed to a local mirror
+            fetched = fetch(url)
+            for f in fetched:
+                if len(fetched) == 1:
+                    _expect_trace_file(f)
+                if len(fetched) == 1 or _looks_like_trace(f):
+                    found.append(f)
+            continue
         p = Path(p)
         if p.is_dir():
             in_dir = _traces_under(p)
@@ -290,8 +300,18 @@ def resolve(path: str | Path, *, batch: bool = False) -> Input:
     even when it holds one trace (a run or a dataset stays what it is; a file stays a file).
 
     Raises InputError (one line, naming the path) for a missing path, a directory with no trace, and a file
-    of no known kind.
+    of no known kind. A URL (`s3://…`, see analyze/remote.py) is its files streamed to a local mirror: one file
+    is what that file is, several a TraceBatch.
     """
+    url = as_url(path)
+    if url is not None:
+        fetched = fetch(url)
+        if len(fetched) == 1 and not batch:
+            return _resolve_file(fetched[0])
+        remote_traces = tuple(f for f in fetched if _looks_like_trace(f))
+        if not remote_traces:
+            raise InputError(EMPTY_DIRECTORY, path=url)
+        return TraceBatch(path=Path(path), traces=remote_traces)
     path = Path(path)
     if not path.exists():
         raise InputError(NOT_FOUND, path=path)

@@ -7,7 +7,6 @@ and never see JSON.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -15,21 +14,13 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.analyze._workers import usable_cores
+from stepscope.analyze.cache import Lease, default_cache_dir, open_entry
 from stepscope.analyze.ingest import ingest_trace
-from stepscope.analyze.inputs import IngestedTrace, Input, expect_trace, file_sha256, is_ingested, resolve
+from stepscope.analyze.inputs import IngestedTrace, Input, expect_trace, file_sha256, resolve
 from stepscope.analyze.meta import TraceMeta, read_meta
 from stepscope.analyze.schema import CPU_KINDS, GPU_KINDS, Kind
 
 STEP_NAME_PATTERN = r"^ProfilerStep#(\d+)$"
-
-
-def default_cache_dir() -> Path:
-    """Where raw traces are ingested on the fly: $XDG_CACHE_HOME/stepscope or ~/.cache/stepscope.
-
-    The cache only saves time; its location never changes a result.
-    """
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "stepscope"
 
 
 @dataclass(frozen=True)
@@ -38,6 +29,8 @@ class Trace:
 
     directory: Path
     meta: TraceMeta = field(repr=False)
+    # a cached trace's hold on its cache entry: no prune removes it while this Trace lives (analyze/cache.py)
+    lease: Lease | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -237,7 +230,9 @@ def load(path: str | Path | Input, *, cache_dir: Path | None = None) -> Trace:
     if isinstance(one, IngestedTrace):
         return Trace(directory=one.path, meta=read_meta(one.path))
     sha = file_sha256(one.path)
-    target = (cache_dir or default_cache_dir()) / sha[:2] / sha
-    if not is_ingested(target, sha):  # the cache is keyed by content: a hit needs no read of the trace
-        ingest_trace(one.path, target, jobs=usable_cores(), sha256=sha)
-    return Trace(directory=target, meta=read_meta(target))
+    source = one.path
+    # the cache is keyed by content: a hit needs no read of the trace; two processes loading one file ingest it
+    # once, and the entry stays whole while this Trace lives (see analyze/cache.py)
+    target, lease = open_entry(cache_dir or default_cache_dir(), sha,
+                               lambda entry: ingest_trace(source, entry, force=True, jobs=usable_cores(), sha256=sha))
+    return Trace(directory=target, meta=read_meta(target), lease=lease)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from stepscope.analyze._workers import usable_cores
+from stepscope.commands._engine import check_engine, engine_options
 from stepscope.commands._options import echo_failure, emit, end_batch
 
 
@@ -21,19 +22,28 @@ from stepscope.commands._options import echo_failure, emit, end_batch
 @click.option("--force", is_flag=True, help="Re-ingest files even when unchanged.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome of every file as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@engine_options
 def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: bool, as_json: bool,
-            quiet: bool) -> None:
+            quiet: bool, engine: str, address: str | None) -> None:
     """Parse traces (files, directories, globs) into DATASET, one partition per trace and rank.
 
     Query it directly: pl.scan_parquet("DATASET/**/events.parquet", hive_partitioning=True).
     A bad file is reported with its reason and the rest go on; the exit code is 1 if any failed.
+    With --engine ray each file is a Ray task (same dataset, partition for partition); -j is then the CPUs of
+    the local cluster started for the command.
     """
+    check_engine(engine, address)
     from stepscope._io import output_dir
     from stepscope.analyze.dataset import FileOutcome, ingest_many
     from stepscope.analyze.inputs import find_trace_files
     from stepscope.reports.text import render_json
 
     total = len(find_trace_files(list(paths)))
+    if engine == "ray":
+        from stepscope.analyze.engines import import_ray
+
+        import_ray()  # (not installed: one line saying how, before the dataset directory is made)
+    existed = dataset.exists()
     output_dir(dataset)
     show = not quiet and not as_json
     with click.progressbar(length=total, label="ingesting", file=sys.stderr,
@@ -45,7 +55,13 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
                     click.echo("", err=True)  # (below the progress bar)
                 echo_failure(outcome.error or outcome.source)
 
-        result = ingest_many(list(paths), dataset, jobs=jobs, force=force, on_done=done, fork_workers=True)
+        try:
+            result = ingest_many(list(paths), dataset, jobs=jobs, force=force, on_done=done, fork_workers=True,
+                                 engine="ray" if engine == "ray" else "local", address=address)
+        except BaseException:  # (the engine could not start: leave no empty dataset behind)
+            if not existed and dataset.is_dir() and not any(dataset.iterdir()):
+                dataset.rmdir()
+            raise
     if as_json:
         emit(render_json(result), None)
     else:

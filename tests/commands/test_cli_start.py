@@ -1,5 +1,5 @@
 """The CLI answers at once: `stepscope --help` and every command's `--help` load no polars, pyarrow,
-matplotlib or torch (checked in a fresh interpreter), and the command list names every command."""
+matplotlib, torch or ray (checked in a fresh interpreter), and the command list names every command."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from stepscope.cli import COMMANDS, SUMMARIES
 _PROBE = """
 import json, sys
 from stepscope.cli import COMMANDS, cli
-heavy = ("polars", "pyarrow", "matplotlib", "numpy", "torch")
+heavy = ("polars", "pyarrow", "matplotlib", "numpy", "torch", "ray", "fsspec")
 loaded = {}
 for args in [[]] + [[name] for name in sorted(COMMANDS)]:
     try:

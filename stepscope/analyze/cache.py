@@ -1,0 +1,320 @@
+"""The trace cache: raw traces ingested on the fly by `load`, keyed by the file's sha256, bounded in size.
+
+Layout (an entry is an ingested trace directory; its lock file sits beside it so that the entry itself can be
+renamed away whole):
+
+    CACHE/<sha[:2]>/<sha>/{events.parquet, flows.parquet, meta.json}     one entry; its mtime = its last use
+    CACHE/<sha[:2]>/.<sha>.lock                                         flock: who is using / writing it
+
+Concurrency (POSIX flock; where there is none, as on Windows, entries are still written atomically but not
+guarded against eviction while in use):
+- `open_entry` holds the entry's lock exclusively while it checks and (if needed) ingests it, so two processes
+  that load the same file at once ingest it once: the second waits, then finds it whole. It then holds the
+  lock shared for as long as the returned `Lease` lives (the Trace keeps it), so no other process evicts an
+  entry that is being read.
+- `prune` takes each entry's lock exclusively without waiting (an entry in use is skipped, never deleted under
+  a reader), renames it to a `.trash-*` name and only then deletes it: a reader sees a whole entry or none.
+- The size limit: `STEPSCOPE_CACHE_MAX` (`10G`, `500M`, `0` for no limit; default DEFAULT_MAX_BYTES). The cache
+  only saves time: its location and size never change a result.
+
+    entries used at t=1, 5, 9 (1 GB each), limit 2 GB  ->  prune removes the one used at t=1
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from stepscope.analyze._locations import default_cache_dir as default_cache_dir  # the cache's home
+from stepscope.analyze.inputs import is_ingested
+from stepscope.errors import UsageError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock
+    fcntl = None  # type: ignore[assignment]
+
+DEFAULT_MAX_BYTES = 10 * 1024**3
+MAX_ENV = "STEPSCOPE_CACHE_MAX"
+
+_ENTRY = re.compile(r"[0-9a-f]{64}")
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size as people write it: `1073741824`, `500M`, `10G`, `1.5GiB` (binary units).
+
+    A size that is not one is a UsageError naming it."""
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        raise UsageError(f"not a size: {text!r} (use bytes or a number with K, M, G or T, e.g. 10G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def max_cache_bytes() -> int | None:
+    """The cache's size limit: $STEPSCOPE_CACHE_MAX, else DEFAULT_MAX_BYTES; None for `0` (no limit)."""
+    raw = os.environ.get(MAX_ENV)
+    limit = DEFAULT_MAX_BYTES if raw is None or not raw.strip() else parse_size(raw)
+    return limit or None
+
+
+# -------------------------------------------------------------------------------------------------- locks
+
+
+class Lease:
+    """An open lock file holding an entry's flock; closing it (or its garbage collection) lets it go."""
+
+    def __init__(self, fh: IO[bytes] | None) -> None:
+        self._fh = fh
+
+    def close(self) -> None:
+        """Let the lock go."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[type[Lease], tuple[None]]:
+        """A lease does not travel: a Trace sent to another process arrives without this process's hold."""
+        return (Lease, (None,))
+
+
+def _lock_path(entry: Path) -> Path:
+    return entry.parent / f".{entry.name}.lock"
+
+
+@functools.cache
+def _allow_open_files() -> None:
+    """Raise this process's soft limit on open files to its hard limit (at most 65,536), once: every live Trace
+    holds its entry's lock file open, and a run of 1,024 ranks holds a Trace per rank, beyond the usual
+    soft limit of 1,024."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):  # a limit we may not raise: the usual one stays
+            pass
+
+
+def _lock(entry: Path, *, shared: bool, wait: bool) -> Lease | None:
+    """The entry's lock, shared or exclusive; None when `wait` is False and another process holds it.
+
+    A lock file removed (by prune) between our open and our lock is a stale inode: open it again."""
+    if fcntl is None:  # pragma: no cover - Windows
+        return Lease(None)
+    _allow_open_files()
+    path = _lock_path(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+    while True:
+        fh = open(path, "ab")  # noqa: SIM115 - held by the Lease
+        try:
+            fcntl.flock(fh.fileno(), mode)
+        except BlockingIOError:
+            fh.close()
+            return None
+        try:
+            same = os.path.samestat(os.fstat(fh.fileno()), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return Lease(fh)
+        fh.close()
+
+
+def open_entry(cache_dir: Path, sha256: str, fill: Callable[[Path], object]) -> tuple[Path, Lease]:
+    """The cache entry of a file with this hash, filled by `fill(entry_dir)` (an atomic ingest) if missing,
+    its use time updated; with a shared Lease that keeps it from eviction while the caller reads it.
+
+    Returns (entry directory, lease). When this call filled the entry, it then evicts least recently used
+    entries down to the size limit (never one in use, so never this one)."""
+    entry = cache_dir / sha256[:2] / sha256
+    filled = False
+    while True:
+        # shared first: it never waits on this process's own holds (a Trace of this file still alive here), only
+        # on another process writing or evicting the entry
+        reader = _lock(entry, shared=True, wait=True)
+        assert reader is not None  # (a waiting lock is always granted)
+        if is_ingested(entry, sha256):
+            _touch(entry)
+            break
+        reader.close()
+        writer = _lock(entry, shared=False, wait=True)
+        assert writer is not None
+        try:
+            if not is_ingested(entry, sha256):  # (another process may have filled it while we waited)
+                fill(entry)
+                filled = True
+        finally:
+            writer.close()
+    if filled:
+        limit = max_cache_bytes()
+        if limit is not None:
+            prune(cache_dir, limit)
+    return entry, reader
+
+
+def _touch(entry: Path) -> None:
+    """Mark the entry used now (its directory's mtime: atime is unreliable on relatime/noatime mounts)."""
+    try:
+        os.utime(entry)
+    except OSError:  # a read-only cache still serves
+        pass
+
+
+# ---------------------------------------------------------------------------------------------- inventory
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheEntry:
+    """One cached trace: its key, directory, bytes on disk and last use (epoch seconds)."""
+
+    sha256: str
+    path: Path
+    bytes: int
+    last_used_s: float
+    source: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheInfo:
+    """What the cache holds: its location and limit, its entries by last use (oldest first), their bytes."""
+
+    location: Path
+    max_bytes: int | None
+    entries: tuple[CacheEntry, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every entry together."""
+        return sum(e.bytes for e in self.entries)
+
+    @property
+    def oldest_use_s(self) -> float | None:
+        """The least recent use of an entry, None for an empty cache."""
+        return self.entries[0].last_used_s if self.entries else None
+
+    @property
+    def newest_use_s(self) -> float | None:
+        """The most recent use of an entry, None for an empty cache."""
+        return self.entries[-1].last_used_s if self.entries else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneResult:
+    """What a prune or clear removed, what it kept, and the entries it left because they were in use."""
+
+    location: Path
+    removed: int
+    removed_bytes: int
+    kept: int
+    kept_bytes: int
+    in_use: int
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for child in path.rglob("*"):
+        try:
+            if child.is_file():
+                total += child.stat().st_size
+        except OSError:  # removed while we looked
+            continue
+    return total
+
+
+def _source_name(entry: Path) -> str | None:
+    import json
+
+    try:
+        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+        name = meta.get("source", {}).get("name")
+        return str(name) if name else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def cache_info(cache_dir: Path | None = None) -> CacheInfo:
+    """The entries of the cache (default: `default_cache_dir()`), least recently used first."""
+    location = cache_dir or default_cache_dir()
+    entries = []
+    if location.is_dir():
+        for shard in sorted(location.iterdir()):
+            if not (shard.is_dir() and len(shard.name) == 2):
+                continue
+            for entry in shard.iterdir():
+                if not (_ENTRY.fullmatch(entry.name) and entry.is_dir()):
+                    continue
+                try:
+                    used = entry.stat().st_mtime
+                except OSError:
+                    continue
+                entries.append(CacheEntry(sha256=entry.name, path=entry, bytes=_dir_bytes(entry), last_used_s=used,
+                                          source=_source_name(entry)))
+    entries.sort(key=lambda e: (e.last_used_s, e.sha256))
+    return CacheInfo(location=location, max_bytes=max_cache_bytes(), entries=tuple(entries))
+
+
+def prune(cache_dir: Path | None = None, max_bytes: int = 0) -> PruneResult:
+    """Remove least recently used entries until the cache holds at most `max_bytes` (0: remove every entry,
+    `stepscope cache clear`). An entry another process is using or writing is skipped, never removed; so are
+    leftovers of an interrupted ingest younger than an hour (they may be another process's work)."""
+    info = cache_info(cache_dir)
+    total = info.total_bytes
+    removed = removed_bytes = in_use = 0
+    for entry in info.entries:
+        if total <= max_bytes:
+            break
+        lease = _lock(entry.path, shared=False, wait=False)
+        if lease is None:
+            in_use += 1
+            continue
+        try:
+            trash = entry.path.with_name(f".trash-{entry.sha256}-{os.getpid()}")
+            try:
+                os.replace(entry.path, trash)
+            except FileNotFoundError:  # already gone
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
+            _lock_path(entry.path).unlink(missing_ok=True)  # (while held: a waiter re-opens, see _lock)
+        finally:
+            lease.close()
+        total -= entry.bytes
+        removed += 1
+        removed_bytes += entry.bytes
+    _sweep(info.location)
+    return PruneResult(location=info.location, removed=removed, removed_bytes=removed_bytes,
+                       kept=len(info.entries) - removed, kept_bytes=total, in_use=in_use)
+
+
+def _sweep(location: Path, min_age_s: float = 3600.0) -> None:
+    """Leftovers of a killed process (`.trash-*`, ingest temporaries `.<sha>.*.tmp`) older than `min_age_s`."""
+    if not location.is_dir():
+        return
+    now = time.time()
+    for shard in location.iterdir():
+        if not shard.is_dir():
+            continue
+        for junk in shard.glob(".*"):
+            if junk.name.endswith(".lock") or not junk.is_dir():
+                continue
+            try:
+                if now - junk.stat().st_mtime > min_age_s:
+                    shutil.rmtree(junk, ignore_errors=True)
+            except OSError:
+                continue

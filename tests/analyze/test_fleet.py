@@ -1,0 +1,135 @@
+"""The fleet table: one row per trace and rank, the same figures as each trace's own summary / steps / gaps;
+a closed --where language (never evaluated); bad traces are rows with their error, exit code 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from builders import kernel, step, trace, write_trace
+from click.testing import CliRunner
+
+from stepscope.analyze.dataset import ingest_many
+from stepscope.analyze.fleet import FLEET_SCHEMA, fleet, parse_condition, select_rows
+from stepscope.analyze.summary import verdict
+from stepscope.analyze.trace import load
+from stepscope.cli import cli
+from stepscope.errors import BatchFailed, UsageError
+
+
+def _rank(rank: int, busy_us: int) -> Any:
+    """Three 100 µs steps, each with one kernel of `busy_us` at its start."""
+    events = [e for s in range(3) for e in (step(s, s * 100, 100), kernel(f"gemm{s}", s * 100 + 1, busy_us))]
+    return trace(*events, distributedInfo={"rank": rank, "world_size": 2})
+
+
+def _job(directory: Path) -> Path:
+    write_trace(directory / "jobA", _rank(0, 90), "rank0.pt.trace.json")
+    write_trace(directory / "jobA", _rank(1, 30), "rank1.pt.trace.json")
+    write_trace(directory / "jobB", _rank(0, 60), "rank0.pt.trace.json")
+    return directory
+
+
+def test_rows_are_each_traces_own_figures(tmp_path: Path) -> None:
+    src = _job(tmp_path / "src")
+    result = fleet(src, jobs=1)
+    assert result.traces == 3 and result.failed == 0
+    table = result.fleet
+    assert table.schema == pl.Schema(FLEET_SCHEMA)
+    assert table.select("run", "rank", "steps").rows() == [("jobA", 0, 3), ("jobA", 1, 3), ("jobB", 0, 3)]
+    assert table["device"].to_list() == ["Synthetic GPU"] * 3
+    for row in table.iter_rows(named=True):
+        own = verdict(load(Path(row["path"])))
+        assert row["verdict"] == own.verdict.value
+        assert row["gpu_busy_fraction"] == pytest.approx(own.gpu_busy_fraction)
+        assert row["step_p50_ns"] == 100_000 and row["step_p95_ns"] == 100_000
+        assert row["error"] is None
+    busy = dict(zip(table["path"].map_elements(lambda p: Path(p).parent.name + Path(p).name, return_dtype=pl.String),
+                    table["gpu_busy_fraction"], strict=True))
+    assert busy["jobArank0.pt.trace.json"] > busy["jobBrank0.pt.trace.json"] > busy["jobArank1.pt.trace.json"]
+
+
+def test_a_dataset_and_its_raw_files_give_the_same_rows(tmp_path: Path) -> None:
+    src = _job(tmp_path / "src")
+    ingest_many([src], tmp_path / "ds", jobs=1)
+    raw = fleet(src, jobs=2).fleet.drop("path").sort("trace")
+    ingested = fleet(tmp_path / "ds", jobs=1).fleet.drop("path").sort("trace")
+    assert raw.equals(ingested)
+
+
+def test_where_and_sort(tmp_path: Path) -> None:
+    result = fleet(_job(tmp_path / "src"), jobs=1)
+    low = select_rows(result, where=["gpu_busy<0.5"])
+    assert low.fleet.select("run", "rank").rows() == [("jobA", 1)]
+    assert select_rows(result, where=["gpu_busy < 50%"]).fleet.equals(low.fleet)
+    assert select_rows(result, where=["run=jobA", "rank!=0"]).fleet.equals(low.fleet)
+    assert select_rows(result, where=["step_p95>=100us", "step_p95<=0.1ms"]).fleet.height == 3
+    assert select_rows(result, where=["mfu=null"]).fleet.height == 3
+    assert select_rows(result, where=["error!=null"]).fleet.height == 0
+    assert select_rows(result, where=["peak_memory>1G"]).fleet.height == 0  # unknown never satisfies an order
+    ordered = select_rows(result, sort="gpu_busy", descending=True).fleet
+    assert ordered.select("run", "rank").rows() == [("jobA", 0), ("jobB", 0), ("jobA", 1)]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("busy<0.5", "no column 'busy'"),
+    ("verdict", "expected COLUMN OP VALUE"),
+    ("__import__('os').system('true')", "expected COLUMN OP VALUE"),
+    ("gpu_busy<lots", "'lots' is not a value for gpu_busy_fraction"),
+    ("verdict<null", "null compares with = or != only"),
+])
+def test_a_bad_condition_is_one_usage_error(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_condition(text)
+
+
+def test_cli_formats_failures_and_exit_codes(tmp_path: Path) -> None:
+    src = _job(tmp_path / "src")
+    (src / "jobB" / "rank1.pt.trace.json").write_bytes(b'{"traceEvents": [')
+    runner = CliRunner()
+    out = runner.invoke(cli, ["fleet", str(src), "-j", "1", "--sort", "rank"])
+    assert isinstance(out.exception, BatchFailed) and out.exit_code == 1
+    failures = [line for line in out.stderr.splitlines() if line.startswith("stepscope: error:")]
+    assert len(failures) == 1 and "jobB/rank1.pt.trace.json (byte" in failures[0]
+    assert "traces  4" in out.stdout and "failed  1" in out.stdout and "truncated JSON" in out.stdout
+    doc = json.loads(runner.invoke(cli, ["fleet", str(src), "-j", "1", "--json", "--where", "error=null"]).stdout)
+    assert len(doc["fleet"]) == 3 and set(doc["fleet"][0]) == set(FLEET_SCHEMA)
+    csv = runner.invoke(cli, ["fleet", str(src), "-j", "1", "--csv", "--where", "verdict!=null"]).stdout
+    assert csv.splitlines()[0].split(",")[:3] == ["run", "trace", "rank"] and len(csv.splitlines()) == 4
+    pq = tmp_path / "fleet.parquet"
+    out = runner.invoke(cli, ["fleet", str(src), "-j", "1", "--format", "parquet", "-o", str(pq)])
+    written = pl.read_parquet(pq)
+    assert written.height == 4 and written.schema == pl.Schema(FLEET_SCHEMA)
+    assert written.filter(pl.col("error").is_not_null())["trace"].to_list() == ["rank1.pt.trace.json"]
+    assert not list(tmp_path.glob(".fleet.parquet.*"))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--format", "parquet"], "--format parquet writes a file"),
+    (["--json", "--csv"], "conflicting output formats"),
+    (["--address", "auto"], "--address names a Ray cluster"),
+])
+def test_cli_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    out = CliRunner().invoke(cli, ["fleet", str(_job(tmp_path / "src")), *args])
+    assert out.exit_code == 2 and message in out.output
+
+
+def test_a_bad_where_fails_before_any_trace_is_read(tmp_path: Path) -> None:
+    out = CliRunner().invoke(cli, ["fleet", str(tmp_path / "missing"), "--where", "nope=1"])
+    assert isinstance(out.exception, UsageError) and "no column 'nope'" in str(out.exception)
+
+
+@pytest.mark.corpus
+def test_corpus_rows_agree_with_each_traces_summary(corpus: Path) -> None:
+    for folder in ("kineto", "param"):
+        result = fleet(corpus / "traces" / folder, jobs=2)
+        assert result.failed == 0 and result.traces >= 4
+        for row in result.fleet.iter_rows(named=True):
+            own = verdict(load(Path(row["path"])))
+            assert row["verdict"] == own.verdict.value, row["path"]
+            for column, value in (("gpu_busy_fraction", own.gpu_busy_fraction), ("mfu_fraction", own.mfu_fraction),
+                                  ("exposed_comm_fraction", own.exposed_comm_fraction)):
+                assert row[column] == pytest.approx(value, nan_ok=True), (row["path"], column)
