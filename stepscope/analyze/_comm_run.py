@@ -215,7 +215,7 @@ def parallel_map(fn: Callable[[_T], _R], jobs: Iterable[_T]) -> list[_R]:
     cores = usable_cores()
     if len(todo) < PARALLEL_FROM or cores < 2:
         return [fn(j) for j in todo]
-    with worker_pool(cores, fork_if_fresh=True) as pool:
+    with worker_pool(cores) as pool:  # from the fork server: this process runs polars' threads by now
         return list(pool.map(fn, todo, chunksize=max(1, len(todo) // (cores * 8))))
 
 

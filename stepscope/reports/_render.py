@@ -16,8 +16,6 @@ drawn here instead.
 from __future__ import annotations
 
 import importlib
-import os
-import re
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
@@ -89,35 +87,12 @@ def default_workers() -> int:
     return 2 if usable_cores() >= 2 else 1
 
 
-_POOL_THREAD = re.compile(r"polars-\d|tokio-|async-executor")
-
-
-def polars_pools_started() -> bool:
-    """Whether polars has started its thread pools in this process (it names their threads polars-N, tokio-…,
-    async-executor-…; they start at its first query, not at import): a process forked after that would
-    wait forever on threads it does not have. True where the threads cannot be listed (not Linux)."""
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return True
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm", encoding="utf-8", errors="replace") as f:
-                if _POOL_THREAD.match(f.read()):
-                    return True
-        except OSError:  # the thread ended meanwhile
-            continue
-    return False
-
-
 class FigureWorkers(FigureRenderer):
     """Draws figures in `workers` processes, each started as soon as it is submitted; a context manager.
 
-    The workers start (and warm up) when this is entered: enter it once the trace is loaded (an ingest on
-    the fly runs its own worker pool first) and before the analyses start: in the CLI's own process, with
-    stepscope imported and no polars pool started yet, they are forked (`_workers.worker_context`) and
-    start with polars and the analyses' modules already loaded; elsewhere (a test calling the CLI, a
-    trace ingested just now) they come from the fork server. Leaving it normally waits for nothing
+    The workers start (and warm up: matplotlib imported) when this is entered, from the fork server (which
+    has polars and the analyses' modules loaded already): enter it once the trace is loaded (an ingest on
+    the fly runs its own worker pool first) and before the analyses start. Leaving it normally waits for nothing
     (every figure's result was taken); leaving it on an error ends the workers at once, so a failed report
     exits without waiting for a figure nobody will read.
     """
@@ -127,12 +102,12 @@ class FigureWorkers(FigureRenderer):
         self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> FigureWorkers:
-        from stepscope.analyze._workers import mark_import_threads, worker_pool
+        from stepscope.analyze._workers import worker_pool
 
-        fork = not polars_pools_started()
-        if fork:  # the threads running now are the imports' own (see _workers.worker_context)
-            mark_import_threads()
-        self._pool = worker_pool(self.workers, fork_if_fresh=fork)
+        # from the fork server, never forked from here: by now this process may run threads other than its
+        # imports' (a pool that ingested a trace, polars' own), and a child forked while one of them holds a
+        # lock waits on it forever (a report in the test suite hung so)
+        self._pool = worker_pool(self.workers, fork_if_fresh=False)
         for _ in range(self.workers):
             self._pool.submit(warm_up)
         return self

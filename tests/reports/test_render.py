@@ -8,14 +8,13 @@ import time
 from concurrent.futures import wait
 from pathlib import Path
 
-import polars as pl
 import pytest
 from builders import load_events
 from report_traces import gpu_doc
 
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.reports import html as H
-from stepscope.reports._render import INLINE, FigureRenderer, FigureWorkers, draw, polars_pools_started
+from stepscope.reports._render import INLINE, FigureRenderer, FigureWorkers, draw
 
 
 def _page(bundle: TraceAnalysis, renderer: FigureRenderer) -> str:
@@ -85,8 +84,3 @@ def test_leaving_on_an_error_does_not_wait_for_the_workers() -> None:
     assert pending.future.done()
 
 
-def test_no_fork_once_polars_has_run() -> None:
-    # GIVEN a process in which polars has run a query (its thread pools started)
-    pl.DataFrame({"a": [1, 2]}).group_by("a").len()
-    # THEN figure workers would not be forked from it (they would wait on the pools' missing threads)
-    assert polars_pools_started()
