@@ -253,9 +253,12 @@ def _straggler(calls: pl.DataFrame, waits: pl.DataFrame) -> tuple[int | None, in
     last = calls.select("call", "last_ranks").explode("last_ranks").drop_nulls().rename({"last_ranks": "rank"})
     if last.height == 0:
         return None, None, None
-    others = waits.select("call", other="rank", wait_ns="wait_ns")
-    cost = (last.join(others, on="call").filter(pl.col("other") != pl.col("rank"))
-            .group_by("rank").agg(cost=pl.col("wait_ns").sum()))
+    # the others' wait in a call = the call's total wait - the late rank's own (a join of last arrivals with every
+    # other rank's wait would be ranks x ranks rows in a call where all arrive together: 12M rows at 1,024 ranks)
+    total = waits.group_by("call").agg(total_ns=pl.col("wait_ns").sum())
+    own = waits.select("call", "rank", own_ns="wait_ns")
+    cost = (last.join(total, on="call").join(own, on=["call", "rank"], how="left")
+            .group_by("rank").agg(cost=(pl.col("total_ns") - pl.col("own_ns").fill_null(0)).sum()))
     ranked = (last.group_by("rank").agg(n=pl.len()).join(cost, on="rank", how="left")
               .with_columns(pl.col("cost").fill_null(0))
               .sort(["n", "cost", "rank"], descending=[True, True, False]))

@@ -228,11 +228,12 @@ def _with_waits(steps: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
 def _last_arrivals(waits: pl.DataFrame) -> pl.DataFrame:
     """step, rank, last_arrivals, wait_cost_ns (the others' wait in the calls it arrived last in) and call (the
     one of those that cost most): one row per rank that arrived last in some call of the step."""
-    last = waits.filter(pl.col("last")).select("call", "step", "rank")
-    others = waits.select("call", other="rank", other_wait="wait_ns")
-    cost = (last.join(others, on="call").filter(pl.col("other") != pl.col("rank"))
-            .group_by("call", "rank").agg(cost=pl.col("other_wait").sum()))
-    return (last.join(cost, on=["call", "rank"], how="left").with_columns(pl.col("cost").fill_null(0))
+    # the others' wait in a call: its total wait less the late rank's own (not a join of every late rank with
+    # every other: ranks x ranks rows in a call where all arrive together)
+    last = waits.filter(pl.col("last")).select("call", "step", "rank", own="wait_ns")
+    total = waits.group_by("call").agg(total=pl.col("wait_ns").sum())
+    return (last.join(total, on="call", how="left")
+            .with_columns(cost=(pl.col("total") - pl.col("own").fill_null(0)).fill_null(0))
             .group_by("step", "rank").agg(last_arrivals=pl.len().cast(pl.Int64), wait_cost_ns=pl.col("cost").sum(),
                                           call=pl.col("call").sort_by("cost", "call", descending=[True, False])
                                           .first()))
