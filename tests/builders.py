@@ -158,3 +158,14 @@ def load_events(tmp_path: Path, doc: dict[str, Any], name: str = "synthetic.pt.t
     """Write, ingest (into tmp_path/cache) and open a synthetic trace."""
     path = write_trace(tmp_path / "traces", doc, name)
     return load(path, cache_dir=tmp_path / "cache")
+
+
+def slow_union(ivs: list[tuple[float, float]]) -> list[list[float]]:
+    """The union of intervals as disjoint [start, end] pairs, by start: the slow, obvious oracle for tests."""
+    out: list[list[float]] = []
+    for s, e in sorted(ivs):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out

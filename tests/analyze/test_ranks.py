@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from builders import annotation, cpu_op, kernel, python_fn, step, trace, write_trace
+from builders import annotation, cpu_op, kernel, python_fn, slow_union, step, trace, write_trace
 from conftest import TOOLS
 
 from stepscope.analyze.ranks import Cause, RanksResult, imbalance, per_window, ranks
@@ -151,16 +151,6 @@ def test_a_trace_without_steps_is_one_window(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ the real 8-rank NCCL set vs HTA
 
 
-def _union(ivs: list[tuple[float, float]]) -> list[list[float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(ivs):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
 def _length(u: list[list[float]]) -> float:
     return sum(e - s for s, e in u)
 
@@ -181,10 +171,10 @@ def hta_figures(path: Path) -> dict[str, Any]:
     def iv(e: dict[str, Any]) -> tuple[float, float]:
         return float(math.ceil(e["ts"])), float(math.floor(e["ts"] + e.get("dur", 0)))
 
-    comm = _union([iv(e) for e in gpu if "nccl" in e["name"].lower()])
-    compute = _union([iv(e) for e in gpu if "nccl" not in e["name"].lower()
+    comm = slow_union([iv(e) for e in gpu if "nccl" in e["name"].lower()])
+    compute = slow_union([iv(e) for e in gpu if "nccl" not in e["name"].lower()
                       and "Memcpy" not in e["name"] and "Memset" not in e["name"]])
-    every = _union([iv(e) for e in gpu])
+    every = slow_union([iv(e) for e in gpu])
     span = every[-1][1] - every[0][0]
     idle = span - _length(every)
     return {"rank": doc["distributedInfo"]["rank"], "comm_us": _length(comm), "compute_us": _length(compute),

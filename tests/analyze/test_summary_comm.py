@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import annotation, cpu_op, kernel, load_events, runtime, step, trace
+from builders import annotation, cpu_op, kernel, load_events, runtime, slow_union, step, trace
 
 from stepscope.analyze import load
 from stepscope.analyze.summary import COMM_MIN, RULES, Verdict, verdict
@@ -138,16 +138,6 @@ def test_a_trace_without_collectives_says_nothing_of_communication(tmp_path: Pat
 # ------------------------------------------------------------------------ the real 8-rank NCCL set, rank by rank
 
 
-def _union(ivs: list[tuple[float, float]]) -> list[list[float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(ivs):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
 def raw_shares(path: Path, wall_us: float) -> dict[str, float]:
     """From the raw JSON, obviously: NCCL kernel time not under any other kernel (merged unions, µs rounded
     inward as HTA does), and NCCL's share of the GPU's busy time, over the step's wall time."""
@@ -155,11 +145,11 @@ def raw_shares(path: Path, wall_us: float) -> dict[str, float]:
     kernels = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
     iv = [(float(math.ceil(e["ts"])), float(math.floor(e["ts"] + e["dur"])), "nccl" in e["name"].lower())
           for e in kernels]
-    nccl = _union([(s, e) for s, e, c in iv if c])
-    compute = _union([(s, e) for s, e, c in iv if not c])
+    nccl = slow_union([(s, e) for s, e, c in iv if c])
+    compute = slow_union([(s, e) for s, e, c in iv if not c])
     covered = sum(max(0.0, min(a[1], b[1]) - max(a[0], b[0])) for a in nccl for b in compute)
     nccl_us = sum(e - s for s, e in nccl)
-    busy_us = sum(e - s for s, e in _union([(s, e) for s, e, _ in iv]))
+    busy_us = sum(e - s for s, e in slow_union([(s, e) for s, e, _ in iv]))
     return {"exposed": (nccl_us - covered) / wall_us, "nccl_of_busy": nccl_us / busy_us}
 
 
