@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -28,3 +30,25 @@ def corpus() -> Path:
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Raw traces loaded without an explicit cache_dir go to a temporary cache, never ~/.cache."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+
+
+def reference_comm() -> ModuleType:
+    """../shared/tools/reference_comm.py, the slow multi-rank reference, as a module (skips where absent)."""
+    spec = importlib.util.spec_from_file_location("reference_comm", TOOLS / "reference_comm.py")
+    if spec is None or spec.loader is None or not (TOOLS / "reference_comm.py").is_file():
+        pytest.skip("../shared/tools/reference_comm.py is not present")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the console entry point expecting a usage error: exit 2 and one line on stderr, returned."""
+    from stepscope.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    return err[0]

@@ -3,17 +3,15 @@ checked against the independent oracle ../shared/tools/reference_comm.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from decimal import Decimal
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import polars as pl
 import pytest
 from builders import annotation, cpu_op, kernel, runtime, trace, write_trace
-from conftest import TOOLS
+from conftest import reference_comm
 
 from stepscope.analyze._comm_events import canonical_dtype, collective_type
 from stepscope.analyze.collectives import CollectivesResult, collectives
@@ -234,24 +232,15 @@ def test_gloo_cpu_collectives(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ the real 8-rank NCCL set vs the oracle
 
 
-def _oracle() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("reference_comm", TOOLS / "reference_comm.py")
-    if spec is None or spec.loader is None:
-        pytest.skip("../shared/tools/reference_comm.py is not present")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def dlrm(corpus: Path, tmp_path: Path) -> tuple[CollectivesResult, dict[str, Any]]:
     d = corpus / "traces" / "param" / "dlrm_kineto"
     files = sorted(d.glob("*.json"))
     ranks_files = {str(int(f.name[len("worker"):].split("_")[0])): [str(f)] for f in files}
-    return analyze(d, tmp_path), _oracle().analyze("dlrm", ranks_files)
+    return analyze(d, tmp_path), reference_comm().analyze("dlrm", ranks_files)
 
 
-def test_dlrm_counts_per_type_match_the_oracle(dlrm: tuple[CollectivesResult, dict[str, Any]]) -> None:
+def test_dlrm_counts_per_type_match_thereference_comm(dlrm: tuple[CollectivesResult, dict[str, Any]]) -> None:
     ours, ref = dlrm
     # the oracle types a kernel by its name: PyTorch runs all_to_all as grouped send/recv, so its SendRecv
     # kernels are our all_to_all (the nccl:all_to_all op that launched them says so)
@@ -264,7 +253,7 @@ def test_dlrm_counts_per_type_match_the_oracle(dlrm: tuple[CollectivesResult, di
     assert ours.call_count == ref["calls_total"] == 8 and ours.unmatched_calls == 0
 
 
-def test_dlrm_per_call_latency_skew_and_straggler_match_the_oracle(
+def test_dlrm_per_call_latency_skew_and_straggler_match_thereference_comm(
         dlrm: tuple[CollectivesResult, dict[str, Any]]) -> None:
     ours, ref = dlrm
     ref_offsets_ns = {int(r): round(o * US) for r, o in ref["clock_alignment"]["offset_us"].items()}
@@ -311,7 +300,7 @@ def test_bytes_and_bandwidth_where_the_trace_has_collective_args(corpus: Path, t
     # one rank of a 2-rank job, with `In msg nelems` / `dtype` / `Group size` on every NCCL kernel
     path = corpus / "traces" / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
     ours = analyze(path, tmp_path)
-    ref = _oracle().analyze("nccl", {"0": [str(path)]})
+    ref = reference_comm().analyze("nccl", {"0": [str(path)]})
     assert ours.call_count == ref["calls_total"] == 21 and ours.note and "one rank" in ours.note
     by_start = dict(ours.waits.select("ts_ns", "call").iter_rows())
     for call in ref["calls_first_50"]:

@@ -4,7 +4,6 @@ definitions computed here from the raw JSON and against ../shared/tools/referenc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import polars as pl
 import pytest
 from builders import annotation, cpu_op, kernel, python_fn, slow_union, step, trace, write_trace
-from conftest import TOOLS
+from conftest import reference_comm
 
 from stepscope.analyze.ranks import Cause, RanksResult, imbalance, per_window, ranks
 
@@ -182,15 +181,6 @@ def hta_figures(path: Path) -> dict[str, Any]:
             "busy_us": _length(every)}
 
 
-def _oracle() -> Any:
-    spec = importlib.util.spec_from_file_location("reference_comm", TOOLS / "reference_comm.py")
-    if spec is None or spec.loader is None:
-        pytest.skip("../shared/tools/reference_comm.py is not present")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_dlrm_matches_hta_and_the_reference(corpus: Path, tmp_path: Path) -> None:
     d = corpus / "traces" / "param" / "dlrm_kineto"
     res = analyze(d, tmp_path)
@@ -198,7 +188,7 @@ def test_dlrm_matches_hta_and_the_reference(corpus: Path, tmp_path: Path) -> Non
     ours = {r["rank"]: r for r in res.steps.to_dicts()}
     overlap = {r["rank"]: r["comm_overlap_fraction"] for r in res.ranks.to_dicts()}
     files = sorted(d.glob("*.json"))
-    ref = {r["rank"]: r for r in _oracle().analyze("dlrm", {str(i): [str(f)] for i, f in enumerate(files)})[
+    ref = {r["rank"]: r for r in reference_comm().analyze("dlrm", {str(i): [str(f)] for i, f in enumerate(files)})[
         "per_rank"]}
     for f in files:
         hta = hta_figures(f)

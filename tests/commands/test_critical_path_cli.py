@@ -10,18 +10,9 @@ import critical_path_traces as cp
 import pytest
 from builders import write_trace
 from click.testing import CliRunner
+from conftest import refused
 
-from stepscope.cli import cli, main
-
-
-def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run the console entry point expecting a usage error: exit 2 and one line on stderr, returned."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 1, err
-    return err[0]
+from stepscope.cli import cli
 
 
 def test_critical_path_table_json_and_csv(tmp_path: Path) -> None:
@@ -42,7 +33,7 @@ def test_critical_path_table_json_and_csv(tmp_path: Path) -> None:
 
 def test_critical_path_bad_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_trace(tmp_path, cp.gpu_bound(), "t.json")
-    assert "no step 7 in this trace" in _refused(["critical-path", str(path), "--step", "7"], capsys)
+    assert "no step 7 in this trace" in refused(["critical-path", str(path), "--step", "7"], capsys)
 
 
 def test_whatif_reports_measured_predicted_and_the_residual(tmp_path: Path) -> None:
@@ -62,8 +53,8 @@ def test_whatif_reports_measured_predicted_and_the_residual(tmp_path: Path) -> N
 
 def test_whatif_bad_speedup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_trace(tmp_path, cp.gpu_bound(), "t.json")
-    assert "expected CATEGORY=FACTOR" in _refused(["whatif", str(path), "--speedup", "gemm"], capsys)
-    assert "FACTOR > 0" in _refused(["whatif", str(path), "--speedup", "gemm=0"], capsys)
+    assert "expected CATEGORY=FACTOR" in refused(["whatif", str(path), "--speedup", "gemm"], capsys)
+    assert "FACTOR > 0" in refused(["whatif", str(path), "--speedup", "gemm=0"], capsys)
 
 
 def test_annotation_windows_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,7 +67,7 @@ def test_annotation_windows_from_the_command_line(tmp_path: Path, capsys: pytest
     data = json.loads(CliRunner().invoke(cli, args).output)
     assert data["window_kind"] == r"annotation \[param\|model" and data["replay_residual_fraction"] == 0.0
     assert data["steps"][0]["measured_ns"] == 168_000  # 2 µs to the end of the last GEMM it launched, 170 µs
-    assert "is not a valid regex" in _refused(["critical-path", str(path), "--annotation", "("], capsys)
+    assert "is not a valid regex" in refused(["critical-path", str(path), "--annotation", "("], capsys)
 
 
 def test_json_is_the_document_every_command_writes(tmp_path: Path) -> None:

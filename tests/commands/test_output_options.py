@@ -8,20 +8,11 @@ from pathlib import Path
 import pytest
 from builders import kernel, step, trace, write_trace
 from click.testing import CliRunner
+from conftest import refused
 
-from stepscope.cli import cli, main
+from stepscope.cli import cli
 
 COMMANDS = ["gaps", "steps", "overlap", "kernels", "transfers", "info"]
-
-
-def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run the console entry point, expecting a usage error: exit 2 and one line on stderr, returned."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 1, err
-    return err[0]
 
 
 def _trace(tmp_path: Path) -> Path:
@@ -42,7 +33,7 @@ def test_csv_writes_every_table_and_table_picks_one(tmp_path: Path, command: str
     one = runner.invoke(cli, [command, str(path), "--csv", "--table", names[-1]])
     assert one.exit_code == 0 and not one.stdout.startswith("# ")
     assert one.stdout == full.stdout.split(f"# {names[-1]}\n", 1)[1]  # the same rows as in the whole
-    bad = _refused([command, str(path), "--csv", "--table", "nope"], capsys)
+    bad = refused([command, str(path), "--csv", "--table", "nope"], capsys)
     assert "no table 'nope'" in bad and names[0] in bad
 
 
@@ -63,16 +54,16 @@ def test_csv_to_a_file_is_one_file_per_table(tmp_path: Path) -> None:
     assert (tmp_path / "out.gaps.csv").read_text() in whole
 
 
-def test_output_into_a_missing_or_read_only_directory_is_refused(tmp_path: Path,
+def test_output_into_a_missing_or_read_only_directory_isrefused(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     path = _trace(tmp_path)
     missing = tmp_path / "no" / "such" / "x.json"
-    err = _refused(["steps", str(path), "--json", "-o", str(missing)], capsys)
+    err = refused(["steps", str(path), "--json", "-o", str(missing)], capsys)
     assert str(missing) in err and "create it first" in err
     assert not (tmp_path / "no").exists()
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     if os.access(locked, os.W_OK):  # root writes anywhere: nothing to refuse
         return
-    err = _refused(["steps", str(path), "--json", "-o", str(locked / "x.json")], capsys)
+    err = refused(["steps", str(path), "--json", "-o", str(locked / "x.json")], capsys)
     assert "not writable" in err and list(locked.iterdir()) == []
