@@ -8,8 +8,6 @@ import click
 
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format
 
-_NOT_HEADLINE = ("note", "warnings")
-
 
 @click.command("comm")
 @click.argument("run", nargs=-1, required=True, type=click.Path(path_type=Path))
@@ -27,17 +25,14 @@ def command(run: tuple[Path, ...], link_bandwidth: float | None, top: int, fmt: 
     and per collective x message size x dtype x group: arrival skew, latency, wait per rank, bytes, algbw and
     busbw (nccl-tests factors), and the straggler."""
     from stepscope.analyze.collectives import collectives  # here, so that `--help` loads no polars
-    from stepscope.reports.text import render_frame, render_headline, result_headline
+    from stepscope.reports.text import headline_with_notes, render_frame
 
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
     result = collectives(list(run), link_bandwidth_gbps=link_bandwidth)
     if out_fmt != "table":
         emit_result(result, out_fmt, output, table=table, max_rows=None)
         return
-    headline = {k: v for k, v in result_headline(result).items() if k not in _NOT_HEADLINE}
-    parts = [render_headline(headline)]
-    parts += [f"note: {result.note}"] if result.note else []
-    parts += [f"warning: {w}" for w in result.warnings]
+    parts = headline_with_notes(result)
     if result.call_count:
         shown = result.calls.sort("skew_ns", "call", descending=[True, False], nulls_last=True)
         parts += [render_frame(result.groups, title="\nby collective x size x dtype x group:", max_rows=None),

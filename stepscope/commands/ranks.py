@@ -8,8 +8,6 @@ import click
 
 from stepscope.commands._options import emit, emit_result, format_options, resolve_format
 
-_NOT_HEADLINE = ("note", "warnings")
-
 
 @click.command("ranks")
 @click.argument("run", nargs=-1, required=True, type=click.Path(path_type=Path))
@@ -24,17 +22,14 @@ def command(run: tuple[Path, ...], top: int, fmt: str | None, as_json: bool, as_
     imbalance (max / median across ranks) per metric; the straggler of each step, the wait it costs the
     others and its likely cause (more compute, data loading, or host delay with the op and Python line)."""
     from stepscope.analyze.ranks import ranks  # here, so that `--help` loads no polars
-    from stepscope.reports.text import render_frame, render_headline, result_headline
+    from stepscope.reports.text import headline_with_notes, render_frame
 
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
     result = ranks(list(run))
     if out_fmt != "table":
         emit_result(result, out_fmt, output, table=table, max_rows=None)
         return
-    headline = {k: v for k, v in result_headline(result).items() if k not in _NOT_HEADLINE}
-    parts = [render_headline(headline)]
-    parts += [f"note: {result.note}"] if result.note else []
-    parts += [f"warning: {w}" for w in result.warnings]
+    parts = headline_with_notes(result)
     parts += [render_frame(result.ranks, title="\nranks (mean per step):", max_rows=None),
               render_frame(result.imbalance, title="\nimbalance (max / median across ranks):", max_rows=None),
               render_frame(result.stragglers, title="\nstraggler per step:", max_rows=None),

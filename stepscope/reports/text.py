@@ -42,6 +42,14 @@ def result_headline(result: Any) -> dict[str, Any]:
             if not isinstance(getattr(result, f.name), pl.DataFrame) and not f.name.startswith("_")}
 
 
+def headline_with_notes(result: Any) -> list[str]:
+    """A run result's headline (its non-table fields but `note` and `warnings`), then its note and each warning on
+    a line of its own: the top of `comm`'s and `ranks`' tables."""
+    headline = {k: v for k, v in result_headline(result).items() if k not in ("note", "warnings")}
+    return ([render_headline(headline)] + ([f"note: {result.note}"] if result.note else [])
+            + [f"warning: {w}" for w in result.warnings])
+
+
 def to_jsonable(value: Any) -> Any:
     """Plain JSON types for results: dataclasses, enums, frames (as lists of rows), NaN as null."""
     if isinstance(value, pl.DataFrame):
