@@ -53,3 +53,9 @@ def to_series(array: pa.Array | pa.ChunkedArray) -> pl.Series:
     if isinstance(array, pa.ChunkedArray):  # (combine_chunks imports pyarrow.compute, and pandas with it)
         array = pa.concat_arrays(array.chunks) if array.num_chunks else pa.nulls(0, array.type)
     return pl.Series(_ArrowArray(array))
+
+
+def to_frame(table: pa.Table) -> pl.DataFrame:
+    """An Arrow table as a polars DataFrame, column by column through `to_series` (`pl.from_arrow` imports
+    pyarrow.compute)."""
+    return pl.DataFrame([to_series(table.column(name)).alias(name) for name in table.column_names])

@@ -29,7 +29,7 @@ import msgspec
 import polars as pl
 import pyarrow as pa
 
-from stepscope.analyze._arrow import to_arrow, to_series
+from stepscope.analyze._arrow import to_arrow, to_frame, to_series
 from stepscope.analyze._coerce import (
     ARG_GROUPS,
     NULL,
@@ -107,7 +107,7 @@ class ChunkTables:
 
     events: pa.Table
     flows: pa.Table
-    metadata: list[dict[str, Any]]  # M events: name, pid and tid as text, args decoded
+    metadata: list[dict[str, Any]]  # M events: name, cat, pid and tid as text, args decoded
     kind_counts: Counter[str]
     n_input: int  # traceEvents entries in the span (events + flows + metadata)
     ts_min_ns: int | None  # earliest ts of the span's events
@@ -271,7 +271,8 @@ def build_chunk(events: Sequence[_Event], body: bytes | bytearray | memoryview) 
         except msgspec.ValidationError as exc:  # a number beyond a double (1e400) or a 4,301-digit integer
             raise OutOfRange(_args_error(exc), event_id) from None
         margs = {} if margs is None else margs  # no args, or "args": null (as the scanner reads both)
-        metadata.append({"name": as_text(e.name), "pid": as_text(e.pid), "tid": as_text(e.tid), "args": margs})
+        metadata.append({"name": as_text(e.name), "cat": as_text(e.cat), "pid": as_text(e.pid), "tid": as_text(e.tid),
+                         "args": margs})
 
     flows = base.filter(_IS_FLOW)
     flow_events = _pick(events, flows["event_id"].to_list())
@@ -391,10 +392,10 @@ def _from_scan(scanned: tuple[Any, ...], at: int = 0) -> ChunkTables:
     events, flows, meta = pl.collect_all([
         _finished(evs.with_columns(typed), columns),
         lazy.filter(_IS_FLOW).select(FLOW_SCHEMA.names),
-        lazy.filter(_IS_METADATA).select("name", "pid", "tid", "args"),
+        lazy.filter(_IS_METADATA).select("name", "cat", "pid", "tid", "args"),
     ], engine="in-memory")
-    metadata = [{"name": name, "pid": pid, "tid": tid, "args": msgspec.json.decode(margs) if margs else {}}
-                for name, pid, tid, margs in meta.iter_rows()]
+    metadata = [{"name": name, "cat": cat, "pid": pid, "tid": tid, "args": msgspec.json.decode(margs) if margs else {}}
+                for name, cat, pid, tid, margs in meta.iter_rows()]
     chunk = _chunk(events, to_arrow(flows, FLOW_SCHEMA), metadata, n)
     if bad_strings:
         chunk.invalid_strings, chunk.first_invalid = bad_strings, at + first_bad
@@ -456,6 +457,26 @@ def _chunk(events: pl.DataFrame, flows: pa.Table, metadata: list[dict[str, Any]]
                        flows=flows, metadata=metadata, n_input=n_input, ts_min_ns=ts_min, end_max_ns=end_max,
                        kind_counts=Counter({k["kind"]: k["count"] for k in kinds}),
                        unknown_categories=Counter({c["cat"]: c["count"] for c in others}))
+
+
+#: the category of every event `stepscope export` adds to a trace (reports/perfetto.py writes it)
+ADDED_CATEGORY = "stepscope"
+
+
+def without_added(chunk: ChunkTables) -> ChunkTables:
+    """The span without the events `stepscope export` added (category "stepscope": its tracks, flows and the
+    metadata naming its processes), its figures taken again from what is left: an exported file ingested so
+    reads as the trace it was made from."""
+    events, flows = to_frame(chunk.events), to_frame(chunk.flows)
+    ours = pl.col("cat").eq_missing(ADDED_CATEGORY)
+    metadata = [m for m in chunk.metadata if m.get("cat") != ADDED_CATEGORY]
+    dropped = int(events.select(ours.sum()).item()) + int(flows.select(ours.sum()).item()) + (
+        len(chunk.metadata) - len(metadata))
+    if not dropped:
+        return chunk
+    kept_flows = to_arrow(flows.filter(~ours), FLOW_SCHEMA)
+    return dataclasses.replace(_chunk(events.filter(~ours), kept_flows, metadata, chunk.n_input - dropped),
+                               invalid_strings=chunk.invalid_strings, first_invalid=chunk.first_invalid)
 
 
 # an event's end, exact (Int128: ts_ns + dur_ns of int64 values can overflow int64, which would wrap around)

@@ -78,20 +78,22 @@ def existing_partition(dataset: Path, trace_id: str) -> Path | None:
     return None
 
 
-def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, spare_core: bool = True) -> FileOutcome:
-    """Ingest one file into its partition of the dataset (on `jobs` cores when it is large; `spare_core`:
-    see ingest_trace). Never raises for a bad trace: reports it."""
+def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, spare_core: bool = True,
+               drop_added: bool = False) -> FileOutcome:
+    """Ingest one file into its partition of the dataset (on `jobs` cores when it is large; `spare_core`,
+    `drop_added`: see ingest_trace). Never raises for a bad trace: reports it."""
     src, root = Path(source), Path(dataset)
     try:
         sha = file_sha256(src)
         trace_id = trace_id_for(src, sha)
         done = existing_partition(root, trace_id)
-        if done is not None and not force and is_ingested(done, sha):
+        if done is not None and not force and is_ingested(done, sha, drop_added=drop_added):
             meta = read_meta(done)
             return FileOutcome(source=source, trace_id=trace_id, out_dir=str(done), status="skipped",
                                n_events=meta.counts.events, seconds=0.0, error=None)
         staging = root / f".staging-{trace_id}-{socket.gethostname()}-{os.getpid()}"  # (Ray: many hosts, one dataset)
-        result = ingest_trace(src, staging, force=True, jobs=jobs, sha256=sha, spare_core=spare_core)
+        result = ingest_trace(src, staging, force=True, jobs=jobs, sha256=sha, spare_core=spare_core,
+                              drop_added=drop_added)
         meta = read_meta(staging)
         target = _partition_dir(root, trace_id, meta.rank)
         if target.exists():
@@ -110,7 +112,7 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, sp
 
 def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None, force: bool = False,
                 on_done: Callable[[FileOutcome], None] | None = None, fork_workers: bool = False,
-                engine: Engine = "local", address: str | None = None) -> BatchResult:
+                engine: Engine = "local", address: str | None = None, drop_added: bool = False) -> BatchResult:
     """Ingest files/directories/globs into `dataset`, `jobs` processes at a time (default: the cores this
     process may use).
 
@@ -121,6 +123,8 @@ def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None
     `fork_workers`: fork the worker processes from this one where that is safe (see
     _workers.worker_context): a quarter of a second sooner at work. For a process of its own that ran
     nothing before importing stepscope, as the CLI; leave it False in a process that may have run polars.
+
+    `drop_added`: leave out the tracks `stepscope export` added (see ingest_trace).
     """
     files = find_trace_files(paths)
     if engine == "ray":
@@ -128,9 +132,9 @@ def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None
     created = not dataset.exists()
     dataset.mkdir(parents=True, exist_ok=True)
     if engine == "ray":
-        runner = _run_ray(files, dataset, force, address, jobs)
+        runner = _run_ray(files, dataset, force, address, jobs, drop_added)
     else:
-        runner = _run(files, dataset, max(1, jobs or usable_cores()), force, fork_workers)
+        runner = _run(files, dataset, max(1, jobs or usable_cores()), force, fork_workers, drop_added)
     outcomes: list[FileOutcome] = []
     try:
         for outcome in runner:
@@ -148,18 +152,18 @@ def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None
 
 
 def _run_ray(files: list[Path], dataset: Path, force: bool, address: str | None,
-             jobs: int | None) -> Iterator[FileOutcome]:
+             jobs: int | None, drop_added: bool) -> Iterator[FileOutcome]:
     """Each file an `ingest_one` Ray task, largest first; a task Ray lost is that file's failure.
 
     A task gets absolute paths (a worker's working directory is not this process's), and its outcome is told in
     the paths as given here, as the local engine tells it."""
-    def lost(args: tuple[str, str, bool, int, bool], exc: BaseException) -> FileOutcome:
+    def lost(args: tuple[str, str, bool, int, bool, bool], exc: BaseException) -> FileOutcome:
         return FileOutcome(source=args[0], trace_id=None, out_dir=None, status="failed", n_events=None,
                            seconds=None, error=failure_line(exc, args[0]))
 
     given = {str(f.absolute()): str(f) for f in files}
     root = str(dataset.absolute())
-    tasks = [(str(f.absolute()), root, force, 1, False) for f in sorted(files, key=json_size, reverse=True)]
+    tasks = [(str(f.absolute()), root, force, 1, False, drop_added) for f in sorted(files, key=json_size, reverse=True)]
     for outcome in ray_map(ingest_one, tasks, on_error=lost, address=address, num_cpus=jobs):
         source = given.get(outcome.source, outcome.source)
         out_dir = outcome.out_dir
@@ -169,7 +173,8 @@ def _run_ray(files: list[Path], dataset: Path, force: bool, address: str | None,
         yield replace(outcome, source=source, out_dir=out_dir, error=error)
 
 
-def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -> Iterator[FileOutcome]:
+def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool,
+         drop_added: bool) -> Iterator[FileOutcome]:
     """Ingest the files on `jobs` cores: jobs - 1 worker processes plus this process itself.
 
     Largest files first keeps the cores evenly loaded, by the size of their JSON (for gzip, the size its
@@ -184,7 +189,7 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -
     spare = processes < usable_cores()
     if processes == 1:  # every file here in turn (a lone file has its spans decoded on `jobs` cores instead)
         for f in files:
-            yield ingest_one(str(f), str(dataset), force, jobs, spare)
+            yield ingest_one(str(f), str(dataset), force, jobs, spare, drop_added)
         return
     queue = deque(sorted(files, key=json_size, reverse=True))
     workers = processes - 1
@@ -194,12 +199,12 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool) -
 
         def top_up() -> None:
             while queue and len(pending) < 2 * workers:
-                pending.add(pool.submit(ingest_one, str(queue.popleft()), str(dataset), force, 1, spare))
+                pending.add(pool.submit(ingest_one, str(queue.popleft()), str(dataset), force, 1, spare, drop_added))
 
         top_up()
         while queue or pending:
             if queue:
-                yield ingest_one(str(queue.popleft()), str(dataset), force, 1, spare)
+                yield ingest_one(str(queue.popleft()), str(dataset), force, 1, spare, drop_added)
             done, pending = wait(pending, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
             for fut in done:
                 yield fut.result()

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope._io import atomic_dir
-from stepscope.analyze._columns import scanner_available, warm_up
+from stepscope.analyze._columns import scanner_available, warm_up, without_added
 from stepscope.analyze._ingest_meta import build_meta, encode_meta
 from stepscope.analyze._parquet_writer import write_tables
 from stepscope.analyze._read import Document, json_size, locate_events, read_trace
@@ -66,7 +66,7 @@ class IngestResult:
 
 def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 1,
                  chunk_bytes: int | None = None, extra_meta: dict[str, Any] | None = None,
-                 sha256: str | None = None, spare_core: bool = True) -> IngestResult:
+                 sha256: str | None = None, spare_core: bool = True, drop_added: bool = False) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
 
     `jobs` > 1 decodes the spans on that many cores: this thread and jobs - 1 threads that read their spans
@@ -78,9 +78,12 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
     it as it goes (see _read.read_trace). Without it (where every core already runs an ingest of its own, as
     in a batch), all is done in turn, which saves the switching and the work helpers would duplicate.
 
-    Skipped when out_dir already holds this file's ingest (same sha256, same schema version) unless
-    `force`. `sha256`: the file's, when the caller has just computed it (load() and batch ingest key their
-    outputs by it), so it is not computed twice. Raises TraceFormatError / InputError with a one-line
+    `drop_added`: leave out the events `stepscope export` added (`_columns.without_added`), so an exported
+    file reads as the trace it was made from; meta.json says so (`added_tracks`).
+
+    Skipped when out_dir already holds this file's ingest (same sha256, same schema version, same
+    `drop_added`) unless `force`. `sha256`: the file's, when the caller has just computed it (load() and batch
+    ingest key their outputs by it), so it is not computed twice. Raises TraceFormatError / InputError with a one-line
     message naming the file.
     """
     started = time.perf_counter()
@@ -105,7 +108,7 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
             data, sha = read_trace(path, sha256, helpers=spare_core)
         finally:  # a daemon thread still inside pyarrow's C++ when the interpreter exits aborts the process
             warming.join()
-        if not force and is_ingested(out_dir, sha):
+        if not force and is_ingested(out_dir, sha, drop_added=drop_added):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
             meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
@@ -113,12 +116,12 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
                                 seconds=time.perf_counter() - started)
         return _ingest(path, out_dir, data, sha, stack, pool=pool, pool_ready=pool_ready, jobs=jobs,
                        chunk_bytes=chunk_bytes, extra_meta=extra_meta or {}, started=started,
-                       spare_core=spare_core)
+                       spare_core=spare_core, drop_added=drop_added)
 
 
 def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStack, *, pool: Executor | None,
             pool_ready: threading.Event | None, jobs: int, chunk_bytes: int | None, extra_meta: dict[str, Any],
-            started: float, spare_core: bool) -> IngestResult:
+            started: float, spare_core: bool, drop_added: bool) -> IngestResult:
     with atomic_dir(out_dir) as tmp:
         start, end, top, certain = locate_events(data, path)
         chunk_bytes = chunk_bytes or span_bytes(end - start, jobs)
@@ -128,6 +131,8 @@ def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStac
         while True:
             chunks = iter_chunk_tables(data, start, end, path, chunk_bytes=chunk_bytes, pool=pool,
                                        pool_ready=pool_ready, source=source, jobs=jobs, certain=certain)
+            if drop_added:
+                chunks = map(without_added, chunks)
             try:
                 totals = write_tables(tmp, chunks, spare_core)
                 break
@@ -141,7 +146,7 @@ def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStac
         around = invalid_strings(data, 0, start) + invalid_strings(data, end, len(data))  # top-level keys
         totals.add_invalid(len(around), around[0] if around else None)
         meta = build_meta(path=path, sha=sha, trace_id=trace_id_for(path, sha), top=top, totals=totals,
-                          extra=extra_meta)
+                          extra={**extra_meta, "added_tracks": "dropped" if drop_added else "kept"})
         (tmp / "meta.json").write_bytes(encode_meta(meta))
     return IngestResult(source=path, out_dir=out_dir, skipped=False, n_events=totals.n_events,
                         seconds=time.perf_counter() - started)

@@ -68,8 +68,9 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def is_ingested(out_dir: Path, sha256: str | None = None) -> bool:
-    """Whether out_dir holds a complete ingest of the current schema (of the file with this hash, if given)."""
+def is_ingested(out_dir: Path, sha256: str | None = None, *, drop_added: bool = False) -> bool:
+    """Whether out_dir holds a complete ingest of the current schema (of the file with this hash, if given),
+    with the tracks `stepscope export` added left out or kept as `drop_added` says."""
     meta_path = out_dir / "meta.json"
     if not (meta_path.is_file() and (out_dir / "events.parquet").is_file() and (out_dir / "flows.parquet").is_file()):
         return False
@@ -78,6 +79,8 @@ def is_ingested(out_dir: Path, sha256: str | None = None) -> bool:
     except (OSError, ValueError):
         return False
     if meta.get("ingest_schema_version") != INGEST_SCHEMA_VERSION:
+        return False
+    if (meta.get("added_tracks") == "dropped") != drop_added:
         return False
     return sha256 is None or meta.get("source", {}).get("sha256") == sha256
 

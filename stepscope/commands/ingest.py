@@ -22,9 +22,12 @@ from stepscope.commands._options import echo_failure, emit, end_batch
 @click.option("--force", is_flag=True, help="Re-ingest files even when unchanged.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome of every file as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option("--drop-added", is_flag=True,
+              help="Leave out the tracks `stepscope export` added (category \"stepscope\"): an exported file is then "
+                   "read as the trace it was made from.")
 @engine_options
 def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: bool, as_json: bool,
-            quiet: bool, engine: str, address: str | None) -> None:
+            quiet: bool, drop_added: bool, engine: str, address: str | None) -> None:
     """Parse traces (files, directories, globs) into DATASET, one partition per trace and rank.
 
     Query it directly: pl.scan_parquet("DATASET/**/events.parquet", hive_partitioning=True).
@@ -57,7 +60,8 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
 
         try:
             result = ingest_many(list(paths), dataset, jobs=jobs, force=force, on_done=done, fork_workers=True,
-                                 engine="ray" if engine == "ray" else "local", address=address)
+                                 engine="ray" if engine == "ray" else "local", address=address,
+                                 drop_added=drop_added)
         except BaseException:  # (the engine could not start: leave no empty dataset behind)
             if not existed and dataset.is_dir() and not any(dataset.iterdir()):
                 dataset.rmdir()

@@ -4,9 +4,10 @@ run (all ranks) or a batch (a dataset from `stepscope ingest`, or with --batch a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +16,14 @@ import click
 from stepscope.commands._options import echo_failure, end_batch
 from stepscope.errors import UsageError
 
+#: the file `report --perfetto` writes beside a trace's page, and beside a capture run's index
+TRACE_FILE, RUN_FILE = "trace.perfetto.json.gz", "run.perfetto.json.gz"
+
 if TYPE_CHECKING:  # the analyses and the report writer load polars and matplotlib: imported when a report runs
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.collection import Collection, Member
-    from stepscope.reports.html import Section
+    from stepscope.reports.html import PerfettoLink, Section
+    from stepscope.reports.perfetto import ExportResult
 
 
 @click.command("report")
@@ -29,18 +34,23 @@ if TYPE_CHECKING:  # the analyses and the report writer load polars and matplotl
               help="INPUT is a directory of many raw traces: one report each and an index.")
 @click.option("--step", type=int, default=None,
               help="Step shown in the GPU timeline (default: the median-duration step).")
-def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
+@click.option("--perfetto", is_flag=True,
+              help=f"Also write the trace with the report's answers as tracks (as `stepscope export` does) beside the "
+                   f"page, OUT/{TRACE_FILE} (a capture run: all ranks in one file, OUT/{RUN_FILE}), and link it.")
+def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto: bool) -> None:
     """HTML report: steps and GPU timeline, ops, memory, trace info and warnings, how to reproduce; for a
     run or a batch, an index with one sortable row per rank or trace linking to each report.
 
     A trace that fails in a run or batch is reported in one line and the rest go on; the exit code is 1 if
-    any failed."""
+    any failed. With --perfetto, a trace file that cannot be written is said on its page, and the report is
+    still written."""
     from stepscope._io import atomic_dir, check_output_path
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.inputs import Dataset, MemoryTimeline, RunDir, Snapshot, TraceBatch, describe, resolve
     from stepscope.analyze.trace import load
     from stepscope.reports._render import FigureWorkers
     from stepscope.reports.assemble import trace_report
+    from stepscope.reports.perfetto import ExportOptions, export_trace
 
     start = time.perf_counter()
     inp = resolve(input_path, batch=batch)
@@ -52,7 +62,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
     check_output_path(out)
     if isinstance(inp, RunDir | Dataset | TraceBatch):
         with atomic_dir(out, create_parents=False) as tmp:
-            kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step)
+            kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step, perfetto=perfetto)
     else:
         trace = load(inp)
         with FigureWorkers() as renderer:  # they warm up while the trace is analysed
@@ -60,7 +70,9 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None) -> None:
             if step is not None:
                 _check_step(bundle, step)
             with atomic_dir(out, create_parents=False) as tmp:
-                page = trace_report(bundle, source=str(input_path), step=step, renderer=renderer)
+                link = _export(lambda target: export_trace(input_path, target, ExportOptions(), bundle=bundle),
+                               tmp, TRACE_FILE) if perfetto else None
+                page = trace_report(bundle, source=str(input_path), step=step, renderer=renderer, perfetto=link)
                 (tmp / "index.html").write_text(page, encoding="utf-8")
         kind, failed, total = "trace", [], 1
     for line in failed:
@@ -79,17 +91,35 @@ def _check_step(bundle: TraceAnalysis, step: int) -> None:
         raise UsageError(f"no step {step} in this trace (steps: {', '.join(map(str, steps)) or 'none'})")
 
 
+def _export(write: Callable[[Path], ExportResult], directory: Path, name: str, href: str = "") -> PerfettoLink:
+    """`report --perfetto`: the exported trace written to directory/name by `write`, as the page links it
+    (`href`: the path from the page to `directory`); where it cannot be written, the reason, for the page."""
+    from stepscope.errors import StepscopeError
+    from stepscope.reports.html import PerfettoLink
+    from stepscope.reports.units import human_bytes
+
+    try:
+        result = write(directory / name)
+    except StepscopeError as exc:
+        return PerfettoLink(error=exc.detail)
+    return PerfettoLink(href=href + name, size=human_bytes(result.size_bytes))
+
+
 def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bool,
-                      step: int | None) -> tuple[str, list[str], int]:
+                      step: int | None, perfetto: bool) -> tuple[str, list[str], int]:
     """Each member's page as it is analysed (one bundle alive at a time), then the index; returns the mode,
-    the failed files' lines and the number of traces."""
+    the failed files' lines and the number of traces. With `perfetto`, a capture run's ranks in one exported
+    file that the index and every rank's page link; in a batch, each trace's own beside its page."""
     from stepscope.analyze.collection import members, page_names, run_facts, side_files, straggler
     from stepscope.analyze.inputs import RunDir
     from stepscope.reports._render import FigureWorkers
     from stepscope.reports.assemble import index_page, member_page, member_row
     from stepscope.reports.html import plural
+    from stepscope.reports.perfetto import ExportOptions, export_run, export_trace
 
     run = isinstance(inp, RunDir)
+    run_link = _export(lambda target: export_run([input_path], target, ExportOptions()), tmp, RUN_FILE) \
+        if perfetto and run else None
     named = page_names(inp)
     done: list[Member] = []
     rows = []
@@ -101,7 +131,13 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
             if m.bundle is not None:
                 seen.update(m.bundle.frames.step_windows["step"].to_list())
                 (tmp / m.name).mkdir(parents=True, exist_ok=True)
-                page = member_page(m, step=step, renderer=renderer)
+                link = run_link
+                if run_link is not None and run_link.href is not None:
+                    link = dataclasses.replace(run_link, href=f"../{run_link.href}")
+                elif perfetto and not run:
+                    link = _export(functools.partial(export_trace, m.path, options=ExportOptions(), bundle=m.bundle),
+                                   tmp / m.name, TRACE_FILE)
+                page = member_page(m, step=step, renderer=renderer, perfetto=link)
                 (tmp / m.name / "index.html").write_text(page, encoding="utf-8")
                 lead = m if run and len(named) == 1 else None
             done.append(dataclasses.replace(m, bundle=None))  # its page is written: let its frames go
@@ -119,8 +155,9 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
                       side=side_files(inp) if isinstance(inp, RunDir) else [], problems=failed + problems, step=step,
                       title=f"stepscope {'run' if run else 'batch'} report: {input_path.name}",
                       subtitle=f"{plural(len(rows), 'trace')} from {input_path}",
-                      reproduce=f"stepscope report {input_path} -o OUT/" + (" --batch" if batch else ""),
-                      first=first)
+                      reproduce=f"stepscope report {input_path} -o OUT/" + (" --batch" if batch else "")
+                      + (" --perfetto" if perfetto else ""),
+                      first=first, perfetto=run_link)
     (tmp / "index.html").write_text(page, encoding="utf-8")
     return ("run" if run else "batch"), failed, len(rows)
 

@@ -16,6 +16,7 @@ from stepscope.reports._render import INLINE, FigureRenderer
 from stepscope.reports.html import (
     Cell,
     Figure,
+    PerfettoLink,
     ReportContext,
     Section,
     Table,
@@ -132,20 +133,24 @@ def member_row(m: Member, *, run: bool) -> dict[str, Any]:
     return row
 
 
-def member_page(m: Member, *, step: int | None, renderer: FigureRenderer = INLINE) -> str:
-    """A member's own report, linking back to the index; `renderer` draws its figures (as in `trace_report`)."""
+def member_page(m: Member, *, step: int | None, renderer: FigureRenderer = INLINE,
+                perfetto: PerfettoLink | None = None) -> str:
+    """A member's own report, linking back to the index; `renderer` draws its figures (as in `trace_report`);
+    `perfetto`: the exported trace to link (`report --perfetto`)."""
     if m.bundle is None:
         raise ValueError(f"{m.path}: a failed member has no page")
-    return trace_report(m.bundle, source=str(m.path), step=step, back_link="../index.html", renderer=renderer)
+    return trace_report(m.bundle, source=str(m.path), step=step, back_link="../index.html", renderer=renderer,
+                        perfetto=perfetto)
 
 
 def index_page(rows: list[dict[str, Any]], *, run: bool, lead: Member | None, straggler: str | None,
                facts: RunFacts | None, side: Sequence[SideFile], problems: Sequence[str], step: int | None,
-               title: str, subtitle: str, reproduce: str, first: Sequence[Section] = ()) -> str:
+               title: str, subtitle: str, reproduce: str, first: Sequence[Section] = (),
+               perfetto: PerfettoLink | None = None) -> str:
     """The index: in a run the capture's facts, its memory files and the ranks side by side (`straggler`: the
     page name of the rank to mark); a batch's traces side by side. `lead` (a run of one rank) puts that
     rank's whole report first instead of a one-row table; `first`: sections before all (a run's verdict and
-    ranks, `run_page.run_section`)."""
+    ranks, `run_page.run_section`); `perfetto`: the run's exported trace to link."""
     sections: list[Section] = list(first)
     problems = list(problems)
     if lead is not None and lead.bundle is not None:
@@ -162,7 +167,8 @@ def index_page(rows: list[dict[str, Any]], *, run: bool, lead: Member | None, st
         r["mark"] = r.get("page") == straggler
     if lead is None:
         sections.append(_index_section(rows, run=run))
-    return render_page(title=title, subtitle=subtitle, sections=sections, problems=problems, reproduce=[reproduce])
+    return render_page(title=title, subtitle=subtitle, sections=sections, problems=problems, reproduce=[reproduce],
+                       perfetto=perfetto)
 
 
 def _index_section(rows: list[dict[str, Any]], *, run: bool) -> Section:

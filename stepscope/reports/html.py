@@ -140,6 +140,16 @@ def headline_items(result: Any, skip: Sequence[str] = ()) -> list[tuple[str, str
 
 
 @dataclass(frozen=True, kw_only=True)
+class PerfettoLink:
+    """The trace file `report --perfetto` wrote beside the page (`stepscope export`'s file): `href` relative to
+    the page and its size as text; or, where it could not be written, `error` (the page says why)."""
+
+    href: str | None = None
+    size: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReportContext:
     """What section builders share: the trace's analysis bundle (results, computed once), the step the
     timeline shows, the input as the user named it (for the commands that reproduce a section), and what
@@ -491,29 +501,32 @@ def environment() -> jinja2.Environment:
 
 
 def render_page(*, title: str, subtitle: str, sections: Sequence[Section], problems: Sequence[str] = (),
-                reproduce: Sequence[str] = (), back_link: str | None = None) -> str:
-    """One self-contained HTML page."""
+                reproduce: Sequence[str] = (), back_link: str | None = None,
+                perfetto: PerfettoLink | None = None) -> str:
+    """One self-contained HTML page; `perfetto`: the exported trace to link (`report --perfetto`)."""
     return environment().get_template("report.html.j2").render(
         title=title, subtitle=subtitle, sections=sections, problems=problems, reproduce=reproduce,
-        back_link=back_link, version=__version__,
+        back_link=back_link, perfetto=perfetto, version=__version__,
         generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     )
 
 
 def trace_report(bundle: TraceAnalysis, *, source: str, step: int | None = None, back_link: str | None = None,
-                 renderer: FigureRenderer = INLINE) -> str:
+                 renderer: FigureRenderer = INLINE, perfetto: PerfettoLink | None = None) -> str:
     """The full HTML report of one trace, from its analysis bundle; `renderer` draws its figures (default:
-    here, one after another; `_render.FigureWorkers`: in worker processes while the sections are built)."""
+    here, one after another; `_render.FigureWorkers`: in worker processes while the sections are built);
+    `perfetto`: the exported trace written beside it, to link."""
     ctx = ReportContext(bundle=bundle, source=source, step=step, renderer=renderer)
     trace = bundle.trace
     sections, problems = build_sections(ctx)
-    reproduce = [ctx.command("report", source, "-o", "OUT/")]
+    reproduce = [ctx.command("report", source, "-o", "OUT/", *(["--perfetto"] if perfetto is not None else []))]
     for s in sections:
         reproduce.extend(s.commands)
     name = trace.source_name
     rank = f", rank {trace.rank}" if trace.rank is not None else ""
     return render_page(title=f"stepscope report: {name}", subtitle=f"trace {trace.trace_id}{rank}",
-                       sections=sections, problems=problems, reproduce=reproduce, back_link=back_link)
+                       sections=sections, problems=problems, reproduce=reproduce, back_link=back_link,
+                       perfetto=perfetto)
 
 
 def _delta_cell(before: float | None, after: float | None, fmt: Callable[[Any], str], relative: bool) -> Cell:

@@ -12,7 +12,8 @@ every pid of the trace), each event with ``cat: "stepscope"`` so a reader can te
 
 A run (several ranks): one file, one process per rank ("rank N", pid 2N+1) holding all of that rank's events
 (each original (pid, tid) becomes one thread of it, named "<process> · <thread>"; the original process and
-thread name events are replaced by those names), its times moved by the rank's clock offset (`collectives`:
+thread name events are replaced by those names, written without a category: they name original events, so an
+ingest that drops the added tracks keeps them), its times moved by the rank's clock offset (`collectives`:
 matched collectives end together), flow and async ids renumbered so ranks never share one; "rank N ·
 stepscope" (pid 2N+2) holds its added tracks and one slice per collective call, and flow arrows (``s``/``f``,
 ``cat: "stepscope"``) run from the rank that arrived last at each call to every other rank of the call.
@@ -88,12 +89,15 @@ def export(paths: Sequence[Path], output: Path, options: ExportOptions, *,
 # ------------------------------------------------------------------------------------------------ one trace
 
 
-def export_trace(path: Path, output: Path, options: ExportOptions, *, cache_dir: Path | None = None) -> ExportResult:
-    """The trace at `path` (a raw trace, or an ingested directory whose source file is still there), annotated."""
+def export_trace(path: Path, output: Path, options: ExportOptions, *, cache_dir: Path | None = None,
+                 bundle: TraceAnalysis | None = None) -> ExportResult:
+    """The trace at `path` (a raw trace, or an ingested directory whose source file is still there), annotated;
+    `bundle`: its analysis where the caller has it (`report --perfetto`), else made here."""
     from stepscope.analyze.trace import load
 
-    trace = load(path, cache_dir=cache_dir)
-    bundle = TraceAnalysis.of(trace)
+    if bundle is None:
+        bundle = TraceAnalysis.of(load(path, cache_dir=cache_dir))
+    trace = bundle.trace
     try:
         ann = trace_annotations(bundle, steps=options.steps)
     except UsageError as exc:  # named by the path given (the cache is keyed by content, not by name)
@@ -279,8 +283,8 @@ class _RankRewrite:
     def metadata(self) -> list[dict[str, Any]]:
         """The rank's process name, and per thread "<process> · <thread>" (the process's label, as Kineto's
         "GPU 0", where it has one) in the order of the original processes and threads."""
-        out = [_metadata("process_name", self.pid, 0, name=f"rank {self.rank}"),
-               _metadata("process_sort_index", self.pid, 0, sort_index=self.pid)]
+        out = [_metadata("process_name", self.pid, 0, added=False, name=f"rank {self.rank}"),
+               _metadata("process_sort_index", self.pid, 0, added=False, sort_index=self.pid)]
 
         def order(item: tuple[tuple[bytes, bytes], int]) -> tuple[int, int, int]:
             (pid, tid), new = item
@@ -289,8 +293,8 @@ class _RankRewrite:
         for index, ((pid, tid), new) in enumerate(sorted(self.threads.items(), key=order)):
             process = self.process_labels.get(pid) or self.process_names.get(pid) or f"pid {_text(pid)}"
             thread = (self.thread_names.get((pid, tid)) or f"tid {_text(tid)}").strip()
-            out += [_metadata("thread_name", self.pid, new, name=f"{process} · {thread}"),
-                    _metadata("thread_sort_index", self.pid, new, sort_index=index)]
+            out += [_metadata("thread_name", self.pid, new, added=False, name=f"{process} · {thread}"),
+                    _metadata("thread_sort_index", self.pid, new, added=False, sort_index=index)]
         return out
 
 
@@ -378,9 +382,13 @@ class _Process:
         return out
 
 
-def _metadata(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
-    """A metadata event naming (or ordering) an added process or thread."""
-    return {"ph": "M", "cat": CATEGORY, "name": kind, "pid": pid, "tid": tid, "args": args}
+def _metadata(kind: str, pid: int, tid: int, *, added: bool = True, **args: Any) -> dict[str, Any]:
+    """A metadata event naming (or ordering) an added process or thread; with `added` False, a rank's process
+    or thread of original events (no category, as Kineto writes them: part of the trace, not of our tracks)."""
+    event: dict[str, Any] = {"ph": "M", "cat": CATEGORY, "name": kind, "pid": pid, "tid": tid, "args": args}
+    if not added:
+        del event["cat"]
+    return event
 
 
 def _slice(name: str, pid: int, tid: int, ts_ns: int, dur_ns: int, args: dict[str, Any]) -> dict[str, Any]:

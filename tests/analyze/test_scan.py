@@ -122,8 +122,9 @@ def test_exact_values() -> None:
     assert rows["Memcpy HtoD (Pageable -> Device)"]["bytes"] == 1024
     assert rows["ampere_sgemm_64x64_nn"]["est_occupancy_pct"] == 12.0
     assert 'nn.Module: Linear_0 "quoted" \u00e9 \U0001f600' in rows
-    assert chunk.metadata == [{"name": "thread_name", "pid": "2914", "tid": "2914", "args": {"name": "python3"}},
-                              {"name": "process_labels", "pid": "2914", "tid": "0", "args": {}}]
+    assert chunk.metadata == [
+        {"name": "thread_name", "cat": None, "pid": "2914", "tid": "2914", "args": {"name": "python3"}},
+        {"name": "process_labels", "cat": None, "pid": "2914", "tid": "0", "args": {}}]
 
 
 # ----------------------------------------------------------------------------------------------- what it leaves

@@ -1,16 +1,20 @@
 """`stepscope export` end to end: a trace and a run with CliRunner, the size options, bad input as one line and
-exit code 2 with nothing written, and the report's sentence that names the export command."""
+exit code 2 with nothing written, the report's sentence that names the export command and the file `report
+--perfetto` writes and links, and `ingest --drop-added` reading an export as its trace."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from builders import cpu_op, kernel, runtime, step, trace, write_trace
 from click.testing import CliRunner
+from polars.testing import assert_frame_equal
 
 from stepscope.cli import cli, main
 from stepscope.reports.html import render_page
@@ -114,3 +118,65 @@ def test_the_report_names_the_export_command() -> None:
     assert "chrome://tracing" in page and "nothing is uploaded" in page
     assert "stepscope export" not in render_page(title="t", subtitle="s", sections=[],
                                                  reproduce=["stepscope diff a b"])
+
+
+def test_ingest_drop_added_reads_an_export_as_its_trace(tmp_path: Path) -> None:
+    # GIVEN a trace and its export
+    src = _trace(tmp_path / "t")
+    assert CliRunner().invoke(cli, ["export", str(src), "-o", str(tmp_path / "e.json.gz")]).exit_code == 0
+    # WHEN the export is ingested with --drop-added, and the trace itself plainly
+    for args, name in (([str(tmp_path / "e.json.gz"), "--drop-added"], "dropped"), ([str(src)], "plain")):
+        out = CliRunner().invoke(cli, ["ingest", *args, "-o", str(tmp_path / name), "-q", "-j", "1"])
+        assert out.exit_code == 0, out.output
+    # THEN both datasets hold the same events, and the export's added tracks are nowhere
+    dropped, plain = (pl.read_parquet(next((tmp_path / d).glob("**/events.parquet"))) for d in ("dropped", "plain"))
+    assert_frame_equal(dropped, plain)
+    assert "12 events" in CliRunner().invoke(cli, ["ingest", str(tmp_path / "e.json.gz"), "--drop-added", "-o",
+                                                   str(tmp_path / "dropped"), "-q"]).output
+
+
+def _perfetto_link(page: Path) -> Path:
+    """The file the page's Perfetto note links, as a path (it must be there)."""
+    found = re.search(r'<p class="note" id="perfetto">[^<]*<a href="([^"]+)" download>', page.read_text())
+    assert found is not None, "no link to the exported trace"
+    target = (page.parent / found.group(1)).resolve()
+    assert target.is_file(), target
+    return target
+
+
+def test_report_perfetto_writes_and_links_the_export(tmp_path: Path) -> None:
+    # GIVEN a trace and a capture run (the bundled two-rank sample)
+    src, run = _trace(tmp_path / "t"), Path(__file__).parents[2] / "sample_traces" / "late_rank"
+    # WHEN each is reported with --perfetto
+    for given, out in ((src, tmp_path / "r1"), (run, tmp_path / "r2")):
+        result = CliRunner().invoke(cli, ["report", str(given), "-o", str(out), "--perfetto"])
+        assert result.exit_code == 0, result.output
+    # THEN the trace's page links OUT/trace.perfetto.json.gz: the export of that trace, its originals first
+    linked = _perfetto_link(tmp_path / "r1" / "index.html")
+    assert linked.name == "trace.perfetto.json.gz"
+    assert _events(linked)[:12] == json.loads(src.read_text())["traceEvents"]
+    assert "--perfetto" in (tmp_path / "r1" / "index.html").read_text()
+    # AND the run's index and each rank's page link one merged file of both ranks
+    pages = [tmp_path / "r2" / "index.html", *sorted((tmp_path / "r2").glob("*/index.html"))]
+    assert len(pages) == 3
+    assert {_perfetto_link(p) for p in pages} == {(tmp_path / "r2" / "run.perfetto.json.gz").resolve()}
+    names = {e["args"]["name"] for e in _events(tmp_path / "r2" / "run.perfetto.json.gz")
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"rank 0", "rank 1"} <= names
+    # AND without --perfetto, nothing is written and the page says how to make it
+    assert CliRunner().invoke(cli, ["report", str(src), "-o", str(tmp_path / "r3")]).exit_code == 0
+    assert [p.name for p in (tmp_path / "r3").iterdir()] == ["index.html"]
+    assert "--perfetto</code> writes it beside this page" in (tmp_path / "r3" / "index.html").read_text()
+
+
+def test_report_perfetto_that_cannot_be_written_is_said_on_the_page(tmp_path: Path) -> None:
+    # GIVEN a dataset whose trace's source file is gone (the events are there, the original bytes are not)
+    src = _trace(tmp_path / "t")
+    assert CliRunner().invoke(cli, ["ingest", str(src), "-o", str(tmp_path / "ds"), "-q"]).exit_code == 0
+    src.unlink()
+    # WHEN it is reported with --perfetto, THEN the report is written and its page says why there is no file
+    out = CliRunner().invoke(cli, ["report", str(tmp_path / "ds"), "-o", str(tmp_path / "r"), "--perfetto"])
+    assert out.exit_code == 0, out.output
+    page = next((tmp_path / "r").glob("*/index.html")).read_text()
+    assert "The report could not write it:" in page and "is not there" in page
+    assert not list((tmp_path / "r").glob("**/*.perfetto.json.gz"))

@@ -35,6 +35,8 @@ from stepscope.analyze import load
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.collectives import collectives
 from stepscope.analyze.critical_path import critical_path
+from stepscope.analyze.ingest import ingest_trace
+from stepscope.analyze.inputs import is_ingested
 from stepscope.errors import InputError, UsageError
 from stepscope.reports.perfetto import CATEGORY, ExportOptions, _ns, _us, export, export_run, export_trace
 
@@ -240,6 +242,28 @@ def test_round_trip_gives_the_original_events_back(synthetic: Path, tmp_path: Pa
     assert "stepscope" not in after.meta.unknown_categories
 
 
+def test_ingest_drops_the_added_tracks_when_asked(synthetic: Path, tmp_path: Path) -> None:
+    # GIVEN a trace's export (its added tracks with flows and the metadata naming their process)
+    out = tmp_path / "train.json.gz"
+    doc = _export(synthetic, out, tmp_path)
+    assert added(doc, "s") or added(doc, "f") or added(doc, "X")
+    # WHEN the export is ingested with drop_added, and the trace itself plainly
+    ingest_trace(out, tmp_path / "dropped", drop_added=True)
+    ingest_trace(synthetic, tmp_path / "plain")
+    # THEN the tables are the trace's own, row for row, and meta.json counts and names only its own
+    for table in ("events.parquet", "flows.parquet"):
+        assert_frame_equal(pl.read_parquet(tmp_path / "dropped" / table), pl.read_parquet(tmp_path / "plain" / table))
+    dropped, plain = (json.loads((tmp_path / d / "meta.json").read_text()) for d in ("dropped", "plain"))
+    for key in ("counts", "time", "processes", "threads", "unknown_categories"):
+        assert dropped[key] == plain[key], key
+    assert dropped["added_tracks"] == "dropped" and plain["added_tracks"] == "kept"
+    # AND an ingest that kept them is not taken for one that dropped them (nor the other way round)
+    assert is_ingested(tmp_path / "dropped", drop_added=True) and not is_ingested(tmp_path / "dropped")
+    assert not ingest_trace(out, tmp_path / "dropped").skipped
+    assert ingest_trace(out, tmp_path / "dropped").skipped
+    assert pl.read_parquet(tmp_path / "dropped" / "events.parquet").height > plain["counts"]["events"]
+
+
 def test_added_tracks_have_their_own_process(synthetic: Path, tmp_path: Path) -> None:
     doc = _export(synthetic, tmp_path / "o.json", tmp_path)
     original_pids = {e["pid"] for e in doc["traceEvents"] if e.get("cat") != CATEGORY}
@@ -403,6 +427,23 @@ def test_a_run_is_one_process_per_rank_on_aligned_clocks(tmp_path: Path) -> None
     assert [(e["pid"], finishes[e["id"]]["pid"]) for e in starts] == [(4, 2), (2, 4)]
     slices = {(e["pid"], e["tid"], e["ts"]): e["name"] for e in added(doc, "X")}
     assert all(slices[(e["pid"], e["tid"], e["ts"])].startswith("all_reduce #") for e in [*starts, *finishes.values()])
+
+
+def test_ingest_of_a_run_export_drops_every_added_track(tmp_path: Path) -> None:
+    # GIVEN a run's export: added processes per rank, and flow arrows between the ranks' collectives
+    _run(tmp_path / "run")
+    out = tmp_path / "run.json"
+    export_run([tmp_path / "run"], out, ExportOptions(), cache_dir=tmp_path / "cache")
+    doc = read(out)
+    assert added(doc, "s") and added(doc, "f")
+    originals = [e for e in doc["traceEvents"] if e.get("cat") != CATEGORY]
+    # WHEN it is ingested with drop_added, THEN what is left is exactly the original events
+    ingest_trace(out, tmp_path / "d", drop_added=True)
+    events, flows = (pl.read_parquet(tmp_path / "d" / f"{t}.parquet") for t in ("events", "flows"))
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())
+    assert events.height + flows.height + meta["counts"]["metadata_events"] == len(originals)
+    assert CATEGORY not in events["cat"].to_list() + flows["cat"].to_list()
+    assert {p["name"] for p in meta["processes"].values()} == {"rank 0", "rank 1"}
 
 
 def test_run_with_steps_none_hold_is_a_usage_error(tmp_path: Path) -> None:
