@@ -130,3 +130,77 @@ def pageable_copy() -> dict[str, Any]:
         runtime("cudaLaunchKernel", ts=20, dur=2, correlation=2),
         kernel("vectorized_elementwise_kernel", ts=50, dur=10, correlation=2),
     )
+
+
+# ------------------------------------------------------------------------------------------------ runs (two ranks)
+
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+COMM_ARGS: dict[str, Any] = {"Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024,
+                             "dtype": "Float", "Group size": 2, "Process Group Name": "0",
+                             "Process Group Ranks": "[0, 1]"}
+
+
+def late_rank_run(rank: int, *, late_by: str) -> dict[str, Any]:
+    """One rank of a 2-rank step whose rank 1 reaches the all_reduce late, by 100 µs of data loading
+    (late_by="data_loading") or by a GEMM 120 µs longer (late_by="gemm"); rank 0 waits in the all_reduce.
+
+    late_by="data_loading" (the GEMMs on stream 7, the all_reduce on stream 20):
+        rank 0  step 0-300: aten::mm 10-20 > launch 12-17 -> sgemm 20-60; launch 65-70 -> all_reduce 70-200;
+                cudaStreamSynchronize(20) 75-205
+        rank 1  the same 100 µs later after DataLoader 1-101: sgemm 120-160; all_reduce 180-200; sync 175-205
+        latency 20 (rank 1's), rank 1 arrives last at 180; both end at 200, the syncs at 205, the steps at 300
+    late_by="gemm" (everything on stream 7: the all_reduce waits for the GEMM):
+        rank 0  aten::mm 10-20 > launch 12-17 -> sgemm 20-50; launch 25-30 -> all_reduce 50-200; sync 35-205
+        rank 1  sgemm 20-170; all_reduce 170-200
+        latency 30 (rank 1's), rank 1 arrives last at 170
+    """
+    late = rank == 1
+    shift = 100 if late and late_by == "data_loading" else 0
+    events = [step(1, ts=0, dur=300)]
+    if late and late_by == "data_loading":
+        from builders import annotation
+
+        events.append(annotation(LOADER, ts=1, dur=100))
+    events += [cpu_op("aten::mm", ts=10 + shift, dur=10, external_id=1),
+               runtime("cudaLaunchKernel", ts=12 + shift, dur=5, correlation=1, external_id=1)]
+    if late_by == "data_loading":
+        events += [kernel("sgemm_128x64_nn", ts=20 + shift, dur=40, correlation=1, stream=7),
+                   runtime("cudaLaunchKernel", ts=65 + shift, dur=5, correlation=2),
+                   kernel(ALL_REDUCE, ts=70 + 110 * late, dur=130 - 110 * late, correlation=2, stream=20,
+                          **COMM_ARGS),
+                   runtime("cudaStreamSynchronize", ts=75 + shift, dur=130 - shift, correlation=3),
+                   cuda_sync("Stream Sync", ts=76 + shift, dur=128 - shift, stream=20, correlation=3)]
+    else:
+        gemm = 150 if late else 30
+        events += [kernel("sgemm_128x64_nn", ts=20, dur=gemm, correlation=1, stream=7),
+                   runtime("cudaLaunchKernel", ts=25, dur=5, correlation=2),
+                   kernel(ALL_REDUCE, ts=20 + gemm, dur=180 - gemm, correlation=2, stream=7, **COMM_ARGS),
+                   runtime("cudaStreamSynchronize", ts=35, dur=170, correlation=3),
+                   cuda_sync("Stream Sync", ts=36, dur=168, stream=7, correlation=3)]
+    return trace(*events, distributedInfo={"rank": rank, "world_size": 2, "backend": "nccl"})
+
+
+def compute_waits_for_comm(gap: float = 1) -> dict[str, Any]:
+    """An all_reduce on stream 20; a GEMM on stream 7 waits for it through an event; a small kernel first.
+    `gap`: µs between the all_reduce's end and the GEMM's start (drawn for 1; with 0 the GEMM starts at the very
+    ns the all_reduce ends, and everything after moves 1 µs earlier).
+
+        CPU  step 0-50: launch 1-3 -> elementwise 4-5 (stream 7, latency 3); launch 5-7 -> all_reduce 10-60
+             (stream 20, latency 5); cudaEventRecord 8-9; cudaStreamWaitEvent 11-12 (stream 7 on 20);
+             launch 15-17 -> sgemm 61-91 (stream 7, after the wait)
+        typical launch latency: median(3, 5, 46) = 5; the step ends with the GEMM at 91
+    --overlap-comm: the GEMM no longer waits: 15 + 5 = 20 to 50; the step still ends with the all_reduce at 60
+    """
+    return trace(
+        step(1, ts=0, dur=50),
+        runtime("cudaLaunchKernel", ts=1, dur=2, correlation=1),
+        kernel("vectorized_elementwise_kernel", ts=4, dur=1, correlation=1, stream=7),
+        runtime("cudaLaunchKernel", ts=5, dur=2, correlation=2),
+        kernel(ALL_REDUCE, ts=10, dur=50, correlation=2, stream=20),
+        runtime("cudaEventRecord", ts=8, dur=1, correlation=3),
+        runtime("cudaStreamWaitEvent", ts=11, dur=1, correlation=4),
+        cuda_sync("Stream Wait Event", ts=11.5, dur=0.5, stream=7, correlation=4, wait_on_stream=20,
+                  wait_on_cuda_event_record_corr_id=3, wait_on_cuda_event_id=1),
+        runtime("cudaLaunchKernel", ts=15, dur=2, correlation=5),
+        kernel("sgemm_128x64_nn", ts=60 + gap, dur=30, correlation=5, stream=7),
+    )

@@ -35,6 +35,7 @@ explains the start wins; we add helper-thread wake edges and attribute every seg
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +96,7 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     rows: list[int] = []  # edge rows in path order, -1 for a path's unexplained head
     head_s: list[int] = []  # the unexplained head's span, per -1 row
     head_e: list[int] = []
+    head_node: list[int] = []  # the path's first node, per -1 row (its rank names the head's in a run)
     counts: list[int] = []  # rows per window
     for start, end_node in ends.select("start_ns", "end_node").iter_rows():
         v = int(end_node)
@@ -111,11 +113,13 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
             path.append(-1)
             head_s.append(start)
             head_e.append(tv)
+            head_node.append(v)
         path.reverse()
         rows.extend(path)
         counts.append(len(path))
     if not rows:
-        return pl.DataFrame(schema=SEGMENT_SCHEMA)
+        return pl.DataFrame(schema={**SEGMENT_SCHEMA, "rank": pl.Int64()} if "rank" in graph.edges.columns
+                            else SEGMENT_SCHEMA)
     edge = np.asarray(rows, dtype=np.int64)
     on_edge = edge >= 0
     at = np.where(on_edge, edge, 0)
@@ -128,13 +132,19 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     s_ns[~on_edge], e_ns[~on_edge] = head_s, head_e
     s_ns = np.maximum(s_ns, w_start)
     e_ns = np.minimum(e_ns, ends["end_ns"].to_numpy()[window])
+    ranked = "rank" in graph.edges.columns  # a run's graph: segments say their rank
+    if ranked:  # an unexplained head belongs to the rank whose node the walk stopped at
+        rank_of = np.full(len(edge), -1, dtype=np.int64)
+        rank_of[on_edge] = graph.edges["rank"].fill_null(-1).to_numpy()[edge[on_edge]]
+        rank_of[~on_edge] = graph.nodes["rank"].to_numpy()[np.asarray(head_node, dtype=np.int64)]
     keep = e_ns > s_ns
     edge, on_edge, at, window, s_ns, e_ns, w_start = (x[keep] for x in (edge, on_edge, at, window, s_ns, e_ns, w_start))
     # consecutive rows of one event, kind and lane (an op's slices around a zero-length child) make one segment,
     # and so does a stretch of data loading (the DataLoader's own time and the ops under it)
     loading = pl.col("kind") == PathKind.DATA_LOADING.value
     codes = graph.edges.select(pl.when(loading).then(-5).otherwise(pl.col("event_id").fill_null(-1)).alias("ev"),
-                               *(pl.col(c).cast(pl.Categorical).to_physical() for c in ("type", "kind", "lane")))
+                               *(pl.col(c).cast(pl.Categorical).to_physical() for c in ("type", "kind", "lane")),
+                               *([pl.col("rank").fill_null(-1)] if ranked else []))
     key = np.column_stack([window, on_edge.astype(np.int64)] + [
         np.where(on_edge, codes[c].to_numpy().astype(np.int64)[at], -1) for c in codes.columns])
     new = np.ones(len(edge), dtype=bool)
@@ -142,7 +152,11 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     first = np.flatnonzero(new)
     last = np.append(first[1:] - 1, len(edge) - 1)
     picked = graph.edges[at[first]].select("name", "kind", "category", "lane", "event_id", edge_type="type")
+    if ranked:
+        picked = picked.with_columns(rank=pl.Series(rank_of[keep][first]))
     head = pl.Series(~on_edge[first])
+    schema = {**SEGMENT_SCHEMA, "rank": pl.Int64()} if ranked else SEGMENT_SCHEMA
+    columns = [*list(SEGMENT_SCHEMA)[:2], "rank", *list(SEGMENT_SCHEMA)[2:]] if ranked else list(SEGMENT_SCHEMA)
     segments: pl.DataFrame = (
         picked.with_columns(
             step=ends["step"].gather(window[first]),
@@ -152,35 +166,49 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
             start_ns=pl.Series(s_ns[first] - w_start[first]), dur_ns=pl.Series(e_ns[last] - s_ns[first]),
         )
         .with_columns(seq=pl.int_range(pl.len(), dtype=pl.Int64).over("step"))
-        .select(list(SEGMENT_SCHEMA))
-        .cast(SEGMENT_SCHEMA)
+        .select(columns)
+        .cast(schema)
     )
     return segments
 
 
 def _end_nodes(graph: DependencyGraph, t: np.ndarray) -> pl.DataFrame:
     """step, start_ns, end_ns, end_node of each window under node times `t` (the step-window rule of
-    `depgraph.step_times`): the end node is the step's last GPU work's end where that is later than its CPU end."""
-    from stepscope.analyze.depgraph import step_times
+    `depgraph.step_times`): the end node is the step's last GPU work's end where that is later than its CPU end.
+    In a run's graph: per step, the end node of the rank that ends last, from the earliest rank's start."""
+    from stepscope.analyze.depgraph import window_times
 
-    times = step_times(graph, t)
+    times = window_times(graph, t)
     times_s = pl.Series(t)
     w = graph.windows
+    by = ["rank"] if "rank" in w.columns else []
     if w.height and w["step"].null_count() == w.height:
-        last = int(np.argmax(t))
-        return times.with_columns(end_node=pl.lit(last, pl.Int64))
-    gpu_last = (graph.gpu_ends.with_columns(t=times_s.gather(graph.gpu_ends["node"]))
-                .sort("t", "node", descending=[True, True]).group_by("step", maintain_order=True).first()
-                .select("step", gpu_node="node", gpu_t="t"))
-    joined = times.join(w.select("step", "cpu_end_node"), on="step", how="left").join(gpu_last, on="step", how="left")
-    return (
-        joined.with_columns(cpu_t=pl.Series(t[joined["cpu_end_node"].fill_null(0).to_numpy()]))
-        .with_columns(end_node=pl.when(pl.col("gpu_t").is_not_null() & (pl.col("gpu_t") > pl.col("cpu_t"))
-                                       | pl.col("cpu_end_node").is_null())
-                      .then(pl.col("gpu_node")).otherwise(pl.col("cpu_end_node")))
-        .filter(pl.col("end_node").is_not_null())
-        .select("step", "start_ns", "end_ns", "end_node")
-    )
+        if not by:
+            last = int(np.argmax(t))
+            return times.with_columns(end_node=pl.lit(last, pl.Int64))
+        last_nodes = (graph.nodes.select("rank", "node", t=times_s).sort("t", "node")
+                      .group_by("rank").agg(end_node=pl.col("node").last()))
+        per_window = times.join(last_nodes, on="rank", how="left")
+    else:
+        gpu_last = (graph.gpu_ends.with_columns(t=times_s.gather(graph.gpu_ends["node"]))
+                    .sort("t", "node", descending=[True, True]).group_by(*by, "step", maintain_order=True).first()
+                    .select(*by, "step", gpu_node="node", gpu_t="t"))
+        joined = (times.join(w.select(*by, "step", "cpu_end_node"), on=[*by, "step"], how="left")
+                  .join(gpu_last, on=[*by, "step"], how="left"))
+        per_window = (
+            joined.with_columns(cpu_t=pl.Series(t[joined["cpu_end_node"].fill_null(0).to_numpy()]))
+            .with_columns(end_node=pl.when(pl.col("gpu_t").is_not_null() & (pl.col("gpu_t") > pl.col("cpu_t"))
+                                           | pl.col("cpu_end_node").is_null())
+                          .then(pl.col("gpu_node")).otherwise(pl.col("cpu_end_node")))
+            .filter(pl.col("end_node").is_not_null())
+        )
+    if not by:
+        return per_window.select("step", "start_ns", "end_ns", "end_node")
+    return (per_window.sort("end_ns", "rank", descending=[True, False])
+            .group_by("step", maintain_order=True)
+            .agg(start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").first(),
+                 end_node=pl.col("end_node").first())
+            .sort("start_ns", "step"))
 
 
 def attribution(segments: pl.DataFrame, steps: int) -> pl.DataFrame:
@@ -211,18 +239,22 @@ def per_step(segments: pl.DataFrame) -> pl.DataFrame:
     return out.with_columns(pl.col(f"{k}_ns" for k in _KINDS).fill_null(0).cast(pl.Int64)).sort("step")
 
 
-def _top(graph: DependencyGraph, segments: pl.DataFrame, trace: Trace, top: int) -> pl.DataFrame:
-    """The contributors (kind, category, name; a kernel by its short name) with the most time on the paths, with
-    the user's Python line at the longest segment of each (`blame.python_lines` at its CPU slice, or at the
-    launch of its GPU work)."""
-    schema = {"kind": pl.String, "category": pl.String, "name": pl.String, "total_ns": pl.Int64,
-              "path_share": pl.Float64, "segments": pl.Int64, "python": pl.String}
+def _top(graph: DependencyGraph, segments: pl.DataFrame, traces: Mapping[int | None, Sequence[Trace]],
+         top: int) -> pl.DataFrame:
+    """The contributors (kind, category, name; a kernel by its short name; in a run also by rank) with the most
+    time on the paths, with the user's Python line at the longest segment of each (`blame.python_lines` at its
+    CPU slice, or at the launch of its GPU work, in the trace of its rank)."""
+    ranked = "rank" in segments.columns
+    by_rank = ["rank"] if ranked else []
+    schema = {**{c: pl.Int64 for c in by_rank}, "kind": pl.String, "category": pl.String, "name": pl.String,
+              "total_ns": pl.Int64, "path_share": pl.Float64, "segments": pl.Int64, "python": pl.String}
     if segments.height == 0:
         return pl.DataFrame(schema=schema)
     total = float(segments["dur_ns"].sum())
     gpu = pl.col("kind").is_in([PathKind.KERNEL.value, PathKind.COPY.value])
-    keys = [pl.col("kind"), pl.when(gpu).then(pl.col("category")).alias("category"),
+    keys = [*(pl.col(c) for c in by_rank), pl.col("kind"), pl.when(gpu).then(pl.col("category")).alias("category"),
             pl.when(gpu).then(short_name(pl.col("name"))).otherwise(pl.col("name")).alias("name")]
+    names = [*by_rank, "kind", "category", "name"]
     grouped = (
         segments.group_by(*keys).agg(total_ns=pl.col("dur_ns").sum(), segments=pl.len().cast(pl.Int64))
         .sort("total_ns", "kind", "name", descending=[True, False, False]).head(top)
@@ -230,21 +262,62 @@ def _top(graph: DependencyGraph, segments: pl.DataFrame, trace: Trace, top: int)
     # where each contributor's longest segment ran: its edge's point (a CPU slice's start, a GPU event's launch)
     longest = (
         segments.select(*keys, "event_id", "edge_type", "dur_ns")
-        .join(grouped.select("kind", "category", "name"), on=["kind", "category", "name"], nulls_equal=True)
-        .sort("dur_ns", descending=True).group_by("kind", "category", "name", maintain_order=True).first()
+        .join(grouped.select(names), on=names, nulls_equal=True)
+        .sort("dur_ns", descending=True).group_by(names, maintain_order=True).first()
     )
+    on = [*by_rank, "event_id", "edge_type"]
     located = longest.join(
-        graph.edges.select("event_id", edge_type="type", pid="pid", tid="tid", point_ns="point_ns")
-        .join(longest.select("event_id", "edge_type"), on=["event_id", "edge_type"], how="semi")
-        .unique(subset=["event_id", "edge_type"], keep="first"), on=["event_id", "edge_type"], how="left")
-    grouped = grouped.join(located.select("kind", "category", "name", "pid", "tid", "point_ns"),
-                           on=["kind", "category", "name"], how="left", nulls_equal=True, maintain_order="left")
-    points = grouped.select(pl.col("pid", "tid").fill_null(""), ts_ns=pl.col("point_ns").fill_null(0))
-    user, _ = python_lines(trace, points)
-    return grouped.select(
-        "kind", "category", "name", total_ns="total_ns", path_share=pl.col("total_ns") / total, segments="segments",
-        python=pl.when(pl.col("point_ns").is_not_null()).then(user),
+        graph.edges.select(*by_rank, "event_id", edge_type="type", pid="pid", tid="tid", point_ns="point_ns")
+        .join(longest.select(on), on=on, how="semi")
+        .unique(subset=on, keep="first"), on=on, how="left", nulls_equal=True)
+    grouped = grouped.join(located.select(*names, "pid", "tid", "point_ns"), on=names, how="left",
+                           nulls_equal=True, maintain_order="left")
+    points = grouped.select(*by_rank, pl.col("pid", "tid").fill_null(""), ts_ns=pl.col("point_ns").fill_null(0))
+    user = pl.Series("python", [None] * grouped.height, dtype=pl.String)
+    for rank, rank_traces in traces.items():
+        rows = (pl.Series(np.ones(grouped.height, dtype=bool)) if not ranked
+                else (grouped["rank"] == rank).fill_null(False))
+        if not rows.any():
+            continue
+        for trace in rank_traces:  # a rank's windows: the trace holding the point names its line
+            lines, _ = python_lines(trace, points.filter(rows).select("pid", "tid", "ts_ns"))
+            found = pl.Series(np.full(grouped.height, None, dtype=object), dtype=pl.String).scatter(
+                np.flatnonzero(rows.to_numpy()), lines)
+            user = user.fill_null(found)
+    return grouped.with_columns(user.alias("_user")).select(
+        *by_rank, "kind", "category", "name", total_ns="total_ns", path_share=pl.col("total_ns") / total,
+        segments="segments", python=pl.when(pl.col("point_ns").is_not_null()).then(pl.col("_user")),
     ).cast(schema)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathTable:
+    """The tables and figures a critical-path result is made of (`path_table`)."""
+
+    mean_wall_ns: float | None
+    bound_by: str | None
+    path_share: dict[str, float]
+    steps: pl.DataFrame
+    attribution: pl.DataFrame
+    top: pl.DataFrame
+    segments: pl.DataFrame
+
+
+def path_table(graph: DependencyGraph, traces: Mapping[int | None, Sequence[Trace]], *, top: int) -> PathTable:
+    """Segments, per-step split, attribution and top contributors of the critical paths of `graph` replayed with
+    its measured weights; `traces` (by rank; one key None for one trace) give the Python lines."""
+    measured = replay(graph, graph.measured_weights())
+    segments = path_segments(graph, measured)
+    table = per_step(segments) if segments.height else pl.DataFrame(
+        schema={"step": pl.Int64, "wall_ns": pl.Int64, "segments": pl.Int64, **{f"{k}_ns": pl.Int64 for k in _KINDS}})
+    n = table.height
+    by_kind = {k: float(table[f"{k}_ns"].sum()) / float(table["wall_ns"].sum()) for k in _KINDS} \
+        if n and table["wall_ns"].sum() else {}
+    return PathTable(
+        mean_wall_ns=float(table["wall_ns"].mean()) if n else None,  # type: ignore[arg-type]
+        bound_by=max(by_kind, key=lambda k: by_kind[k]) if by_kind else None,
+        path_share={k: v for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]) if v > 0},
+        steps=table, attribution=attribution(segments, n), top=_top(graph, segments, traces, top), segments=segments)
 
 
 def critical_path(source: Source, *, top: int = 15, annotation: str | None = None,
@@ -254,28 +327,22 @@ def critical_path(source: Source, *, top: int = 15, annotation: str | None = Non
     already built."""
     frames = frames_of(source)
     graph = graph if graph is not None else build_graph(frames, annotation=annotation)
-    measured = replay(graph, graph.measured_weights())
-    segments = path_segments(graph, measured)
-    table = per_step(segments) if segments.height else pl.DataFrame(
-        schema={"step": pl.Int64, "wall_ns": pl.Int64, "segments": pl.Int64, **{f"{k}_ns": pl.Int64 for k in _KINDS}})
-    n = table.height
-    by_kind = {k: float(table[f"{k}_ns"].sum()) / float(table["wall_ns"].sum()) for k in _KINDS} \
-        if n and table["wall_ns"].sum() else {}
+    table = path_table(graph, {None: (frames.trace,)}, top=top)
     return CriticalPathResult(
         window_kind=graph.window_kind,
-        steps_found=n,
-        mean_wall_ns=float(table["wall_ns"].mean()) if n else None,  # type: ignore[arg-type]
-        bound_by=max(by_kind, key=lambda k: by_kind[k]) if by_kind else None,
-        path_share={k: v for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]) if v > 0},
+        steps_found=table.steps.height,
+        mean_wall_ns=table.mean_wall_ns,
+        bound_by=table.bound_by,
+        path_share=table.path_share,
         graph_nodes=graph.nodes.height,
         graph_edges=graph.edge_counts(),
         dropped_edges=graph.dropped_edges,
         typical_launch_latency_ns=graph.launch_latency_ns,
-        steps=table,
-        attribution=attribution(segments, n),
-        top=_top(graph, segments, frames.trace, top),
-        segments=segments,
+        steps=table.steps,
+        attribution=table.attribution,
+        top=table.top,
+        segments=table.segments,
     )
 
 
-__all__ = ["CriticalPathResult", "attribution", "critical_path", "path_segments", "per_step"]
+__all__ = ["CriticalPathResult", "PathTable", "attribution", "critical_path", "path_segments", "path_table", "per_step"]

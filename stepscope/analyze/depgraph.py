@@ -19,6 +19,8 @@ and the start and end of every kernel, memcpy and memset.
                   before the event's record; a synchronous cudaMemcpy or a DtoH copy to pageable memory: the
                   copy); `.item()` / `.cpu()` block through these calls
     wake          a helper thread (autograd, …) resumes after idling: from the main thread's last boundary
+    collective    (runs only, `run_graph`) one rank's arrival at a collective -> another rank's end of it
+    comm_wait     (runs only, `run_graph`) a CPU-side collective's end -> the waiting main thread's resumption
 
 **Weights.** Each edge has a *natural* weight: the work it stands for (a slice's or a GPU event's duration),
 the typical launch latency, 0 for a pure dependency (stream order, cross-stream, an idle helper thread), the
@@ -72,6 +74,8 @@ class EdgeType(str, enum.Enum):
     CROSS_STREAM = "cross_stream"
     SYNC = "sync"
     WAKE = "wake"
+    COLLECTIVE = "collective"
+    COMM_WAIT = "comm_wait"
 
 
 class PathKind(str, enum.Enum):
@@ -87,9 +91,13 @@ class PathKind(str, enum.Enum):
 
 
 #: which in-edge explains a node when several explain it equally (lower first): a sync or a cross-stream wait
-#: names the cause, then the launch, then plain order
-PRIORITY: dict[EdgeType, int] = {EdgeType.SYNC: 0, EdgeType.CROSS_STREAM: 1, EdgeType.LAUNCH: 2, EdgeType.WAKE: 3,
-                                 EdgeType.GPU: 4, EdgeType.CPU: 5, EdgeType.STREAM: 6}
+#: names the cause, then the launch, then plain order; a collective's end is its own rank's transfer before it is
+#: another rank's arrival
+PRIORITY: dict[EdgeType, int] = {EdgeType.SYNC: 0, EdgeType.COMM_WAIT: 0, EdgeType.CROSS_STREAM: 1,
+                                 EdgeType.LAUNCH: 2, EdgeType.WAKE: 3, EdgeType.GPU: 4, EdgeType.COLLECTIVE: 5,
+                                 EdgeType.CPU: 6, EdgeType.STREAM: 7}
+#: edges that say a blocking wait: the CPU slice ending where one lands counts only its part after the wait ended
+WAIT_TYPES = (EdgeType.SYNC.value, EdgeType.COMM_WAIT.value)
 
 #: CPU events that make a thread's timeline (Python frames are left out: the op under them names the time)
 TIMELINE_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.RUNTIME, Kind.DRIVER)
@@ -591,13 +599,13 @@ def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu
     rank = np.zeros(len(t), dtype=np.int64)
     rank[n_cpu:] = 1
     rank[sync_dst] = 2  # a blocking call's end comes after the GPU work it waited for, even at the same time
-    order = np.lexsort((np.arange(len(t)), rank, t)).astype(np.int64)
+    order = topological_order(t, rank, edges["src"].to_numpy(), edges["dst"].to_numpy())
     position = np.empty(len(t), dtype=np.int64)
     position[order] = np.arange(len(t))
     forward = position[edges["src"].to_numpy()] < position[edges["dst"].to_numpy()]
     dropped = int((~forward).sum())
     edges = edges.filter(pl.Series(forward))
-    edges = edges.with_columns(weight_ns=_measured_weights(edges, t))
+    edges = edges.with_columns(weight_ns=measured_weights(edges, t))
     main_nodes = bounds.filter((pl.col("pid") == main[0]) & (pl.col("tid") == main[1])).select("node", "t")
     if windows["step"].null_count() == windows.height:  # no steps: the window is what the graph covers
         windows = windows.with_columns(start_ns=pl.lit(int(t.min())), end_ns=pl.lit(int(t.max())))
@@ -616,7 +624,7 @@ def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu
                            dropped_edges=dropped, window_kind=window_kind, launch_latency_ns=latency)
 
 
-def _measured_weights(edges: pl.DataFrame, t: IntArray) -> pl.Series:
+def measured_weights(edges: pl.DataFrame, t: IntArray) -> pl.Series:
     """Each edge's measured weight: its natural weight, at most the measured gap t(dst) - t(src); where no in-edge
     of a node then reaches the node's time, the one that comes closest (latest t(src) + natural, then PRIORITY)
     is raised to its gap. A blocking call's last slice first drops the part before its GPU work ended.
@@ -628,7 +636,7 @@ def _measured_weights(edges: pl.DataFrame, t: IntArray) -> pl.Series:
     tu, tv = t[src], t[dst]
     natural = edges["natural_ns"].to_numpy().astype(np.int64)
     etype = edges["type"].to_numpy()
-    sync = etype == EdgeType.SYNC.value
+    sync = np.isin(etype, WAIT_TYPES)
     waited = np.full(len(t), np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(waited, dst[sync], tu[sync])
     reduced = (etype == EdgeType.CPU.value) & (waited[dst] > np.iinfo(np.int64).min)
@@ -664,29 +672,79 @@ def step_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:
     """step, start_ns, end_ns, wall_ns of each window with node times `t_ns`, by the step-window rule
     (`window.step_windows`): a step ends at the later of its CPU end and its last GPU work's end, and starts at
     its CPU start or where the previous step ended, if later. Without steps: the window's start to the latest
-    node."""
+    node. In a run's graph (`run_graph`: windows per rank) step N runs from the earliest rank's start to the
+    latest rank's end."""
+    times = window_times(graph, t_ns)
+    if "rank" not in times.columns:
+        return times
+    return (times.group_by("step").agg(start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max())
+            .select("step", "start_ns", "end_ns", wall_ns=pl.col("end_ns") - pl.col("start_ns"))
+            .sort("start_ns", "step"))
+
+
+def window_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:
+    """`step_times` of each window: in a run's graph one row per rank and step (a `rank` column first)."""
     w = graph.windows
+    by = ["rank"] if "rank" in w.columns else []
+    schema = {**{c: pl.Int64() for c in by}, "step": pl.Int64(), "start_ns": pl.Int64(), "end_ns": pl.Int64(),
+              "wall_ns": pl.Int64()}
     if w.height == 0:
-        return pl.DataFrame(schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "wall_ns": pl.Int64})
+        return pl.DataFrame(schema=schema)
     times = pl.Series("t", t_ns)
     if w["step"].null_count() == w.height:
-        start = int(w["start_ns"][0])
-        end = int(t_ns.max()) if len(t_ns) else int(w["end_ns"][0])
-        return pl.DataFrame({"step": [None], "start_ns": [start], "end_ns": [end], "wall_ns": [end - start]},
-                            schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "wall_ns": pl.Int64})
-    gpu_end = graph.gpu_ends.with_columns(t=times.gather(graph.gpu_ends["node"])).group_by("step").agg(
+        if not by:
+            start = int(w["start_ns"][0])
+            end = int(t_ns.max()) if len(t_ns) else int(w["end_ns"][0])
+            return pl.DataFrame({"step": [None], "start_ns": [start], "end_ns": [end], "wall_ns": [end - start]},
+                                schema=schema)
+        last = graph.nodes.select("rank", t=times).group_by("rank").agg(last=pl.col("t").max())
+        return (w.join(last, on="rank", how="left")
+                .select("rank", "step", "start_ns", end_ns=pl.max_horizontal("start_ns", pl.coalesce("last", "end_ns")))
+                .with_columns(wall_ns=pl.col("end_ns") - pl.col("start_ns")).cast(schema))  # type: ignore[arg-type]
+    gpu_end = graph.gpu_ends.with_columns(t=times.gather(graph.gpu_ends["node"])).group_by(*by, "step").agg(
         gpu_end=pl.col("t").max())
+    previous = pl.col("end_ns").shift(1)
     return (
         w.with_columns(cs=times.gather(w["cpu_start_node"].fill_null(0)),
                        ce=times.gather(w["cpu_end_node"].fill_null(0)))
         .with_columns(cs=pl.when(pl.col("cpu_start_node").is_null()).then(pl.col("cpu_start_ns")).otherwise("cs"),
                       ce=pl.when(pl.col("cpu_end_node").is_null()).then(pl.col("cpu_end_ns")).otherwise("ce"))
-        .join(gpu_end, on="step", how="left")
+        .join(gpu_end, on=[*by, "step"], how="left")
         .with_columns(end_ns=pl.max_horizontal("ce", "gpu_end"))
-        .with_columns(start_ns=pl.max_horizontal("cs", pl.col("end_ns").shift(1)))
+        .with_columns(start_ns=pl.max_horizontal("cs", previous.over(by) if by else previous))
         .with_columns(end_ns=pl.max_horizontal("end_ns", "start_ns"))
-        .select("step", "start_ns", "end_ns", wall_ns=pl.col("end_ns") - pl.col("start_ns"))
+        .select(*by, "step", "start_ns", "end_ns", wall_ns=pl.col("end_ns") - pl.col("start_ns"))
     )
 
 
-__all__ = ["DependencyGraph", "EdgeType", "PathKind", "Replay", "build_graph", "replay", "step_times"]
+#: rounds of re-ranking nodes that share a time (`topological_order`): the longest chain of edges between
+#: nodes at one instant that is put in order; what is left against the order after them is dropped
+TIE_ROUNDS = 16
+
+
+def topological_order(t_ns: IntArray, tie: IntArray, src: IntArray, dst: IntArray) -> IntArray:
+    """Nodes by time, then `tie` (a CPU boundary before GPU work at the same time, a blocking call's end after
+    the work it waited for), then index: the order every replay follows. Where an edge joins two nodes at the
+    same time against that order (a kernel on one stream ends at the very ns another, waiting on it, starts),
+    its head is ranked after its tail, round by round, so the edge is kept instead of dropped as backwards.
+
+        t: a=5 (tie 1), b=5 (tie 1), edge b -> a  ->  a is ranked 2: order b, a
+    """
+    tie = tie.astype(np.int64, copy=True)
+    same = t_ns[src] == t_ns[dst]
+    s, d = src[same], dst[same]
+    for _ in range(TIE_ROUNDS):
+        order = np.lexsort((np.arange(len(t_ns)), tie, t_ns)).astype(np.int64)
+        if not len(s):
+            return order
+        position = np.empty(len(t_ns), dtype=np.int64)
+        position[order] = np.arange(len(t_ns))
+        against = position[s] > position[d]
+        if not against.any():
+            return order
+        np.maximum.at(tie, d[against], tie[s[against]] + 1)
+    return np.lexsort((np.arange(len(t_ns)), tie, t_ns)).astype(np.int64)
+
+
+__all__ = ["DependencyGraph", "EdgeType", "PathKind", "Replay", "build_graph", "measured_weights", "replay",
+           "step_times", "topological_order", "window_times"]

@@ -17,6 +17,16 @@ Changes (any together):
     pinned               pageable host copies become pinned: they run at the bandwidth the trace's pinned copies of
                          the same direction reached (twice as fast where it has none), and a DtoH copy no longer
                          blocks its cudaMemcpyAsync
+    overlap_comm         communication (NCCL/RCCL kernels; in a run also a CPU backend's collectives) delays nothing
+                         but the step's end: the edges out of a collective's end are dropped (stream order after it,
+                         cross-stream waits and host syncs on it, a main thread waiting for a gloo collective),
+                         while the collective itself still starts when it was issued and, in a run, still ends no
+                         earlier than the last rank's arrival plus its latency; the step still ends after it
+    rank                 (a run, `run_graph`) apply the changes above to this rank only, e.g. `rank=1,
+                         no_data_loading` asks "what if rank 1 were not late"; the others keep their weights
+
+    rank 0: compute 0-50, all_reduce 50-70 (NCCL stream), compute 70-90 waits for it (stream wait event)
+    --overlap-comm  ->  the second compute runs 50-70, the all_reduce still ends at 70: predicted 70 instead of 90
 
     step 10 ms: CPU 0-4 ms launches, GEMMs 4-9 ms back to back, sync until 10 ms
     --speedup gemm=2  ->  GEMMs take 2.5 ms, the sync returns at 7.5 ms: predicted 7.5 ms, saving 2.5 ms (25%)
@@ -31,6 +41,7 @@ over the steps is the run's saving.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,16 +67,25 @@ class WhatIf:
     launch_overhead_ns: int | None = None
     no_sync: bool = False
     pinned: bool = False
+    overlap_comm: bool = False
+    rank: int | None = None
 
     def describe(self) -> list[str]:
         """One line per change, as the command line would say it."""
-        out = ["--no-data-loading"] if self.no_data_loading else []
+        out = [f"--rank {self.rank}"] if self.rank is not None else []
+        out += ["--no-data-loading"] if self.no_data_loading else []
         out += [f"--speedup {target}={factor:g}" for target, factor in self.speedups]
         if self.launch_overhead_ns is not None:
             out.append(f"--launch-overhead {self.launch_overhead_ns / 1000:g}us")
         out += ["--no-sync"] if self.no_sync else []
         out += ["--pinned"] if self.pinned else []
+        out += ["--overlap-comm"] if self.overlap_comm else []
         return out
+
+    def changes_anything(self) -> bool:
+        """Whether a weight may move (a rank alone changes nothing)."""
+        return bool(self.no_data_loading or self.speedups or self.launch_overhead_ns is not None or self.no_sync
+                    or self.pinned or self.overlap_comm)
 
 
 def parse_speedup(text: str) -> tuple[str, float]:
@@ -122,8 +142,12 @@ def _weights(graph: DependencyGraph, change: WhatIf) -> tuple[np.ndarray, np.nda
     enabled = np.ones(e.height, dtype=bool)
     notes: list[str] = []
     etype = e["type"].to_numpy()
-    cpu = etype == EdgeType.CPU.value
-    gpu = etype == EdgeType.GPU.value
+    # the edges a change may touch: every edge, or a run's edges of one rank
+    scope = np.ones(e.height, dtype=bool) if change.rank is None or "rank" not in e.columns else \
+        (e["rank"] == change.rank).fill_null(False).to_numpy()
+    cpu = (etype == EdgeType.CPU.value) & scope
+    # a collective's transfer counts as its GPU work: speeding communication up shortens both
+    gpu = np.isin(etype, (EdgeType.GPU.value, EdgeType.COLLECTIVE.value)) & scope
     if change.no_data_loading:
         w[cpu & e["data_loading"].fill_null(False).to_numpy()] = 0
     for target, factor in change.speedups:
@@ -138,25 +162,44 @@ def _weights(graph: DependencyGraph, change: WhatIf) -> tuple[np.ndarray, np.nda
         call_dur = e["call_dur_ns"].fill_null(0).to_numpy().astype(np.float64)
         share = np.divide(w, call_dur, out=np.ones_like(w), where=call_dur > 0)  # a call's slices share its cost
         w[calls] = fixed * np.minimum(share[calls], 1.0)
-        w[etype == EdgeType.LAUNCH.value] = fixed
-    sync = etype == EdgeType.SYNC.value
+        w[(etype == EdgeType.LAUNCH.value) & scope] = fixed
+    sync = (etype == EdgeType.SYNC.value) & scope
     if change.no_sync:
         enabled[sync] = False
         w[cpu & e["sync_call"].fill_null(False).to_numpy()] = 0
     if change.pinned:
-        w, enabled = _pinned(graph, w, enabled, notes)
+        w, enabled = _pinned(graph, w, enabled, notes, scope)
+    if change.overlap_comm:
+        enabled &= ~_after_comm(graph, scope, notes)
     return np.rint(w).astype(np.int64), enabled, notes
 
 
-def _pinned(graph: DependencyGraph, w: np.ndarray, enabled: np.ndarray, notes: list[str]
+def _after_comm(graph: DependencyGraph, scope: np.ndarray, notes: list[str]) -> np.ndarray:
+    """The edges out of the end of a communication event in `scope` (`overlap_comm`): stream order after it,
+    cross-stream waits and syncs on it, a thread waiting for it. Its start -> end and the step's end stay."""
+    e = graph.edges
+    comm = ((e["type"] == EdgeType.GPU.value) & (e["category"] == KernelCategory.COMMUNICATION.value)
+            ).fill_null(False).to_numpy() & scope
+    if not comm.any():
+        notes.append("--overlap-comm: no communication kernel (or, in a run, collective) in the steps")
+        return np.zeros(e.height, dtype=bool)
+    ends = np.zeros(graph.nodes.height, dtype=bool)
+    ends[e["dst"].to_numpy()[comm]] = True
+    after: np.ndarray = ends[e["src"].to_numpy()]
+    return after
+
+
+def _pinned(graph: DependencyGraph, w: np.ndarray, enabled: np.ndarray, notes: list[str], scope: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray]:
-    """Pageable copies at the pinned bandwidth of their direction; DtoH copies no longer block an async call."""
-    e = graph.edges.with_row_index("_i")
+    """Pageable copies at the pinned bandwidth of their direction (measured over every rank of a run); DtoH
+    copies no longer block an async call (in `scope`)."""
+    e = graph.edges.with_row_index("_i").with_columns(_scope=pl.Series(scope))
     copies = e.filter((pl.col("type") == EdgeType.GPU.value) & pl.col("direction").is_not_null())
     pinned_bw = (copies.filter(~pl.col("pageable").fill_null(False) & (pl.col("copy_bytes") > 0)
                                & (pl.col("natural_ns") > 0))
                  .group_by("direction").agg(bw=pl.col("copy_bytes").sum() / pl.col("natural_ns").sum()))
-    pageable = copies.filter(pl.col("pageable").fill_null(False)).join(pinned_bw, on="direction", how="left")
+    pageable = copies.filter(pl.col("pageable").fill_null(False) & pl.col("_scope")).join(pinned_bw, on="direction",
+                                                                                          how="left")
     if pageable.height == 0:
         notes.append("--pinned: the steps hold no pageable copy")
         return w, enabled
@@ -169,7 +212,7 @@ def _pinned(graph: DependencyGraph, w: np.ndarray, enabled: np.ndarray, notes: l
     rows = new["_i"].to_numpy()
     w[rows] = np.minimum(w[rows], new["dur"].to_numpy())
     ends = pageable.filter(pl.col("direction") == "DtoH")["dst"].implode()
-    unblock = e.filter((pl.col("type") == EdgeType.SYNC.value) & pl.col("src").is_in(ends)
+    unblock = e.filter((pl.col("type") == EdgeType.SYNC.value) & pl.col("src").is_in(ends) & pl.col("_scope")
                        & pl.col("name").str.contains("(?i)async"))["_i"].to_numpy()
     enabled[unblock] = False
     return w, enabled
@@ -179,13 +222,23 @@ def what_if(source: Source, change: WhatIf, *, annotation: str | None = None,
             graph: DependencyGraph | None = None) -> WhatIfResult:
     """Measured, replayed and predicted step times under `change` (see the module docstring); `annotation`: the
     instances of this annotation are the steps (`depgraph.build_graph`)."""
+    if change.rank is not None:
+        raise UsageError("--rank picks one rank of a run; this is one trace (pass the run's directory)")
     frames = frames_of(source)
     graph = graph if graph is not None else build_graph(frames, annotation=annotation)
+    return what_if_graph(graph, change)
+
+
+def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str] = ()) -> WhatIfResult:
+    """`what_if` over a graph already built (one trace's, or a run's: `run_graph`); `notes` come first."""
     measured_w = graph.measured_weights()
     base = replay(graph, measured_w)
-    weights, enabled, notes = _weights(graph, change)
+    weights, enabled, change_notes = _weights(graph, change)
     after = replay(graph, weights, enabled=enabled)
-    measured = graph.windows.select("step", measured_ns=pl.col("end_ns") - pl.col("start_ns"))
+    w = graph.windows
+    if "rank" in w.columns:  # a run: step N from the earliest rank's start to the latest rank's end
+        w = w.group_by("step").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort("start_ns", "step")
+    measured = w.select("step", measured_ns=pl.col("end_ns") - pl.col("start_ns"))
     table = (
         measured.join(step_times(graph, base.t_ns).select("step", replay_ns="wall_ns"), on="step", how="left",
                       nulls_equal=True)
@@ -214,8 +267,8 @@ def what_if(source: Source, change: WhatIf, *, annotation: str | None = None,
         replay_residual_fraction=float(residual) if residual is not None else None,
         bound_by_measured=_bound_by(before_path),
         bound_by_predicted=_bound_by(after_path),
-        notes=notes + ([f"{graph.dropped_edges} dependency edge(s) ran backwards in time (clock skew) and were "
-                        "dropped"] if graph.dropped_edges else []),
+        notes=[*notes, *change_notes] + ([f"{graph.dropped_edges} dependency edge(s) ran backwards in time (clock "
+                                          "skew) and were dropped"] if graph.dropped_edges else []),
         steps=table,
         path=path,
     )
@@ -240,4 +293,4 @@ def _path_table(before: pl.DataFrame, after: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-__all__ = ["PINNED_SPEEDUP", "WhatIf", "WhatIfResult", "parse_speedup", "what_if"]
+__all__ = ["PINNED_SPEEDUP", "WhatIf", "WhatIfResult", "parse_speedup", "what_if", "what_if_graph"]

@@ -1,9 +1,11 @@
-"""`stepscope critical-path TRACE`: per step, the chain of dependent work that sets its time, and what it is."""
+"""`stepscope critical-path TRACE`: per step, the chain of dependent work that sets its time, and what it is; for a
+run (a capture run directory, a directory of per-rank traces, a dataset) the path may cross ranks through their
+collectives."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -32,14 +34,28 @@ def command(trace: Path, top: int, step: int | None, annotation: str | None, fmt
     """The critical path of each step of TRACE: the longest chain of dependent work (thread order, launches,
     stream order, cross-stream event waits, host syncs) from the step's start to its end, as ordered segments,
     split into CPU work, launch overhead, kernels by category, copies, sync waits, data loading and idle; the
-    top contributors with their Python lines."""
-    from stepscope.analyze import load
+    top contributors with their Python lines.
+
+    TRACE may be a run (a capture run directory, a directory of per-rank traces, a dataset): the ranks' graphs,
+    on clocks aligned by their collectives, are joined by the collectives (a rank's collective ends no earlier
+    than the last rank's arrival plus the transfer), step N runs from the earliest rank's start to the latest
+    rank's end, and the path may cross ranks: every segment names its rank, and a "wait for rank N (…)" segment
+    is where it jumps to the rank that arrived last."""
     from stepscope.analyze.critical_path import critical_path
     from stepscope.errors import UsageError
     from stepscope.reports.text import render_frame, render_headline, result_headline
 
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
-    result = critical_path(load(trace), top=top, annotation=annotation)
+    run = run_input(trace)
+    result: Any
+    if run is not None:
+        from stepscope.analyze.run_graph import load_run, run_critical_path
+
+        result = run_critical_path(load_run(run, annotation=annotation), top=top)
+    else:
+        from stepscope.analyze import load
+
+        result = critical_path(load(trace), top=top, annotation=annotation)
     if result.steps_found == 0 and out_fmt == "table":
         emit("no CPU or GPU work in this trace: no dependency graph to walk\n", output)
         return
@@ -56,13 +72,27 @@ def command(trace: Path, top: int, step: int | None, annotation: str | None, fmt
                          "--step: this trace has no steps (its whole span is one window); leave --step out")
     shown = step if step is not None else _median_step(result.steps)
     segments = result.segments.filter(result.segments["step"].eq_missing(shown)).drop("step", "event_id")
-    parts = [render_headline(result_headline(result)),
+    headline = {k: v for k, v in result_headline(result).items() if k != "notes"}
+    parts = [render_headline(headline), *(f"note: {n}" for n in getattr(result, "notes", [])),
              render_frame(result.attribution, title="\ncritical path by kind (mean per step):", max_rows=None),
              render_frame(result.top, title="\ntop contributors:", max_rows=None),
              render_frame(result.steps, title="\nper step:", max_rows=20),
              render_frame(segments, title=f"\npath of step {'-' if shown is None else shown} (in order):",
                           max_rows=_SEGMENT_ROWS)]
     emit("\n".join(parts) + "\n", output)
+
+
+def run_input(trace: Path) -> Path | None:
+    """`trace` where it holds several traces (a capture run, a dataset, a directory of per-rank traces): a run for
+    the run's graph; None for one trace (and for what is no trace: `load` says what it is)."""
+    from stepscope.analyze.inputs import Dataset, RunDir, TraceBatch, resolve, traces_of
+    from stepscope.errors import StepscopeError
+
+    try:
+        inp = resolve(trace)
+    except StepscopeError:
+        return None  # `load` reports it
+    return trace if isinstance(inp, RunDir | Dataset | TraceBatch) and len(traces_of(inp)) > 1 else None
 
 
 def _median_step(steps: pl.DataFrame) -> int | None:

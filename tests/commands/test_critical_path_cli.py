@@ -79,3 +79,40 @@ def test_json_is_the_document_every_command_writes(tmp_path: Path) -> None:
     path = write_trace(tmp_path, cp.two_streams(), "t.json")
     ours = json.loads(CliRunner().invoke(cli, ["critical-path", str(path), "--json"]).output)
     assert ours == json.loads(render_json(critical_path(load(path))))
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    for rank in (0, 1):
+        write_trace(tmp_path / "run", cp.late_rank_run(rank, late_by="data_loading"), f"rank{rank}.pt.trace.json")
+    return tmp_path / "run"
+
+
+def test_critical_path_of_a_run_table_json_and_csv(tmp_path: Path) -> None:
+    # GIVEN a 2-rank run whose rank 1 loads data before the all_reduce WHEN its critical path is asked for
+    run = str(_run_dir(tmp_path))
+    out = CliRunner().invoke(cli, ["critical-path", run])
+    assert out.exit_code == 0, out.output
+    # THEN the table says the run's ranks and shows the path crossing to rank 1
+    assert "rank count" in out.output and "rank path" in out.output and "wait for rank 1 (all_reduce)" in out.output
+    data = json.loads(CliRunner().invoke(cli, ["critical-path", run, "--json"]).output)
+    assert data["rank_count"] == 2 and data["steps_found"] == 1 and data["collectives_joined"] == 1
+    assert {s["rank"] for s in data["segments"]} == {0, 1}
+    assert sum(s["dur_ns"] for s in data["segments"]) == data["steps"][0]["wall_ns"] == 300_000
+    assert any(t["rank"] == 1 and t["kind"] == "data_loading" for t in data["top"])
+    csv = CliRunner().invoke(cli, ["critical-path", run, "--csv", "--table", "segments"]).output
+    assert csv.splitlines()[0] == "step,seq,rank,name,kind,category,lane,start_ns,dur_ns,event_id,edge_type"
+    assert len(csv.splitlines()) == 1 + len(data["segments"])
+
+
+def test_whatif_of_a_run_with_one_rank_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = str(_run_dir(tmp_path))
+    data = json.loads(CliRunner().invoke(cli, ["whatif", run, "--rank", "1", "--no-data-loading", "--json"]).output)
+    assert data["changes"] == ["--rank 1", "--no-data-loading"] and data["replay_residual_fraction"] == 0.0
+    assert (data["measured_mean_ns"], data["predicted_mean_ns"]) == (300_000, 200_000)
+    out = CliRunner().invoke(cli, ["whatif", run, "--overlap-comm"])
+    assert out.exit_code == 0 and "--overlap-comm" in out.output
+    csv = CliRunner().invoke(cli, ["whatif", run, "--overlap-comm", "--csv", "--table", "steps"]).output
+    assert csv.splitlines()[1] == "1,300000,300000,275000,25000,0.08333333333333333"
+    one = write_trace(tmp_path, cp.gpu_bound(), "t.json")
+    assert "--rank picks one rank of a run" in refused(["whatif", str(one), "--rank", "1", "--no-sync"], capsys)
+    assert "the run's ranks are 0, 1" in refused(["whatif", run, "--rank", "4", "--no-sync"], capsys)

@@ -1,0 +1,152 @@
+"""The run's dependency graph (stepscope.analyze.run_graph): two synthetic ranks with known answers worked out by
+hand in `critical_path_traces.late_rank_run`, the bundled gloo sample, and the real 8-rank dlrm set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import critical_path_traces as cp
+import polars as pl
+import pytest
+from builders import load_events, write_trace
+
+from stepscope.analyze.depgraph import EdgeType, build_graph
+from stepscope.analyze.run_graph import RunGraph, load_run, run_critical_path, run_what_if
+from stepscope.analyze.whatif import WhatIf, what_if
+from stepscope.errors import UsageError
+
+US = 1_000
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "late_rank"
+
+
+def write_run(directory: Path, late_by: str) -> Path:
+    for rank in (0, 1):
+        write_trace(directory, cp.late_rank_run(rank, late_by=late_by), f"rank{rank}.pt.trace.json")
+    return directory
+
+
+def graph_of(tmp_path: Path, late_by: str) -> RunGraph:
+    return load_run(write_run(tmp_path / "run", late_by), cache_dir=tmp_path / "cache")
+
+
+def predicted_us(run: RunGraph, change: WhatIf) -> int:
+    result = run_what_if(run, change)
+    assert result.replay_residual_fraction == 0.0
+    return int(result.steps["predicted_ns"][0]) // US
+
+
+@pytest.mark.parametrize("late_by", ["data_loading", "gemm"])
+def test_no_change_replays_every_rank_and_the_run(tmp_path: Path, late_by: str) -> None:
+    # GIVEN two ranks whose all_reduce rank 1 reaches late WHEN replayed unchanged THEN the step is measured exactly
+    run = graph_of(tmp_path, late_by)
+    assert run.ranks == (0, 1) and run.collectives_joined == 1 and run.graph.dropped_edges == 0
+    assert run.graph.edge_counts()["collective"] == 2
+    result = run_what_if(run, WhatIf())
+    assert result.replay_residual_fraction == 0.0
+    assert result.steps.select("measured_ns", "replay_ns", "predicted_ns").row(0) == (300 * US,) * 3
+
+
+def test_the_path_crosses_to_the_late_rank_s_data_loading(tmp_path: Path) -> None:
+    result = run_critical_path(graph_of(tmp_path, "data_loading"))
+    seg = result.segments
+    assert result.steps_found == 1 and result.rank_count == 2 and int(seg["dur_ns"].sum()) == 300 * US
+    # the path ends on rank 0 (both end at 300; the lower rank first) and reaches rank 1 through the all_reduce
+    assert seg["rank"][-1] == 0
+    jump = seg.filter(pl.col("edge_type") == "collective").row(0, named=True)
+    assert (jump["rank"], jump["name"], jump["kind"], jump["dur_ns"]) == (0, "wait for rank 1 (all_reduce)",
+                                                                          "kernel", 20 * US)
+    loading = seg.filter(pl.col("kind") == "data_loading").row(0, named=True)
+    assert (loading["rank"], loading["start_ns"], loading["dur_ns"]) == (1, 1 * US, 100 * US)
+    assert result.rank_path_share["1"] > 0.5
+
+
+def test_what_if_rank_1_were_not_late(tmp_path: Path) -> None:
+    run = graph_of(tmp_path, "data_loading")
+    # rank 1 without its 100 µs of data loading arrives at 80: the all_reduce ends at 100 on both ranks, the syncs
+    # at 105 and the steps 95 µs later, at 200
+    assert predicted_us(run, WhatIf(rank=1, no_data_loading=True)) == 200
+    assert predicted_us(run, WhatIf(no_data_loading=True)) == 200
+    # the same change on rank 0 (which loads no data) saves nothing
+    assert predicted_us(run, WhatIf(rank=0, no_data_loading=True)) == 300
+
+
+def test_a_faster_gemm_on_the_late_rank(tmp_path: Path) -> None:
+    run = graph_of(tmp_path, "gemm")
+    # rank 1's GEMM 20-170 becomes 20-70: its all_reduce starts at 70 and ends 30 µs later, at 100, on both
+    # ranks; the syncs return at 105 and the steps end 95 µs later
+    assert predicted_us(run, WhatIf(rank=1, speedups=(("gemm", 3.0),))) == 200
+    assert predicted_us(run, WhatIf(rank=0, speedups=(("gemm", 3.0),))) == 300
+    path = run_critical_path(run).segments
+    assert path.filter((pl.col("rank") == 1) & (pl.col("name") == "sgemm_128x64_nn"))["dur_ns"].to_list() == [150 * US]
+
+
+def test_rank_must_be_one_of_the_run_s(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="the run's ranks are 0, 1"):
+        run_what_if(graph_of(tmp_path, "gemm"), WhatIf(rank=5, no_sync=True))
+
+
+def test_overlap_comm_on_one_trace(tmp_path: Path) -> None:
+    # GIVEN a GEMM that waits for an all_reduce through an event WHEN communication overlaps THEN the GEMM runs
+    # 20-50 and the step ends with the all_reduce, at 60 instead of 91
+    result = what_if(load_events(tmp_path, cp.compute_waits_for_comm()), WhatIf(overlap_comm=True))
+    assert result.replay_residual_fraction == 0.0
+    assert result.steps.select("measured_ns", "predicted_ns").row(0) == (91 * US, 60 * US)
+    assert result.changes == ["--overlap-comm"]
+    none = what_if(load_events(tmp_path / "b", cp.gpu_bound()), WhatIf(overlap_comm=True))
+    assert none.saving_ns == 0 and any("no communication kernel" in n for n in none.notes)
+
+
+def test_work_that_starts_the_ns_its_wait_ends_keeps_the_edge(tmp_path: Path) -> None:
+    # GIVEN the GEMM starting at the very ns the all_reduce it waits for ends (both GPU events, one time)
+    trace = load_events(tmp_path, cp.compute_waits_for_comm(gap=0))
+    graph = build_graph(trace)
+    # THEN the cross-stream edge between them is kept (not dropped as running backwards), and the replay holds
+    assert graph.dropped_edges == 0
+    assert EdgeType.CROSS_STREAM.value in graph.edges["type"].to_list()
+    result = what_if(trace, WhatIf(overlap_comm=True))
+    assert result.replay_residual_fraction == 0.0
+    assert result.steps.select("measured_ns", "predicted_ns").row(0) == (90 * US, 60 * US)
+
+
+def test_overlap_comm_in_a_run_still_waits_for_the_last_rank(tmp_path: Path) -> None:
+    # the syncs on the all_reduce were its only out-edges: dropped, each sync returns 5 µs after its start
+    # (rank 0: 80, rank 1: 180) and its CPU ends 95 µs later (175, 275); the all_reduce still ends at 200 (rank 1
+    # arrives at 180), so the step ends with rank 1's CPU at 275 (not 300)
+    run = graph_of(tmp_path, "data_loading")
+    assert predicted_us(run, WhatIf(overlap_comm=True)) == 275
+    # with rank 1's loading gone too: the CPUs end at 175 and 175, the all_reduce (rank 1 arriving at 80) at 100
+    assert predicted_us(run, WhatIf(overlap_comm=True, no_data_loading=True)) == 175
+
+
+def test_one_trace_refuses_rank(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="--rank"):
+        what_if(load_events(tmp_path, cp.gpu_bound()), WhatIf(rank=1))
+
+
+# ---------------------------------------------------------------------------------------------- real runs
+
+
+def test_the_gloo_sample_s_path_runs_through_rank_1_s_sleep() -> None:
+    if not SAMPLE.is_dir():
+        pytest.skip("sample_traces/late_rank is not present")
+    run = load_run(SAMPLE)
+    assert run.source == "cpu" and run.collectives_joined == 12
+    result = run_critical_path(run)
+    assert result.steps_found == 3 and result.rank_path_share["1"] > 0.7
+    # every step's path holds rank 1's untraced sleep (30 ms under its ProfilerStep) before the all-reduces
+    sleeps = (result.segments.filter((pl.col("rank") == 1) & pl.col("name").str.starts_with("ProfilerStep")
+                                     & (pl.col("dur_ns") > 25_000_000)).group_by("step").len())
+    assert sleeps.height == 3
+    assert run_what_if(run, WhatIf()).replay_residual_fraction == 0.0
+
+
+def test_dlrm_8_ranks(corpus: Path) -> None:
+    run = load_run(corpus / "traces" / "param" / "dlrm_kineto")
+    assert len(run.ranks) == 8 and run.source == "kernel" and run.collectives_joined == 8
+    result = run_what_if(run, WhatIf())
+    assert result.replay_residual_fraction is not None and result.replay_residual_fraction <= 0.01
+    path = run_critical_path(run)
+    assert path.steps_found == 1 and int(path.segments["dur_ns"].sum()) == int(result.steps["measured_ns"][0])
+    overlapped = run_what_if(run, WhatIf(overlap_comm=True))
+    assert overlapped.predicted_mean_ns is not None and overlapped.measured_mean_ns is not None
+    assert overlapped.predicted_mean_ns <= overlapped.measured_mean_ns
