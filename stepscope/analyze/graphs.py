@@ -30,6 +30,7 @@ from stepscope.analyze.frames import Source, TraceFrames, frames_of, ops_by_nest
 from stepscope.analyze.graph_capture import CaptureMapping, map_replays, replay_signatures, replayed
 from stepscope.analyze.inputs import find_trace_files
 from stepscope.analyze.trace import Trace, load
+from stepscope.errors import InputError
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,7 +91,10 @@ def locate_capture(path: Path, capture: Path | None = None) -> CaptureChoice:
     `path` as given (the loader says what is wrong with it)."""
     if not path.is_dir():
         return CaptureChoice(trace=path, capture=capture, found=False)
-    files = find_trace_files([path])
+    try:
+        files = find_trace_files([path])
+    except InputError:  # no raw trace in it (a dataset, an ingested trace): not a run with a capture profile
+        return CaptureChoice(trace=path, capture=capture, found=False)
     captures = [f for f in files if is_capture_file(f.relative_to(path))]
     given = {capture.resolve()} if capture is not None else set()
     runs = [f for f in files if f not in captures and f.resolve() not in given]

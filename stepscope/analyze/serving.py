@@ -329,12 +329,13 @@ class ServingResult:
     note: str
     phases: pl.DataFrame
     iterations: pl.DataFrame
+    gpu_wait_ns: int = 0  # the GPU's start after the first launch, summed over the iterations that waited long
 
     @property
     def line(self) -> str | None:
         """One line for `stepscope summary`; None without iterations.
 
-            "vLLM, 1 iteration: 1 mixed (p50 26.4 ms); 8,192 tokens, 310,303 tokens/s; GPU busy 81.0%"
+            "vLLM, 1 iteration: 1 mixed (p50 26.4 ms); 8,192 tokens, 310,303 tokens/s; GPU busy 81.0% of their wall"
         """
         if not self.iterations_found or self.engine is None:
             return None
@@ -348,7 +349,10 @@ class ServingResult:
             if self.tokens_per_s is not None:
                 text += f", {self.tokens_per_s:,} tokens/s"
         if self.gpu_busy_fraction is not None:
-            text += f"; GPU busy {100 * self.gpu_busy_fraction:.1f}%"
+            text += f"; GPU busy {100 * self.gpu_busy_fraction:.1f}% of their wall"
+            if self.gpu_wait_ns:  # (why it can be far below a GPU-span figure beside it)
+                text += (f", {_duration(self.gpu_wait_ns)} of it before the GPU started their work (queued work or "
+                         "a clock offset)")
         if self.mixed_iterations:
             text += "; mixed = prefill and decode in one batch"
         return text
@@ -423,6 +427,10 @@ def _phases(its: pl.DataFrame) -> pl.DataFrame:
     return per.select(list(PHASES_SCHEMA)).cast(PHASES_SCHEMA)  # type: ignore[arg-type]
 
 
+#: an iteration whose first GPU work started long after its first launch (`_note`)
+_waited_long = pl.col("gpu_wait_ns") > WAIT_SHARE * pl.col("wall_ns")
+
+
 def _note(family: _Family, its: pl.DataFrame) -> str:
     """What the reader should know: mixed batches, unknown tokens, the kind a frame cannot say."""
     notes = []
@@ -430,7 +438,7 @@ def _note(family: _Family, its: pl.DataFrame) -> str:
     if mixed:
         notes.append(f"{mixed:,} mixed iteration{'' if mixed == 1 else 's'}: prefill and decode requests in one "
                      "batch (chunked prefill), so their latency is neither a prefill's nor a decode's")
-    waited = its.filter(pl.col("gpu_wait_ns") > WAIT_SHARE * pl.col("wall_ns")).sort("gpu_wait_ns", descending=True)
+    waited = its.filter(_waited_long).sort("gpu_wait_ns", descending=True)
     if waited.height:
         top = waited.row(0, named=True)
         notes.append(f"{waited.height:,} iteration(s) wait long for the GPU to start their work (step "
@@ -472,6 +480,7 @@ def serving_iterations(source: Source) -> ServingResult:
         gpu_busy_fraction=busy / wall if busy is not None and wall else None, tokens=tokens,
         tokens_per_s=round(tokens * 1e9 / wall) if tokens is not None and wall else None,
         note=_note(family, timed), phases=_phases(its), iterations=its,
+        gpu_wait_ns=int(timed.select(pl.col("gpu_wait_ns").filter(_waited_long).sum()).item() or 0),
     )
 
 

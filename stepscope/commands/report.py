@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from stepscope.commands._options import echo_failure, end_batch
+from stepscope.commands._options import echo_failure, end_batch, graph_capture_option
 from stepscope.errors import UsageError
 
 #: the file `report --perfetto` writes beside a trace's page, and beside a capture run's index
@@ -37,23 +37,30 @@ if TYPE_CHECKING:  # the analyses and the report writer load polars and matplotl
 @click.option("--perfetto", is_flag=True,
               help=f"Also write the trace with the report's answers as tracks (as `stepscope export` does) beside the "
                    f"page, OUT/{TRACE_FILE} (a capture run: all ranks in one file, OUT/{RUN_FILE}), and link it.")
-def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto: bool) -> None:
+@graph_capture_option
+def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto: bool,
+            graph_capture: Path | None) -> None:
     """HTML report: steps and GPU timeline, ops, memory, trace info and warnings, how to reproduce; for a
-    run or a batch, an index with one sortable row per rank or trace linking to each report.
+    run or a batch, an index with one sortable row per rank or trace linking to each report. A trace of CUDA/HIP
+    graph replays with a profile of the graph capture (--graph-capture, or found in its run directory) has its
+    replayed kernels attributed to the ops that launched them (op table, FLOPs, blame).
 
     A trace that fails in a run or batch is reported in one line and the rest go on; the exit code is 1 if
     any failed. With --perfetto, a trace file that cannot be written is said on its page, and the report is
     still written."""
     from stepscope._io import atomic_dir, check_output_path
     from stepscope.analyze.bundle import TraceAnalysis
+    from stepscope.analyze.graphs import capture_line, load_replayed, locate_capture
     from stepscope.analyze.inputs import Dataset, MemoryTimeline, RunDir, Snapshot, TraceBatch, describe, resolve
-    from stepscope.analyze.trace import load
     from stepscope.reports._render import FigureWorkers
     from stepscope.reports.assemble import trace_report
     from stepscope.reports.perfetto import ExportOptions, export_trace
 
     start = time.perf_counter()
-    inp = resolve(input_path, batch=batch)
+    if batch and graph_capture is not None:
+        raise UsageError("--graph-capture maps one trace's replayed kernels: leave out --batch", path=input_path)
+    with_capture = not batch and (graph_capture is not None or locate_capture(input_path).capture is not None)
+    inp = resolve(input_path, batch=batch) if not with_capture else None
     if isinstance(inp, Snapshot | MemoryTimeline):
         raise UsageError(f"is {describe(inp)}, not a trace: use `stepscope "
                          f"{'snapshot' if isinstance(inp, Snapshot) else 'memory-timeline'}`", path=input_path)
@@ -64,15 +71,17 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
         with atomic_dir(out, create_parents=False) as tmp:
             kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step, perfetto=perfetto)
     else:
-        trace = load(inp)
+        frames, choice = load_replayed(input_path, graph_capture)  # (no capture given or found: the trace itself)
         with FigureWorkers() as renderer:  # they warm up while the trace is analysed
-            bundle = TraceAnalysis.of(trace)
+            bundle = TraceAnalysis.of(frames)
             if step is not None:
                 _check_step(bundle, step)
             with atomic_dir(out, create_parents=False) as tmp:
-                link = _export(lambda target: export_trace(input_path, target, ExportOptions(), bundle=bundle),
+                link = _export(lambda target: export_trace(choice.trace, target, ExportOptions(), bundle=bundle),
                                tmp, TRACE_FILE) if perfetto else None
-                page = trace_report(bundle, source=str(input_path), step=step, renderer=renderer, perfetto=link)
+                page = trace_report(bundle, source=str(input_path), step=step, renderer=renderer, perfetto=link,
+                                    capture=capture_line(choice, frames),
+                                    options=["--graph-capture", str(graph_capture)] if graph_capture else [])
                 (tmp / "index.html").write_text(page, encoding="utf-8")
         kind, failed, total = "trace", [], 1
     for line in failed:

@@ -512,19 +512,23 @@ def render_page(*, title: str, subtitle: str, sections: Sequence[Section], probl
 
 
 def trace_report(bundle: TraceAnalysis, *, source: str, step: int | None = None, back_link: str | None = None,
-                 renderer: FigureRenderer = INLINE, perfetto: PerfettoLink | None = None) -> str:
+                 renderer: FigureRenderer = INLINE, perfetto: PerfettoLink | None = None,
+                 capture: str | None = None, options: Sequence[str] = ()) -> str:
     """The full HTML report of one trace, from its analysis bundle; `renderer` draws its figures (default:
     here, one after another; `_render.FigureWorkers`: in worker processes while the sections are built);
-    `perfetto`: the exported trace written beside it, to link."""
+    `perfetto`: the exported trace written beside it, to link; `capture`: the line saying which graph capture
+    profile mapped its replayed kernels (`graphs.capture_line`); `options`: more of the report's command line."""
     ctx = ReportContext(bundle=bundle, source=source, step=step, renderer=renderer)
     trace = bundle.trace
     sections, problems = build_sections(ctx)
-    reproduce = [ctx.command("report", source, "-o", "OUT/", *(["--perfetto"] if perfetto is not None else []))]
+    reproduce = [ctx.command("report", source, "-o", "OUT/", *options,
+                             *(["--perfetto"] if perfetto is not None else []))]
     for s in sections:
         reproduce.extend(s.commands)
     name = trace.source_name
     rank = f", rank {trace.rank}" if trace.rank is not None else ""
-    return render_page(title=f"stepscope report: {name}", subtitle=f"trace {trace.trace_id}{rank}",
+    mapped = f" · {capture}" if capture else ""
+    return render_page(title=f"stepscope report: {name}", subtitle=f"trace {trace.trace_id}{rank}{mapped}",
                        sections=sections, problems=problems, reproduce=reproduce, back_link=back_link,
                        perfetto=perfetto)
 

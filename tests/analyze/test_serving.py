@@ -223,6 +223,7 @@ def test_summary_line(tmp_path: Path) -> None:
     text = render_summary(bundle.verdict)
     line = next(x for x in text.splitlines() if x.startswith("serving: "))
     assert "SGLang, 8 iterations" in line and "1,593 tokens" in line and "`stepscope serving`" in line
+    assert "% of their wall" in line and "before the GPU started" not in line
 
 
 # GIVEN the corpus's vLLM traces THEN each gets a sensible result
@@ -239,6 +240,10 @@ def test_corpus_vllm_mixediteration(corpus: Path) -> None:
     assert row["gpu_busy_ns"] == pytest.approx(156_085_798, abs=20_000)
     # the first copy starts 149 ms after its launch: the wall holds that wait, and the note says so
     assert row["wall_ns"] > row["cpu_ns"] and "wait long for the GPU" in result.note
+    # AND summary's one line says its GPU busy is of the iteration's wall, with that wait in it (beside the
+    # summary's own figure over the GPU span, which holds no wait)
+    assert 148e6 < result.gpu_wait_ns < 150e6
+    assert result.line is not None and "GPU busy 50.7% of their wall, 149 ms of it before the GPU started" in result.line
 
 
 def test_corpus_other_vllm_traces(corpus: Path) -> None:

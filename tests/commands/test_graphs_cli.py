@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from graph_traces import MM_FLOPS, full_graph_capture, full_graph_run
 
 from stepscope.cli import cli
+from stepscope.errors import UsageError
 
 
 def run_dir(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -79,3 +80,40 @@ def test_summary_takes_the_graph_capture_given_or_found(tmp_path: Path) -> None:
     # AND without a capture the trace is summarised as it is
     plain = runner.invoke(cli, ["summary", str(run)])
     assert plain.exit_code == 0 and not plain.stdout.startswith("graph capture:")
+
+
+def test_report_takes_the_graph_capture_given_or_found(tmp_path: Path) -> None:
+    directory, run, capture = run_dir(tmp_path)
+    runner = CliRunner()
+    # GIVEN the run directory: one trace's report whose replayed kernels are the capture's ops
+    found = runner.invoke(cli, ["report", str(directory), "-o", str(tmp_path / "found")])
+    assert found.exit_code == 0, found.output
+    page = (tmp_path / "found" / "index.html").read_text()
+    assert "graph capture:" in page and "found in the run directory" in page and "6 of 6" in page
+    assert "aten::mm" in page
+    # AND the capture given for the trace file: the same mapping, and the command that reproduces it
+    given = runner.invoke(cli, ["report", str(run), "-o", str(tmp_path / "given"), "--graph-capture", str(capture)])
+    assert given.exit_code == 0, given.output
+    page = (tmp_path / "given" / "index.html").read_text()
+    assert "6 of 6" in page and "aten::mm" in page and f"--graph-capture {capture}" in page
+    # AND without one, the replayed kernels have no op
+    plain = runner.invoke(cli, ["report", str(run), "-o", str(tmp_path / "plain")])
+    assert plain.exit_code == 0, plain.output
+    page = (tmp_path / "plain" / "index.html").read_text()
+    assert "graph capture:" not in page and "aten::mm" not in page
+    # AND a capture for a batch of traces is a usage error
+    batch = runner.invoke(cli, ["report", str(directory), "--batch", "-o", str(tmp_path / "b"),
+                                "--graph-capture", str(capture)])
+    assert isinstance(batch.exception, UsageError) and "leave out --batch" in str(batch.exception)
+
+
+def test_a_dataset_is_not_taken_for_a_run_with_a_capture(tmp_path: Path) -> None:
+    # GIVEN a dataset (Parquet, no raw trace in it) THEN looking for a capture profile in it finds none, quietly,
+    # and summary and report read it as the dataset it is
+    _, run, _ = run_dir(tmp_path)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["ingest", str(run), "-o", str(tmp_path / "ds"), "-q"]).exit_code == 0
+    summary = runner.invoke(cli, ["summary", str(tmp_path / "ds")])
+    assert summary.exit_code == 0, summary.output
+    report = runner.invoke(cli, ["report", str(tmp_path / "ds"), "-o", str(tmp_path / "out")])
+    assert report.exit_code == 0, report.output
