@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from stepscope.analyze.critical_path import CriticalPathResult, critical_path
+from stepscope.analyze.depgraph import DependencyGraph, build_graph
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapsResult, gpu_gaps
 from stepscope.analyze.info import TraceInfo, trace_info
@@ -110,6 +112,17 @@ class TraceAnalysis:
         return verdict(self.frames, gaps=self.gaps, steps=self.steps, kernels=self.kernels, limits=self.roofline,
                        serving=self.serving)
 
+    @cached_property
+    def graph(self) -> DependencyGraph:
+        """The dependency graph of the steps (`depgraph.build_graph`), which the critical path and what-if walk."""
+        return build_graph(self.frames)
+
+    @cached_property
+    def critical_path(self) -> CriticalPathResult:
+        """`stepscope critical-path`: every step's critical path on this bundle's graph."""
+        return critical_path(self.frames, graph=self.graph)
+
     def timeline(self, step: int | None = None) -> GpuTimeline | None:
-        """The GPU timeline of `step` (default: the median step), idle gaps from this bundle's gaps."""
-        return gpu_timeline(self.frames, step=step, gaps=self.gaps)
+        """The GPU timeline of `step` (default: the median step), idle gaps from this bundle's gaps, the step's
+        critical path from this bundle's."""
+        return gpu_timeline(self.frames, step=step, gaps=self.gaps, segments=lambda: self.critical_path.segments)

@@ -29,7 +29,6 @@ from stepscope.analyze import intervals
 from stepscope.analyze import steps as _steps
 from stepscope.analyze.blame import python_lines
 from stepscope.analyze.bundle import TraceAnalysis
-from stepscope.analyze.critical_path import critical_path
 from stepscope.analyze.overlap import sync_calls
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.summary import SummaryResult
@@ -162,7 +161,7 @@ def path_segments(bundle: TraceAnalysis, steps: pl.DataFrame) -> pl.DataFrame:
               "lane": pl.String, "start_ns": pl.Int64, "end_ns": pl.Int64, "edge_type": pl.String}
     if steps.height == 0:
         return pl.DataFrame(schema=schema)
-    segments = critical_path(bundle.frames).segments
+    segments = bundle.critical_path.segments
     return (segments.join(steps.select("step", window_ns="start_ns"), on="step")
             .select("step", "seq", "name", "kind", "category", "lane",
                     start_ns=pl.col("window_ns") + pl.col("start_ns"),

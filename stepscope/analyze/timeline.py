@@ -6,15 +6,23 @@ The step shown is the one asked for, else the median-duration step among those t
 shows its whole GPU span. Times are offsets from the span's start.
 
     steps with GPU work lasting 180, 175, 190, 166 ms  ->  the 175 ms one
+
+A step's timeline also carries the step's critical path (`critical_path.path_segments`: the same segments
+`stepscope critical-path` finds), which tiles the span. The graph is built over the whole trace, not the step's
+window alone: the typical launch latency and the edges from work queued before the window shape the path, so
+a graph of the window alone can find a different one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import polars as pl
 
-from stepscope.analyze.frames import Source, frames_of
+from stepscope.analyze.critical_path import path_segments
+from stepscope.analyze.depgraph import build_graph, replay
+from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapsResult, gpu_gaps
 from stepscope.analyze.kernels import category_expr
 from stepscope.errors import UsageError
@@ -26,7 +34,9 @@ class GpuTimeline:
 
     `events`: kind, name, category, device, stream, offset_ns, dur_ns (every GPU event overlapping the span);
     `idle`: device, cause, offset_ns, dur_ns (the idle gaps of `gaps` overlapping it). `step` is None when
-    the span is the whole trace; `cpu_ns` is then None too.
+    the span is the whole trace; `cpu_ns` is then None too. `path`: name, kind (`depgraph.PathKind`), category
+    (of kernels and copies), offset_ns, dur_ns: the step's critical path in order, tiling the span; None where it
+    was not found, and `path_note` then says why.
     """
 
     step: int | None
@@ -35,6 +45,8 @@ class GpuTimeline:
     cpu_ns: int | None
     events: pl.DataFrame
     idle: pl.DataFrame
+    path: pl.DataFrame | None = None
+    path_note: str | None = None
 
 
 def median_step(windows: pl.DataFrame, launched: pl.DataFrame) -> int:
@@ -46,10 +58,34 @@ def median_step(windows: pl.DataFrame, launched: pl.DataFrame) -> int:
     return int(ordered["_row"][(ordered.height - 1) // 2])
 
 
-def gpu_timeline(source: Source, *, step: int | None = None, gaps: GapsResult | None = None) -> GpuTimeline | None:
+def step_path(frames: TraceFrames, step: int, segments: Callable[[], pl.DataFrame] | None = None
+              ) -> tuple[pl.DataFrame | None, str | None]:
+    """The critical path of `step` (name, kind, category, offset_ns, dur_ns; see `GpuTimeline`), or None and
+    why not; `segments`: every step's path segments (`critical_path`'s), where the caller has them (a bundle),
+    else found here. A graph that cannot be built or walked is a note, not an error: the timeline is drawn
+    without it."""
+    try:
+        if segments is not None:
+            found = segments()
+        else:
+            graph = build_graph(frames)
+            found = path_segments(graph, replay(graph, graph.measured_weights()))
+    except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - the timeline goes on without it
+        first_line = (str(exc).splitlines() or [""])[0][:120]
+        return None, f"critical path not found ({type(exc).__name__}: {first_line})"
+    path = found.filter(pl.col("step") == step).sort("seq").select(
+        "name", "kind", "category", offset_ns="start_ns", dur_ns="dur_ns")
+    if path.height == 0:
+        return None, f"no critical path for step {step} (nothing in its window on the dependency graph)"
+    return path, None
+
+
+def gpu_timeline(source: Source, *, step: int | None = None, gaps: GapsResult | None = None,
+                 with_path: bool = True, segments: Callable[[], pl.DataFrame] | None = None) -> GpuTimeline | None:
     """The timeline of one step (see the module docstring); None when the trace has no GPU work.
 
-    `gaps` is `gpu_gaps(...)` of the trace when the caller has it (every gap). Raises `UsageError` for a
+    `gaps` is `gpu_gaps(...)` of the trace when the caller has it (every gap); `with_path`: also find the
+    step's critical path (`step_path`, from `segments` where the caller has them). Raises `UsageError` for a
     step the trace does not hold.
     """
     frames = frames_of(source)
@@ -75,4 +111,9 @@ def gpu_timeline(source: Source, *, step: int | None = None, gaps: GapsResult | 
     table = (gpu_gaps(frames) if gaps is None else gaps).gaps
     idle = table.filter((pl.col("end_ns") > start) & (pl.col("start_ns") < end) & pl.col("cause").is_not_null()
                         ).select("device", "cause", offset_ns=pl.col("start_ns") - start, dur_ns="dur_ns")
-    return GpuTimeline(step=step, start_ns=start, length_ns=end - start, cpu_ns=cpu_ns, events=events, idle=idle)
+    path, note = None, None
+    if with_path:
+        path, note = (step_path(frames, step, segments) if step is not None
+                      else (None, "no steps in this trace: the critical path is found per step"))
+    return GpuTimeline(step=step, start_ns=start, length_ns=end - start, cpu_ns=cpu_ns, events=events, idle=idle,
+                       path=path, path_note=note)

@@ -17,7 +17,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from stepscope.reports._plot import ns_axis, ns_tick, style, subplots, to_png
 from stepscope.reports.labels import literal, short, short_labels, top_kernels
-from stepscope.reports.palette import color, idle_color
+from stepscope.reports.palette import color, idle_color, path_color
 from stepscope.reports.units import human_ns
 
 if TYPE_CHECKING:
@@ -60,22 +60,31 @@ def ops_figure(table: OpTable, n: int = 12) -> bytes | None:
     return to_png(fig)
 
 
+#: legend names of critical-path time off the GPU (`depgraph.PathKind`)
+_PATH_LABELS = {"cpu": "CPU work", "launch_overhead": "launch overhead", "sync_wait": "sync wait",
+                "data_loading": "data loading", "idle": "idle (waiting on order)"}
+
+
 def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
     """GPU timeline strip of one span (`analyze.timeline.gpu_timeline`), one row per device/stream: kernels,
-    memcpy and memset coloured by category, each memcpy also marked above its lane, idle gaps shaded by cause."""
+    memcpy and memset coloured by category, each memcpy also marked above its lane, idle gaps shaded by cause.
+    Above them, where the timeline has it, the step's critical path: kernels and copies on it in their category's
+    colour, other time by kind (`palette.path_color`); where it has none, a note says why."""
     if timeline is None:
         return None
     gpu, length = timeline.events, timeline.length_ns
+    path = timeline.path if timeline.path is not None and timeline.path.height else None
+    top = 1 if path is not None else 0  # the GPU lanes sit below the path's
     lanes = gpu.select("device", "stream").unique().sort("device", "stream", nulls_last=True)
-    fig, ax = subplots(figsize=(12, 0.55 * max(lanes.height, 1) + 1.6))
+    fig, ax = subplots(figsize=(12, 0.55 * max(lanes.height + top, 1) + 1.6))
     idle = timeline.idle
     causes = idle.group_by("cause").agg(pl.col("dur_ns").sum()).sort("dur_ns", "cause", descending=[True, False])[
         "cause"].to_list()
-    for i, (dev, _stream) in enumerate(lanes.iter_rows()):
+    for i, (dev, _stream) in enumerate(lanes.iter_rows(), start=top):
         for cause, part in idle.filter(pl.col("device") == dev).group_by("cause"):
             bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
             ax.broken_barh(bars, (i - 0.5, 1.0), facecolors=idle_color(str(cause[0])), linewidth=0, zorder=0)
-    for i, (dev, stream) in enumerate(lanes.iter_rows()):
+    for i, (dev, stream) in enumerate(lanes.iter_rows(), start=top):
         lane = gpu.filter((pl.col("device") == dev) & (pl.col("stream") == stream))
         for cat, part in lane.group_by("category"):
             bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
@@ -85,31 +94,57 @@ def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
             mid = (copies["offset_ns"] + copies["dur_ns"] / 2).to_list()
             ax.plot(mid, [i - 0.47] * len(mid), "v", color=color("memcpy"), markersize=5, markeredgecolor="#8a4b08",
                     markeredgewidth=0.5, linestyle="none", zorder=4)
-    ax.set_yticks(range(lanes.height), [f"GPU {d} stream {s}" for d, s in lanes.iter_rows()], fontsize=8)
+    path_kinds = _path_lane(ax, path) if path is not None else []
+    labels = [f"GPU {d} stream {s}" for d, s in lanes.iter_rows()]
+    ax.set_yticks(range(lanes.height + top), ["critical path"] * top + labels, fontsize=8)
+    if top:
+        ax.get_yticklabels()[0].set_fontweight("bold")
     ax.invert_yaxis()
     ax.set_xlim(0, length)
     unit = ns_axis(ax, top=length)
     if timeline.step is not None:
         ax.set_xlabel(f"time since step start ({unit})")
         title = f"GPU timeline, step {timeline.step} ({human_ns(timeline.cpu_ns or 0)} on the CPU)"
+        if path is not None:
+            title += "; top row: the step's critical path"
     else:
         ax.set_xlabel(f"time since the first GPU event ({unit})")
         title = "GPU timeline (whole trace)"
     ax.set_title(title, fontsize=11, loc="left")
+    if path is None and timeline.path_note:
+        ax.text(1.0, 1.01, timeline.path_note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
+                color="#666666")
     kinds = (gpu.group_by("category").agg(pl.col("dur_ns").sum()).sort("dur_ns", "category", descending=[True, False])
              ["category"].to_list())
+    kinds += [k for k in path_kinds if k in _PATH_LABELS or k not in kinds]  # what only the path shows
     handles: list[Any] = [Line2D([], [], color=color(k), marker="v", markersize=6, markeredgecolor="#8a4b08",
                                  linewidth=6) if k == "memcpy" else Rectangle((0, 0), 1, 1, color=color(k))
-                          for k in kinds]
+                          for k in kinds if k not in _PATH_LABELS]
+    handles += [Rectangle((0, 0), 1, 1, color=path_color(k, None)) for k in kinds if k in _PATH_LABELS]
+    names = [k for k in kinds if k not in _PATH_LABELS] + [f"path: {_PATH_LABELS[k]}" for k in kinds
+                                                          if k in _PATH_LABELS]
     idle_labels = [f"idle: {c.replace('_', ' ')}" for c in causes] or ["idle (blank)"]
     handles += [Rectangle((0, 0), 1, 1, facecolor=idle_color(c), edgecolor="#999999") for c in causes]
     if not causes:
         handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#999999"))
-    fig.legend(handles, [*kinds, *idle_labels], loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=min(len(handles), 10), fontsize=8, frameon=False)
+    fig.legend(handles, [*names, *idle_labels], loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(handles), 8), fontsize=8, frameon=False)
     style(ax)
     fig.tight_layout()
     return to_png(fig)
+
+
+def _path_lane(ax: Any, path: pl.DataFrame) -> list[str]:
+    """Draw the critical path in row 0 with a rule under it; the legend keys it shows (a kernel or copy by its
+    category, other time by its kind), most time first."""
+    gpu_kinds = pl.col("kind").is_in(["kernel", "copy"])
+    parts = path.with_columns(key=pl.when(gpu_kinds).then(pl.col("category")).otherwise(pl.col("kind")))
+    for (key, kind), part in parts.group_by("key", "kind"):
+        bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
+        ax.broken_barh(bars, (-0.4, 0.8), facecolors=path_color(str(kind), str(key)), linewidth=0)
+    ax.axhline(0.5, color="#999999", linewidth=0.8)
+    return (parts.group_by("key").agg(pl.col("dur_ns").sum()).sort("dur_ns", "key", descending=[True, False])
+            ["key"].to_list())
 
 
 def step_breakdown_figure(result: StepsResult) -> bytes | None:

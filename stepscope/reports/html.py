@@ -216,8 +216,13 @@ def steps_section(ctx: ReportContext) -> Section | None:
                      "the timeline shows the whole trace.")
     if timeline is not None:
         which = f"step {ctx.step}" if ctx.step is not None else "the median-duration step (--step N for another)"
+        path = ("; the top row is the step's critical path, the chain of dependent work that set its time "
+                "(stepscope critical-path): kernels by category, CPU, launch, sync and idle time by kind"
+                if timeline.path is not None else "")
         figs.append(ctx.figure(f"GPU timeline of {which}: one row per device and stream, kernels by category, "
-                               "idle shaded by cause, copies marked", "figures.timeline_figure", timeline))
+                               f"idle shaded by cause, copies marked{path}", "figures.timeline_figure", timeline))
+        if timeline.path_note:
+            notes.append(f"GPU timeline: {timeline.path_note}.")
     cols = [c for c in result.steps.columns if c not in ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")]
     tables = [frame_table(result.steps, "Steps", columns=cols)] if result.steps.height else []
     if result.idle_by_cause.height:

@@ -1,8 +1,8 @@
 """One colour per category, the same in every figure and in the HTML report.
 
 Categories are the GPU work kinds (kernel, memcpy, memset), kernel categories (gemm, conv, …, as the
-kernel analysis names them), idle-gap causes and memory series. Unknown names get a stable colour from a
-fixed cycle (hash of the name), so a category keeps its colour across figures and reports.
+kernel analysis names them), idle-gap causes, memory series and the kinds of critical-path time. Unknown names
+get a stable colour from a fixed cycle (hash of the name), so a category keeps its colour across figures and reports.
 """
 
 from __future__ import annotations
@@ -77,6 +77,17 @@ IDLE_FIXED: dict[str, str] = {
 _IDLE_CYCLE = ("#fdd0a2", "#fdae6b", "#c7c7c7", "#f4cae4", "#fff2ae", "#cbd5e8", "#e6f5c9", "#d9d9d9")
 
 
+# critical-path time off the GPU (`depgraph.PathKind`): dark or strong tones no kernel category takes, so a
+# path segment's colour says "CPU" or "kernel" at a glance; kernels and copies on a path keep their category's
+PATH_FIXED: dict[str, str] = {
+    "cpu": "#3d3d3d",
+    "launch_overhead": "#17becf",
+    "sync_wait": "#8c2d04",
+    "data_loading": "#b35806",
+    "idle": "#d3d3d3",
+}
+
+
 def color(name: str | None) -> str:
     """The colour of a category name (case-insensitive); stable for names not in the fixed table."""
     key = (name or "other").lower()
@@ -91,3 +102,12 @@ def idle_color(cause: str | None) -> str:
     if key in IDLE_FIXED:
         return IDLE_FIXED[key]
     return _IDLE_CYCLE[zlib.crc32(key.encode()) % len(_IDLE_CYCLE)]
+
+
+def path_color(kind: str | None, category: str | None) -> str:
+    """The colour of a critical-path segment: a kernel or copy by its category (as in the GPU lanes), other
+    time by its kind (`PATH_FIXED`)."""
+    key = (kind or "idle").lower()
+    if key in ("kernel", "copy"):
+        return color(category or key)
+    return PATH_FIXED.get(key, color(key))

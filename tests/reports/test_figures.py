@@ -3,10 +3,12 @@ where there is nothing to draw."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 from typing import Any
 
+import critical_path_traces as cp
 import matplotlib.image as mpimg
 import matplotlib.pyplot as plt
 import polars as pl
@@ -15,6 +17,7 @@ from report_traces import gpu_doc
 
 from stepscope.analyze import load
 from stepscope.analyze.gaps import gpu_gaps
+from stepscope.analyze.kernels import KernelCategory
 from stepscope.analyze.memory import memory_timeline
 from stepscope.analyze.ops import op_table
 from stepscope.analyze.overlap import cpu_gpu_overlap
@@ -22,7 +25,7 @@ from stepscope.analyze.timeline import gpu_timeline
 from stepscope.analyze.transfers import transfers
 from stepscope.reports import figures, memory_figures
 from stepscope.reports._plot import subplots
-from stepscope.reports.palette import color, idle_color
+from stepscope.reports.palette import PATH_FIXED, color, idle_color, path_color
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -57,9 +60,42 @@ def test_palette_is_stable_and_distinct() -> None:
 
 def test_real_traces(corpus: Path) -> None:
     t = load(corpus / "traces" / "tracelens" / "h100")
-    assert_png(figures.timeline_figure(gpu_timeline(t)), min_w=800)
+    tl = gpu_timeline(t)
+    assert tl is not None and tl.path is not None  # one step: its path is the top row
+    assert_png(figures.timeline_figure(tl), min_w=800)
     assert_png(memory_figures.memory_figure(memory_timeline(t, buckets=100)), min_w=600)
     assert_png(figures.ops_figure(op_table(t)), min_w=800)
+
+
+def png_size(data: bytes | None) -> tuple[int, int]:
+    assert data is not None
+    h, w = mpimg.imread(io.BytesIO(data), format="png").shape[:2]
+    return w, h
+
+
+def test_timeline_with_and_without_the_critical_path(tmp_path: Path) -> None:
+    # GIVEN a step whose path holds CPU work, launch overhead, a kernel and a sync wait
+    tl = gpu_timeline(load_events(tmp_path, cp.sync_serializes()), step=1)
+    assert tl is not None and tl.path is not None
+    # WHEN it is drawn with its path, without one (and a note why), and without either
+    with_path = figures.timeline_figure(tl)
+    noted = figures.timeline_figure(dataclasses.replace(tl, path=None, path_note="critical path not found (x)"))
+    plain = figures.timeline_figure(dataclasses.replace(tl, path=None, path_note=None))
+    # THEN each is a PNG, and the path takes one more row than the GPU lanes alone
+    for png in (with_path, noted, plain):
+        assert_png(png)
+    assert png_size(with_path)[1] > png_size(noted)[1] == png_size(plain)[1]
+    # and an empty path is drawn as no path
+    assert png_size(figures.timeline_figure(dataclasses.replace(tl, path=tl.path.clear())))[1] == png_size(plain)[1]
+
+
+def test_path_colours_tell_cpu_time_from_kernels() -> None:
+    # kernels and copies on the path keep their category's colour, as in the GPU lanes
+    assert path_color("kernel", "gemm") == color("gemm") and path_color("copy", "memcpy") == color("memcpy")
+    # time off the GPU has one colour per kind, none of them a kernel category's
+    off_gpu = [path_color(k, None) for k in ("cpu", "launch_overhead", "sync_wait", "data_loading", "idle")]
+    assert len(set(off_gpu)) == len(off_gpu) == len(PATH_FIXED)
+    assert not set(off_gpu) & {color(c.value) for c in KernelCategory}
 
 
 def test_gaps_figures(tmp_path: Path) -> None:
