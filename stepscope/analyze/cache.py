@@ -14,8 +14,9 @@ guarded against eviction while in use):
   entry that is being read.
 - `prune` takes each entry's lock exclusively without waiting (an entry in use is skipped, never deleted under
   a reader), renames it to a `.trash-*` name and only then deletes it: a reader sees a whole entry or none.
-- The size limit: `STEPSCOPE_CACHE_MAX` (`10G`, `500M`, `0` for no limit; default DEFAULT_MAX_BYTES). The cache
-  only saves time: its location and size never change a result.
+- The size limit: `STEPSCOPE_CACHE_MAX` (`10G`, `500M`, `0` for no limit; default DEFAULT_MAX_BYTES), checked
+  after each entry a process adds, against the size it last saw plus what it added (`_prune_if_full`). The
+  cache only saves time: its location and size never change a result.
 
     entries used at t=1, 5, 9 (1 GB each), limit 2 GB  ->  prune removes the one used at t=1
 """
@@ -165,8 +166,28 @@ def open_entry(cache_dir: Path, sha256: str, fill: Callable[[Path], object]) -> 
     if filled:
         limit = max_cache_bytes()
         if limit is not None:
-            prune(cache_dir, limit)
+            _prune_if_full(cache_dir, limit, _dir_bytes(entry))
     return entry, reader
+
+
+#: how long this process trusts its last look at a cache's size (`_prune_if_full`)
+RESCAN_S = 60.0
+_seen: dict[Path, tuple[int, float]] = {}  # cache directory -> (bytes it held at the last look + added since, when)
+
+
+def _prune_if_full(cache_dir: Path, limit: int, added: int) -> None:
+    """Evict down to `limit` after this process added `added` bytes, looking at every entry only when the cache
+    may be over it: when the bytes this process last saw there plus what it added since exceed the limit, or the
+    last look is older than RESCAN_S (other processes add too). A look per entry added made loading N traces
+    O(N²): 1,024 small traces took minutes in `prune` alone. Between looks the cache can exceed its limit by what
+    other processes added since, until the next look."""
+    key = cache_dir.resolve()
+    seen = _seen.get(key)
+    now = time.monotonic()
+    if seen is not None and now - seen[1] < RESCAN_S and seen[0] + added <= limit:
+        _seen[key] = (seen[0] + added, seen[1])
+        return
+    _seen[key] = (prune(cache_dir, limit).kept_bytes, now)
 
 
 def _touch(entry: Path) -> None:
@@ -228,13 +249,18 @@ class PruneResult:
 
 
 def _dir_bytes(path: Path) -> int:
+    """Bytes of the files in an entry (flat: events.parquet, flows.parquet, meta.json); 0 where it is gone."""
     total = 0
-    for child in path.rglob("*"):
-        try:
-            if child.is_file():
-                total += child.stat().st_size
-        except OSError:  # removed while we looked
-            continue
+    try:
+        with os.scandir(path) as children:
+            for child in children:
+                try:
+                    if child.is_file(follow_symlinks=False):
+                        total += child.stat(follow_symlinks=False).st_size
+                except OSError:  # removed while we looked
+                    continue
+    except OSError:
+        return 0
     return total
 
 
@@ -249,8 +275,9 @@ def _source_name(entry: Path) -> str | None:
         return None
 
 
-def cache_info(cache_dir: Path | None = None) -> CacheInfo:
-    """The entries of the cache (default: `default_cache_dir()`), least recently used first."""
+def cache_info(cache_dir: Path | None = None, *, sources: bool = True) -> CacheInfo:
+    """The entries of the cache (default: `default_cache_dir()`), least recently used first; `sources`: read
+    each entry's source file name (for `stepscope cache info`; eviction needs none)."""
     location = cache_dir or default_cache_dir()
     entries = []
     if location.is_dir():
@@ -265,7 +292,7 @@ def cache_info(cache_dir: Path | None = None) -> CacheInfo:
                 except OSError:
                     continue
                 entries.append(CacheEntry(sha256=entry.name, path=entry, bytes=_dir_bytes(entry), last_used_s=used,
-                                          source=_source_name(entry)))
+                                          source=_source_name(entry) if sources else None))
     entries.sort(key=lambda e: (e.last_used_s, e.sha256))
     return CacheInfo(location=location, max_bytes=max_cache_bytes(), entries=tuple(entries))
 
@@ -274,7 +301,7 @@ def prune(cache_dir: Path | None = None, max_bytes: int = 0) -> PruneResult:
     """Remove least recently used entries until the cache holds at most `max_bytes` (0: remove every entry,
     `stepscope cache clear`). An entry another process is using or writing is skipped, never removed; so are
     leftovers of an interrupted ingest younger than an hour (they may be another process's work)."""
-    info = cache_info(cache_dir)
+    info = cache_info(cache_dir, sources=False)
     total = info.total_bytes
     removed = removed_bytes = in_use = 0
     for entry in info.entries:

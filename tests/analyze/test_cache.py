@@ -15,6 +15,7 @@ import pytest
 from builders import kernel, trace, write_trace
 from click.testing import CliRunner
 
+from stepscope.analyze import cache as cache_module
 from stepscope.analyze.cache import cache_info, parse_size, prune
 from stepscope.analyze.trace import load
 from stepscope.cli import cli
@@ -86,6 +87,36 @@ def test_an_ingest_evicts_down_to_the_limit_but_never_an_entry_in_use(tmp_path: 
     gc.collect()
     assert prune(cache, one + 10).removed == 1  # now a can go: c is still in use
     assert [e.path for e in cache_info(cache).entries] == [fresh.directory]
+
+
+def test_the_cache_is_looked_over_only_when_it_may_be_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a cache limit far above what six small traces take, and every look over the cache counted
+    looks: list[int] = []
+    real = cache_module.prune
+
+    def counted(cache_dir: Path | None = None, max_bytes: int = 0) -> cache_module.PruneResult:
+        looks.append(max_bytes)
+        return real(cache_dir, max_bytes)
+
+    monkeypatch.setattr(cache_module, "prune", counted)
+    monkeypatch.setattr(cache_module, "_seen", {})
+    monkeypatch.setenv("STEPSCOPE_CACHE_MAX", "1G")
+    cache = tmp_path / "cache"
+    paths = _traces(tmp_path / "src", 6)
+    # WHEN they are loaded one after another, THEN the cache is looked over once, not once per trace
+    for p in paths[:3]:
+        load(p, cache_dir=cache)
+    assert len(looks) == 1
+    # AND once the bytes it saw plus those it added pass the limit, it looks again and evicts down to it
+    one = max(e.bytes for e in cache_info(cache).entries)
+    monkeypatch.setenv("STEPSCOPE_CACHE_MAX", str(3 * one + 10))
+    gc.collect()
+    load(paths[3], cache_dir=cache)
+    assert len(looks) == 2 and len(cache_info(cache).entries) == 3
+    # AND a look older than RESCAN_S is not trusted (other processes add entries too)
+    monkeypatch.setattr(cache_module, "RESCAN_S", 0.0)
+    load(paths[4], cache_dir=cache)
+    assert len(looks) == 3
 
 
 def test_clear_skips_entries_in_use_and_an_evicted_trace_loads_again(tmp_path: Path) -> None:

@@ -243,7 +243,8 @@ def test_corpus_vllm_mixediteration(corpus: Path) -> None:
     # AND summary's one line says its GPU busy is of the iteration's wall, with that wait in it (beside the
     # summary's own figure over the GPU span, which holds no wait)
     assert 148e6 < result.gpu_wait_ns < 150e6
-    assert result.line is not None and "GPU busy 50.7% of their wall, 149 ms of it before the GPU started" in result.line
+    assert result.line is not None
+    assert "GPU busy 50.7% of their wall, 149 ms of it before the GPU started" in result.line
 
 
 def test_corpus_other_vllm_traces(corpus: Path) -> None:
