@@ -193,9 +193,9 @@ RULES: tuple[Rule, ...] = (
     Rule(Verdict.GPU_BOUND, ((GPU_WORK, _at_least("graph_replay_fraction", MOST)),),
          "otherwise, with most kernel time replayed from CUDA/HIP graphs",
          "The GPU is busy with graph-replayed kernels, so launch overhead is already gone: what is left is the "
-         "kernels themselves. Map them to their ops with a profile of the graph capture (`stepscope graphs "
-         "--graph-capture`), then see how far each is from the roofline (`stepscope flops`): decode matmuls are "
-         "usually bandwidth-bound, helped by larger batches and quantized weights, not faster math."),
+         "kernels themselves. See how far each op is from the roofline (`stepscope flops`; replayed kernels count "
+         "for their ops with a profile of the graph capture, `--graph-capture` or one in the run directory): decode "
+         "matmuls are usually bandwidth-bound, helped by larger batches and quantized weights, not faster math."),
     Rule(Verdict.GPU_BOUND, ((GPU_WORK,),), "otherwise, with GPU work in the trace",
          "The GPU is busy: speed up the longest compute kernels (mixed precision, channels_last, better "
          "algorithms)."),
