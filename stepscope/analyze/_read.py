@@ -20,6 +20,7 @@ import os
 import queue
 import re
 import sys
+import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -44,15 +45,43 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 #: msgspec reads nested arrays and objects recursively: deeper than Python's recursion limit is refused
 NESTED_TOO_DEEP = "arrays and objects nested too deeply to read (beyond Python's recursion limit)"
 
-#: A trace's JSON in memory: a bytearray, or from LARGE_BUFFER_BYTES on an anonymous mapping (see _prefaulted)
+class FileMap(mmap.mmap):
+    """A file's JSON mapped into memory rather than read (`read_trace`, from MAP_MIN_BYTES): its pages are the
+    file's, read in as they are touched, and pages already decoded can be given back (`release`), so a trace
+    larger than memory is ingested in a window of it. Private: a write would change this mapping, not the file."""
+
+
+#: A trace's JSON in memory: a bytearray, from LARGE_BUFFER_BYTES an anonymous mapping (see _prefaulted), or
+#: from MAP_MIN_BYTES the file itself mapped (FileMap)
 Document: TypeAlias = bytearray | mmap.mmap
 
+#: From this many bytes of JSON, a trace is mapped (a plain file) or inflated into a file beside the output and
+#: mapped (gzip), never held whole in memory: ingest then holds the spans being decoded, not the trace
+MAP_MIN_BYTES = 256 << 20
 
-def read_trace(path: Path, sha256: str | None = None, *, helpers: bool = True) -> tuple[Document, str]:
+
+def read_trace(path: Path, sha256: str | None = None, *, helpers: bool = True,
+               spill_dir: Path | None = None) -> tuple[Document, str]:
     """The uncompressed JSON of a trace file (gzip sniffed by its magic bytes) and the sha256 of the file
     as stored, from one read (or `sha256` as given, when the caller has just hashed the file). Writable
     memory, so spans of it can be decoded in place (see iter_chunk_tables). `helpers`: a core is spare for
-    helper threads, which fault a large buffer's memory in ahead and hash the file while it is read."""
+    helper threads, which fault a large buffer's memory in ahead and hash the file while it is read.
+
+    From MAP_MIN_BYTES of JSON the trace is not read into memory: a plain file is mapped (`FileMap`), and a
+    gzip file, given `spill_dir`, is inflated piece by piece into a temporary file there, which is mapped and
+    unlinked at once (the mapping keeps its pages until it is closed)."""
+    try:
+        mapped = _mapped(path, sha256, spill_dir)
+    except IsADirectoryError:
+        raise InputError("is a directory, expected a trace file", path=path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    except EOFError:
+        raise TraceFormatError("truncated gzip file (the compressed stream ends early)", path=path) from None
+    except _CORRUPT_GZIP as exc:
+        raise TraceFormatError(f"corrupt gzip data ({exc})", path=path) from None
+    if mapped is not None:
+        return mapped
     try:
         with open(path, "rb") as fh, _prefaulted(os.fstat(fh.fileno()).st_size, helpers) as stored:
             got, sha = _read_into(fh, stored, hashing=sha256 is None, helpers=helpers)
@@ -71,6 +100,82 @@ def read_trace(path: Path, sha256: str | None = None, *, helpers: bool = True) -
         raise TraceFormatError("truncated gzip file (the compressed stream ends early)", path=path) from None
     except _CORRUPT_GZIP as exc:
         raise TraceFormatError(f"corrupt gzip data ({exc})", path=path) from None
+
+
+def _mapped(path: Path, sha256: str | None, spill_dir: Path | None) -> tuple[FileMap, str] | None:
+    """The trace's JSON as a FileMap and the file's sha256, where it holds MAP_MIN_BYTES of JSON or more (a
+    gzip file only with a `spill_dir`); None otherwise (it is read into memory)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        gzipped = fh.read(2) == b"\x1f\x8b"
+        if not gzipped:
+            if size < MAP_MIN_BYTES:
+                return None
+            fh.seek(0)
+            sha = sha256 or hashlib.file_digest(fh, "sha256").hexdigest()
+            mapped = FileMap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            _advise(mapped, "MADV_SEQUENTIAL")
+            return mapped, sha
+        if spill_dir is None or json_size(path) < MAP_MIN_BYTES:
+            return None
+        fh.seek(0)
+        fd, name = tempfile.mkstemp(prefix=".stepscope-", suffix=".json", dir=spill_dir)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                digest = _inflate_to(fh, out)
+                out.flush()
+                spilled = FileMap(out.fileno(), 0, access=mmap.ACCESS_COPY) if out.tell() else None
+        finally:
+            os.unlink(name)  # (the mapping keeps the file's pages: nothing is left behind, whatever happens)
+    if spilled is None:  # an empty stream: read as it is (the reader says what is wrong)
+        return None
+    _advise(spilled, "MADV_SEQUENTIAL")
+    return spilled, sha256 or digest
+
+
+def _inflate_to(fh: Any, out: Any) -> str:
+    """Inflate the gzip stream `fh` (every member, then zero padding at most) into the file `out`, a piece at
+    a time; the sha256 of the compressed bytes. EOFError when the stream ends early, _inflate.error when it is
+    corrupt."""
+    hasher = hashlib.sha256()
+    decompressor = _inflate.decompressobj(wbits=31)
+    while chunk := fh.read(_SPILL_READ):
+        hasher.update(chunk)
+        data: bytes = chunk
+        while data:
+            if decompressor.eof:  # a member ended: another follows, or padding
+                if not data.strip(b"\x00"):
+                    break
+                decompressor = _inflate.decompressobj(wbits=31)
+            out.write(decompressor.decompress(data, _PIECE))
+            data = decompressor.unused_data if decompressor.eof else decompressor.unconsumed_tail
+    while not decompressor.eof:  # what the last piece left in the inflater, if it holds the stream's end
+        piece = decompressor.decompress(b"", _PIECE)
+        if not piece:
+            raise EOFError("compressed stream ends early")
+        out.write(piece)
+    return hasher.hexdigest()
+
+
+def release(data: Document, end: int) -> None:
+    """Give back the pages of a FileMap that lie wholly before `end` (already decoded): they are the file's, so
+    they come back as they were if read again. Other documents are left as they are."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)  # (where there is none, the pages stay until the end)
+    if isinstance(data, FileMap) and advice is not None and end >= mmap.PAGESIZE:
+        data.madvise(advice, 0, end - end % mmap.PAGESIZE)
+
+
+def _advise(mapped: FileMap, name: str) -> None:
+    """madvise advice by name, where this system has it (a hint: nothing depends on it)."""
+    advice = getattr(mmap, name, None)
+    if advice is not None:
+        try:
+            mapped.madvise(advice)
+        except OSError:
+            pass
+
+
+_SPILL_READ = 1 << 20
 
 
 def json_size(path: Path) -> int:

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from stepscope.analyze._arrow import to_series
 from stepscope.analyze._columns import ChunkTables, decode_range, decode_span
-from stepscope.analyze._read import Document, iter_chunks, split_document
+from stepscope.analyze._read import Document, iter_chunks, release, split_document
 from stepscope.errors import TraceFormatError
 
 # Spans of about a quarter of a core's share of the array (threads stay balanced, the Parquet writer starts
@@ -80,6 +80,7 @@ def iter_chunk_tables(data: Document, start: int, end: int, path: Path, *, chunk
     (`certain` False: see _read.locate_events), the first span that fails has it validated first (_verify).
     """
     spans = list(iter_chunks(data, start, end, chunk_bytes))
+    release(data, len(data))  # finding the cuts touched a page (a page cache folio: up to 2 MB) at each cut
 
     def submit(a: int, b: int) -> Future[ChunkTables | None]:
         assert pool is not None
@@ -102,6 +103,7 @@ def iter_chunk_tables(data: Document, start: int, end: int, path: Path, *, chunk
         i = following
         yield _shifted(chunk, index)
         index += chunk.n_input
+        release(data, spans[i][0] if i < len(spans) else end)  # (a mapped file's pages behind: decoded)
 
 
 class _Schedule:

@@ -105,7 +105,8 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
             threading.Thread(target=_warm_up_workers, args=(pool, jobs - 1, pool_ready), daemon=True).start()
         warming = _warm_up_once()
         try:
-            data, sha = read_trace(path, sha256, helpers=spare_core)
+            spill = out_dir.parent if out_dir.parent.is_dir() else None  # (a large gzip trace is inflated there)
+            data, sha = read_trace(path, sha256, helpers=spare_core, spill_dir=spill)
         finally:  # a daemon thread still inside pyarrow's C++ when the interpreter exits aborts the process
             warming.join()
         if not force and is_ingested(out_dir, sha, drop_added=drop_added):

@@ -1,0 +1,111 @@
+"""Large traces are mapped, not read: the same tables as a trace read into memory, pages behind given back, and
+a gzip trace inflated into a file beside the output (gone afterwards) with every member and error kept.
+
+MAP_MIN_BYTES is lowered here so that small synthetic traces take the mapped path; the real sizes are measured
+in benchmarks/bounded_memory.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import mmap
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from builders import cpu_op, flow, kernel, thread_name, trace, write_trace
+
+from stepscope.analyze import _read
+from stepscope.analyze._read import FileMap, read_trace, release
+from stepscope.analyze.ingest import ingest_trace
+from stepscope.errors import TraceFormatError
+
+
+def _doc() -> dict[str, Any]:
+    events = []
+    for i in range(300):
+        events.append(cpu_op("aten::add }, { tricky \u00e9", ts=i * 10, dur=5, external_id=i))
+        events.append(kernel(f"k{i}", ts=i * 10 + 1, dur=3, correlation=i))
+        events.append(flow(i, "s", i * 10 + 2, pid=1000, tid=1))
+    doc: dict[str, Any] = trace(thread_name("main"), *events, traceName="t")
+    return doc
+
+
+def _tables(out: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    return pl.read_parquet(out / "events.parquet"), pl.read_parquet(out / "flows.parquet")
+
+
+@pytest.fixture
+def mapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_read, "MAP_MIN_BYTES", 1)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_mapped_trace_gives_the_tables_of_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gz: bool,
+                                                     jobs: int) -> None:
+    # GIVEN a trace read into memory (the usual size) and the same trace mapped (as from MAP_MIN_BYTES)
+    path = write_trace(tmp_path / "src", _doc(), "t.json", gz=gz)
+    read = ingest_trace(path, tmp_path / "read", chunk_bytes=900, jobs=jobs)
+    monkeypatch.setattr(_read, "MAP_MIN_BYTES", 1)
+    data, sha = read_trace(path, spill_dir=tmp_path)
+    assert isinstance(data, FileMap) and bytes(data) == json.dumps(_doc()).encode()
+    assert sha == hashlib.sha256(path.read_bytes()).hexdigest()  # of the file as stored
+    data.close()
+    mapped = ingest_trace(path, tmp_path / "out" / "mapped", chunk_bytes=900, jobs=jobs)
+    # THEN every table is the same, row for row, and nothing was left beside the output
+    for a, b in zip(_tables(read.out_dir), _tables(mapped.out_dir), strict=True):
+        assert a.height > 0 and a.equals(b)
+    meta = [json.loads((d / "meta.json").read_text()) for d in (read.out_dir, mapped.out_dir)]
+    assert meta[0]["counts"] == meta[1]["counts"] and meta[0]["source"]["sha256"] == meta[1]["source"]["sha256"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["mapped"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".stepscope-")]
+
+
+def test_pages_given_back_read_as_before(tmp_path: Path) -> None:
+    # GIVEN a mapped file whose first pages are given back THEN they read as the file still says
+    path = tmp_path / "f.json"
+    path.write_bytes(bytes(range(256)) * (3 * mmap.PAGESIZE // 256))
+    with open(path, "rb") as fh:
+        data = FileMap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    release(data, 2 * mmap.PAGESIZE + 7)
+    assert bytes(data) == path.read_bytes()
+    plain = bytearray(b"x" * 3 * mmap.PAGESIZE)  # anything else is left alone (its pages are not the file's)
+    release(plain, len(plain))
+    assert plain == b"x" * 3 * mmap.PAGESIZE
+    data.close()
+
+
+def test_a_mapped_trace_whose_cut_falls_in_a_string_reads_the_released_pages_again(tmp_path: Path,
+                                                                                     mapped: None) -> None:
+    # GIVEN cuts that land inside strings, so spans are merged and re-decoded after pages were given back
+    path = write_trace(tmp_path, _doc(), "t.json")
+    out = ingest_trace(path, tmp_path / "o", chunk_bytes=64, jobs=1)
+    events, _ = _tables(out.out_dir)
+    assert events.filter(pl.col("name").str.contains("tricky")).height == 300
+
+
+def test_several_gzip_members_and_padding_are_one_stream(tmp_path: Path, mapped: None) -> None:
+    body = json.dumps(_doc()).encode()
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(body[:1000]) + gzip.compress(body[1000:]) + b"\x00" * 512)
+    data, _ = read_trace(path, spill_dir=tmp_path)
+    assert isinstance(data, FileMap) and bytes(data) == body
+    data.close()
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda z: z[: len(z) // 2], "truncated gzip file"),
+    (lambda z: z[:20] + b"\xff" * 40 + z[60:], "corrupt gzip data"),
+])
+def test_a_damaged_gzip_trace_is_one_error_and_leaves_nothing(tmp_path: Path, mapped: None, damage: Any,
+                                                              message: str) -> None:
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(damage(gzip.compress(json.dumps(_doc()).encode())))
+    with pytest.raises(TraceFormatError, match=message):
+        ingest_trace(path, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.gz"]
