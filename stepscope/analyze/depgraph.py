@@ -599,13 +599,7 @@ def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu
     rank = np.zeros(len(t), dtype=np.int64)
     rank[n_cpu:] = 1
     rank[sync_dst] = 2  # a blocking call's end comes after the GPU work it waited for, even at the same time
-    order = topological_order(t, rank, edges["src"].to_numpy(), edges["dst"].to_numpy())
-    position = np.empty(len(t), dtype=np.int64)
-    position[order] = np.arange(len(t))
-    forward = position[edges["src"].to_numpy()] < position[edges["dst"].to_numpy()]
-    dropped = int((~forward).sum())
-    edges = edges.filter(pl.Series(forward))
-    edges = edges.with_columns(weight_ns=measured_weights(edges, t))
+    order, edges, dropped = ordered_edges(t, rank, edges)
     main_nodes = bounds.filter((pl.col("pid") == main[0]) & (pl.col("tid") == main[1])).select("node", "t")
     if windows["step"].null_count() == windows.height:  # no steps: the window is what the graph covers
         windows = windows.with_columns(start_ns=pl.lit(int(t.min())), end_ns=pl.lit(int(t.max())))
@@ -717,6 +711,17 @@ def window_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:
     )
 
 
+def ordered_edges(t_ns: IntArray, tie: IntArray, edges: pl.DataFrame) -> tuple[IntArray, pl.DataFrame, int]:
+    """The replay order (`topological_order`), the edges that run along it with their measured weights, and how
+    many ran against it (clock skew) and were dropped."""
+    order = topological_order(t_ns, tie, edges["src"].to_numpy(), edges["dst"].to_numpy())
+    position = np.empty(len(t_ns), dtype=np.int64)
+    position[order] = np.arange(len(t_ns))
+    forward = position[edges["src"].to_numpy()] < position[edges["dst"].to_numpy()]
+    kept = edges.filter(pl.Series(forward))
+    return order, kept.with_columns(weight_ns=measured_weights(kept, t_ns)), int((~forward).sum())
+
+
 #: rounds of re-ranking nodes that share a time (`topological_order`): the longest chain of edges between
 #: nodes at one instant that is put in order; what is left against the order after them is dropped
 TIE_ROUNDS = 16
@@ -746,5 +751,5 @@ def topological_order(t_ns: IntArray, tie: IntArray, src: IntArray, dst: IntArra
     return np.lexsort((np.arange(len(t_ns)), tie, t_ns)).astype(np.int64)
 
 
-__all__ = ["DependencyGraph", "EdgeType", "PathKind", "Replay", "build_graph", "measured_weights", "replay",
-           "step_times", "topological_order", "window_times"]
+__all__ = ["DependencyGraph", "EdgeType", "PathKind", "Replay", "build_graph", "measured_weights", "ordered_edges",
+           "replay", "step_times", "topological_order", "window_times"]

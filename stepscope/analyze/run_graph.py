@@ -49,8 +49,7 @@ from stepscope.analyze.depgraph import (
     EdgeType,
     PathKind,
     build_graph,
-    measured_weights,
-    topological_order,
+    ordered_edges,
 )
 from stepscope.analyze.kernels import KernelCategory
 from stepscope.analyze.trace import Trace
@@ -303,13 +302,7 @@ def _ordered(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, en
     tie = nodes["tie"].to_numpy().copy()
     wait_dst = edges.filter(pl.col("type") == EdgeType.COMM_WAIT.value)["dst"].to_numpy()
     tie[wait_dst] = 2
-    order = topological_order(t, tie, edges["src"].to_numpy(), edges["dst"].to_numpy())
-    position = np.empty(len(t), dtype=np.int64)
-    position[order] = np.arange(len(t))
-    forward = position[edges["src"].to_numpy()] < position[edges["dst"].to_numpy()]
-    backwards = int((~forward).sum())
-    edges = edges.filter(pl.Series(forward))
-    edges = edges.with_columns(weight_ns=measured_weights(edges, t))
+    order, edges, backwards = ordered_edges(t, tie, edges)
     kind = kinds.pop() if len(kinds) == 1 else " / ".join(sorted(kinds))
     graph = DependencyGraph(nodes=nodes.drop("tie"), edges=edges, windows=windows, gpu_ends=ends, order=order,
                             dropped_edges=dropped + backwards, window_kind=kind, launch_latency_ns=latency)
