@@ -4,7 +4,8 @@
 whoever reads it) and never stops at a bad one: a trace that fails to load or analyse becomes a member with
 its one-line failure and an error row, and the rest go on. `trace_row` is a trace's line in the index;
 `straggler` names the member whose median step is slowest; `run_facts` reads a capture's manifest and
-`side_files` analyses a run's memory snapshots and memory timelines.
+`side_files` analyses a run's memory snapshots and memory timelines. `fleet_stats` sums a batch's rows up: verdict
+counts, the spread of step time and GPU busy across traces, the worst runs.
 
     run/ rank_0 (median step 101 ms), rank_1 (140 ms), rank_2 (99 ms)  ->  straggler: rank_1's row
 """
@@ -12,6 +13,7 @@ its one-line failure and an error row, and the rest go on. `trace_row` is a trac
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -115,7 +117,9 @@ def trace_row(bundle: TraceAnalysis) -> dict[str, Any]:
     """The index figures of one trace (None where the trace has none).
 
     Step times are the steps table's wall times (p50, p95); `idle_causes` maps each gap cause to its share
-    of the analysis window, `window_busy_fraction` is the busy share of the same window (gaps).
+    of the analysis window, `window_busy_fraction` is the busy share of the same window (gaps);
+    `summary_gpu_busy_fraction` is the verdict's GPU busy (busy time over all steps' wall time), the figure
+    `stepscope summary` and `stepscope fleet` give.
     """
     trace = bundle.trace
     try:
@@ -141,11 +145,93 @@ def trace_row(bundle: TraceAnalysis) -> dict[str, Any]:
         "gpu_idle_ns": steps["gpu_idle_ns"].mean() if steps.height else None,
         "idle_causes": shares or None,
         "window_busy_fraction": gaps.busy_fraction,
+        "summary_gpu_busy_fraction": _finite(bundle.verdict.gpu_busy_fraction) if verdict is not None else None,
         "peak_memory_bytes": bundle.memory.peak_allocated_bytes,
         "peak_device": bundle.memory.peak_device,
         "warnings": bundle.info.warnings.height,
         "error": problem,
     }
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spread:
+    """One figure across traces: how many have it, its min, p50, p90 and max (linear interpolation)."""
+
+    traces: int
+    min: float
+    p50: float
+    p90: float
+    max: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetStats:
+    """A batch's index rows summed up (`fleet_stats`).
+
+    `verdicts`: traces per verdict, most first ('no verdict' for a reported trace without one; failed traces
+    are counted in `failed` only). `step_p50`, `step_p95`, `gpu_busy`: the spread across traces of each trace's
+    median and p95 step wall time and its GPU busy (the verdict's, as `stepscope fleet` gives it), None where
+    no trace has the figure. `lowest_busy` and `longest_p95`: the worst rows (the index rows themselves), in
+    the order of `stepscope fleet --sort gpu_busy` and `--sort step_p95 --desc` (ties in input order)."""
+
+    traces: int
+    failed: int
+    verdicts: dict[str, int]
+    step_p50: Spread | None
+    step_p95: Spread | None
+    gpu_busy: Spread | None
+    lowest_busy: list[dict[str, Any]]
+    longest_p95: list[dict[str, Any]]
+
+
+#: the verdict count of a reported trace whose verdict could not be computed
+NO_VERDICT = "no verdict"
+
+
+def reported(row: dict[str, Any]) -> bool:
+    """Whether an index row is a trace that was analysed (a failed one carries only its name and error)."""
+    return "steps" in row
+
+
+def fleet_stats(rows: Sequence[dict[str, Any]], *, worst: int = 10) -> FleetStats:
+    """Verdict counts, the spread of step time and GPU busy across the rows (`trace_row`s), and the `worst` rows
+    with the lowest GPU busy and with the longest p95 step.
+
+        rows: a (gpu_bound, p50 10 ms, busy 0.9), b (launch_bound, 40 ms, 0.3), c (gpu_bound, 20 ms, 0.8)
+        ->  verdicts {gpu_bound: 2, launch_bound: 1}; step p50 min 10 ms, p50 20 ms, max 40 ms; lowest busy b, c, a
+    """
+    ok = [r for r in rows if reported(r)]
+    counts: dict[str, int] = {}
+    for r in ok:
+        key = str(r["verdict"]) if r.get("verdict") is not None else NO_VERDICT
+        counts[key] = counts.get(key, 0) + 1
+
+    def known(key: str) -> list[dict[str, Any]]:
+        return [r for r in ok if _finite(r.get(key)) is not None]
+
+    busy, p95 = known("summary_gpu_busy_fraction"), known("p95_step_ns")
+    return FleetStats(
+        traces=len(rows), failed=len(rows) - len(ok),
+        verdicts=dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+        step_p50=_spread([r["median_step_ns"] for r in known("median_step_ns")]),
+        step_p95=_spread([r["p95_step_ns"] for r in p95]),
+        gpu_busy=_spread([r["summary_gpu_busy_fraction"] for r in busy]),
+        lowest_busy=sorted(busy, key=lambda r: float(r["summary_gpu_busy_fraction"]))[:worst],
+        longest_p95=sorted(p95, key=lambda r: -float(r["p95_step_ns"]))[:worst],
+    )
+
+
+def _spread(values: list[float]) -> Spread | None:
+    if not values:
+        return None
+    s = pl.Series(values, dtype=pl.Float64)
+    q = [s.quantile(p, "linear") for p in (0.5, 0.9)]
+    return Spread(traces=len(values), min=float(s.min()), p50=float(q[0] or 0.0),  # type: ignore[arg-type]
+                  p90=float(q[1] or 0.0), max=float(s.max()))  # type: ignore[arg-type]
 
 
 def straggler(found: Sequence[Member]) -> str | None:

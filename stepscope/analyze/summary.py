@@ -450,8 +450,9 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
                     .group_by(name=pl.coalesce("op_name", "runtime_name"))
                     .agg(count=pl.len(), total_ns=pl.col("launch_dur_ns").sum())
                     .with_columns(what=pl.lit("op (launches, launch time)")))
-        out = pl.concat([late.sort("total_ns", descending=True).head(2),
-                         launches.sort("count", descending=True).head(3)], how="diagonal_relaxed")
+        out = pl.concat([late.sort("total_ns", "name", descending=[True, False]).head(2),
+                         launches.sort("count", "total_ns", "name", descending=[True, True, False]).head(3)],
+                        how="diagonal_relaxed")
     elif verdict is Verdict.COMMUNICATION_BOUND:
         out = _comm_places(*comm)
     elif verdict is Verdict.GPU_BOUND:

@@ -9,10 +9,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from stepscope.commands._engine import check_engine, engine_options
 from stepscope.commands._options import echo_failure, end_batch, graph_capture_option
 from stepscope.errors import UsageError
 
@@ -22,8 +23,11 @@ TRACE_FILE, RUN_FILE = "trace.perfetto.json.gz", "run.perfetto.json.gz"
 if TYPE_CHECKING:  # the analyses and the report writer load polars and matplotlib: imported when a report runs
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.collection import Collection, Member
+    from stepscope.reports._render import FigureRenderer
     from stepscope.reports.html import PerfettoLink, Section
     from stepscope.reports.perfetto import ExportResult
+
+T = TypeVar("T")
 
 
 @click.command("report")
@@ -38,8 +42,9 @@ if TYPE_CHECKING:  # the analyses and the report writer load polars and matplotl
               help=f"Also write the trace with the report's answers as tracks (as `stepscope export` does) beside the "
                    f"page, OUT/{TRACE_FILE} (a capture run: all ranks in one file, OUT/{RUN_FILE}), and link it.")
 @graph_capture_option
+@engine_options
 def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto: bool,
-            graph_capture: Path | None) -> None:
+            graph_capture: Path | None, engine: str, address: str | None) -> None:
     """HTML report: steps and GPU timeline, ops, memory, trace info and warnings, how to reproduce; for a
     run or a batch, an index with one sortable row per rank or trace linking to each report. A trace of CUDA/HIP
     graph replays with a profile of the graph capture (--graph-capture, or found in its run directory) has its
@@ -47,7 +52,8 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
 
     A trace that fails in a run or batch is reported in one line and the rest go on; the exit code is 1 if
     any failed. With --perfetto, a trace file that cannot be written is said on its page, and the report is
-    still written."""
+    still written. With --engine ray, each trace of a batch is analysed and its page written by a Ray task (the
+    output directory must be on storage the workers see); the index is built here."""
     from stepscope._io import atomic_dir, check_output_path
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.graphs import capture_line, load_replayed, locate_capture
@@ -57,6 +63,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
     from stepscope.reports.perfetto import ExportOptions, export_trace
 
     start = time.perf_counter()
+    check_engine(engine, address)
     if batch and graph_capture is not None:
         raise UsageError("--graph-capture maps one trace's replayed kernels: leave out --batch", path=input_path)
     with_capture = not batch and (graph_capture is not None or locate_capture(input_path).capture is not None)
@@ -69,8 +76,11 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
     check_output_path(out)
     if isinstance(inp, RunDir | Dataset | TraceBatch):
         with atomic_dir(out, create_parents=False) as tmp:
-            kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step, perfetto=perfetto)
+            kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step, perfetto=perfetto,
+                                                    engine=engine, address=address)
     else:
+        if engine == "ray":
+            click.echo("note: one trace is reported here; --engine ray maps the traces of a batch", err=True)
         frames, choice = load_replayed(input_path, graph_capture)  # (no capture given or found: the trace itself)
         with FigureWorkers() as renderer:  # they warm up while the trace is analysed
             bundle = TraceAnalysis.of(frames)
@@ -114,42 +124,35 @@ def _export(write: Callable[[Path], ExportResult], directory: Path, name: str, h
     return PerfettoLink(href=href + name, size=human_bytes(result.size_bytes))
 
 
-def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bool,
-                      step: int | None, perfetto: bool) -> tuple[str, list[str], int]:
-    """Each member's page as it is analysed (one bundle alive at a time), then the index; returns the mode,
-    the failed files' lines and the number of traces. With `perfetto`, a capture run's ranks in one exported
-    file that the index and every rank's page link; in a batch, each trace's own beside its page."""
-    from stepscope.analyze.collection import members, page_names, run_facts, side_files, straggler
+def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bool, step: int | None,
+                      perfetto: bool, engine: str = "local", address: str | None = None) -> tuple[str, list[str], int]:
+    """Each member's page as it is analysed (one bundle alive at a time; with `engine` ray, a batch's members each
+    in a Ray task at `address`), then the index; returns the mode, the failed files' lines and the number of traces.
+    With `perfetto`, a capture run's ranks in one exported file that the index and every rank's page link; in a
+    batch, each trace's own beside its page. A capture run stays here (its ranks are read together for its
+    verdict): with --engine ray it says so in one line."""
+    from stepscope.analyze.collection import page_names, run_facts, side_files, straggler
     from stepscope.analyze.inputs import RunDir
-    from stepscope.reports._render import FigureWorkers
-    from stepscope.reports.assemble import index_page, member_page, member_row
+    from stepscope.reports.assemble import index_page
     from stepscope.reports.html import plural
-    from stepscope.reports.perfetto import ExportOptions, export_run, export_trace
+    from stepscope.reports.perfetto import ExportOptions, export_run
 
     run = isinstance(inp, RunDir)
     run_link = _export(lambda target: export_run([input_path], target, ExportOptions()), tmp, RUN_FILE) \
         if perfetto and run else None
     named = page_names(inp)
-    done: list[Member] = []
-    rows = []
-    lead: Member | None = None
-    seen: set[int] = set()  # every member's steps, for --step
-    with FigureWorkers() as renderer:  # a member's figures are drawn while its sections are built
-        for m in _progress(members(named), len(named)):
-            rows.append(member_row(m, run=run))
-            if m.bundle is not None:
-                seen.update(m.bundle.frames.step_windows["step"].to_list())
-                (tmp / m.name).mkdir(parents=True, exist_ok=True)
-                link = run_link
-                if run_link is not None and run_link.href is not None:
-                    link = dataclasses.replace(run_link, href=f"../{run_link.href}")
-                elif perfetto and not run:
-                    link = _export(functools.partial(export_trace, m.path, options=ExportOptions(), bundle=m.bundle),
-                                   tmp / m.name, TRACE_FILE)
-                page = member_page(m, step=step, renderer=renderer, perfetto=link)
-                (tmp / m.name / "index.html").write_text(page, encoding="utf-8")
-                lead = m if run and len(named) == 1 else None
-            done.append(dataclasses.replace(m, bundle=None))  # its page is written: let its frames go
+    if engine == "ray" and run:
+        click.echo("note: a capture run's ranks are reported here; --engine ray maps the traces of a batch", err=True)
+    if engine == "ray" and not run:
+        written = _members_on_ray(named, tmp, step=step, perfetto=perfetto, address=address)
+    else:
+        written = _members_here(named, tmp, run=run, step=step, perfetto=perfetto, run_link=run_link)
+    order = {name: i for i, (_path, name) in enumerate(named)}
+    results = sorted(_progress(written, len(named)), key=lambda w: order[w[0].name])  # (Ray's come as they finish)
+    done = [m for m, _row, _steps in results]
+    rows = [row for _m, row, _steps in results]
+    seen = {s for _m, _row, steps in results for s in steps}  # every member's steps, for --step
+    lead = done[0] if run and len(named) == 1 and done[0].bundle is not None else None
     failed = [m.failure for m in done if m.failure]
     if step is not None and step not in seen and len(failed) < len(done):
         listed = ", ".join(map(str, sorted(seen)[:20])) + (", …" if len(seen) > 20 else "")
@@ -166,9 +169,95 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
                       subtitle=f"{plural(len(rows), 'trace')} from {input_path}",
                       reproduce=f"stepscope report {input_path} -o OUT/" + (" --batch" if batch else "")
                       + (" --perfetto" if perfetto else ""),
-                      first=first, perfetto=run_link)
+                      first=first, perfetto=run_link, source=str(input_path))
     (tmp / "index.html").write_text(page, encoding="utf-8")
     return ("run" if run else "batch"), failed, len(rows)
+
+
+#: what a member's page writer hands back: the member (its bundle let go), its index row, its steps
+Written = tuple["Member", dict[str, Any], list[int]]
+
+
+def _members_here(named: list[tuple[Path, str]], tmp: Path, *, run: bool, step: int | None, perfetto: bool,
+                  run_link: PerfettoLink | None) -> Iterator[Written]:
+    """Each member analysed and its page written in this process, in order, its figures drawn by workers."""
+    from stepscope.analyze.collection import members
+    from stepscope.reports._render import FigureWorkers
+
+    with FigureWorkers() as renderer:  # a member's figures are drawn while its sections are built
+        for m in members(named):
+            yield _write_member(m, tmp, run=run, step=step, perfetto=perfetto, run_link=run_link, renderer=renderer,
+                                keep=run and len(named) == 1)
+
+
+def _write_member(m: Member, tmp: Path, *, run: bool, step: int | None, perfetto: bool,
+                  run_link: PerfettoLink | None, renderer: FigureRenderer, read_from: Path | None = None,
+                  keep: bool = False) -> Written:
+    """A member's page (and with `perfetto` in a batch its exported trace) written to tmp/<name>/; a failed member
+    has none. `read_from`: where the trace file is when `m.path` names it as the user gave it; `keep`: hand the
+    member back with its bundle (a run of one rank, whose index is that rank's report)."""
+    from stepscope.reports.assemble import member_page, member_row
+    from stepscope.reports.perfetto import ExportOptions, export_trace
+
+    row = member_row(m, run=run)
+    if m.bundle is None:
+        return m, row, []
+    steps = m.bundle.frames.step_windows["step"].to_list()
+    (tmp / m.name).mkdir(parents=True, exist_ok=True)
+    link = run_link
+    if run_link is not None and run_link.href is not None:
+        link = dataclasses.replace(run_link, href=f"../{run_link.href}")
+    elif perfetto and not run:
+        link = _export(functools.partial(export_trace, read_from or m.path, options=ExportOptions(), bundle=m.bundle),
+                       tmp / m.name, TRACE_FILE)
+    page = member_page(m, step=step, renderer=renderer, perfetto=link)
+    (tmp / m.name / "index.html").write_text(page, encoding="utf-8")
+    return (m if keep else dataclasses.replace(m, bundle=None)), row, steps  # page written: let its frames go
+
+
+def report_member(path: str, given: str, name: str, out: str, step: int | None, perfetto: bool,
+                  cache_dir: str) -> Written:
+    """A Ray task: the trace at `path` (absolute) analysed and its page written to out/<name>/ (absolute), as
+    `_write_member` writes it here; the page and the failure line name the trace as the user gave it (`given`)."""
+    from stepscope.analyze.collection import members
+    from stepscope.reports._render import INLINE
+
+    m = next(members([(Path(path), name)], cache_dir=Path(cache_dir)))
+    m = _as_given(m, path, given)
+    return _write_member(m, Path(out), run=False, step=step, perfetto=perfetto, run_link=None, renderer=INLINE,
+                         read_from=Path(path))
+
+
+def _as_given(m: Member, path: str, given: str) -> Member:
+    """The member as the user named its trace: `path` (absolute, for a worker) back to `given` in its path,
+    its failure line and its row's error."""
+    row = dict(m.row)
+    if isinstance(row.get("error"), str):
+        row["error"] = row["error"].replace(path, given)
+    return dataclasses.replace(m, path=Path(given), row=row,
+                               failure=m.failure.replace(path, given) if m.failure is not None else None)
+
+
+def _members_on_ray(named: list[tuple[Path, str]], tmp: Path, *, step: int | None, perfetto: bool,
+                    address: str | None) -> Iterator[Written]:
+    """Each member of a batch a `report_member` Ray task, yielded as they finish; a task Ray lost (a worker
+    killed, out of memory) is that member's failure, as a trace that cannot be read is."""
+    from stepscope.analyze._locations import default_cache_dir
+    from stepscope.analyze.collection import Member
+    from stepscope.analyze.engines import import_ray, ray_map
+    from stepscope.errors import failure_line
+
+    import_ray()
+
+    def lost(args: tuple[str, str, str, str, int | None, bool, str], exc: BaseException) -> Written:
+        given = args[1]
+        m = Member(name=args[2], path=Path(given), bundle=None, failure=failure_line(exc, given),
+                   row={"trace": Path(given).name, "error": f"{type(exc).__name__}: {exc}"})
+        return m, {**m.row, "page": m.name}, []
+
+    cache = str(default_cache_dir().absolute())
+    jobs = [(str(p.absolute()), str(p), name, str(tmp.absolute()), step, perfetto, cache) for p, name in named]
+    yield from ray_map(report_member, jobs, on_error=lost, address=address)
 
 
 def _run_verdict(input_path: Path, rows: list[dict[str, Any]]) -> tuple[list[Section], str | None, list[str]]:
@@ -191,7 +280,7 @@ def _run_verdict(input_path: Path, rows: list[dict[str, Any]]) -> tuple[list[Sec
     return [section], mark, []
 
 
-def _progress(found: Iterator[Member], total: int) -> Iterator[Member]:
+def _progress(found: Iterator[T], total: int) -> Iterator[T]:
     """A progress bar on stderr for two traces or more."""
     if total < 2:
         yield from found

@@ -3,7 +3,8 @@ with one sortable row per member linking to its page. They render results only (
 writing the pages is the caller's.
 
     index.html            the run overview (the capture's facts, its memory files, ranks side by side) or
-                          the batch index
+                          the batch index (the fleet: verdict counts, step time and GPU busy across traces,
+                          the worst runs; then the traces side by side)
     <name>/index.html     one report per rank (runs) or per trace (batches), linked from the index
 """
 
@@ -29,7 +30,7 @@ from stepscope.reports.html import (
 from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 if TYPE_CHECKING:
-    from stepscope.analyze.collection import Member, RunFacts, SideFile
+    from stepscope.analyze.collection import FleetStats, Member, RunFacts, SideFile, Spread
 
 
 def _idle_causes_text(shares: dict[str, float]) -> str:
@@ -146,13 +147,18 @@ def member_page(m: Member, *, step: int | None, renderer: FigureRenderer = INLIN
 def index_page(rows: list[dict[str, Any]], *, run: bool, lead: Member | None, straggler: str | None,
                facts: RunFacts | None, side: Sequence[SideFile], problems: Sequence[str], step: int | None,
                title: str, subtitle: str, reproduce: str, first: Sequence[Section] = (),
-               perfetto: PerfettoLink | None = None) -> str:
+               perfetto: PerfettoLink | None = None, source: str | None = None, worst: int = 10) -> str:
     """The index: in a run the capture's facts, its memory files and the ranks side by side (`straggler`: the
-    page name of the rank to mark); a batch's traces side by side. `lead` (a run of one rank) puts that
-    rank's whole report first instead of a one-row table; `first`: sections before all (a run's verdict and
-    ranks, `run_page.run_section`); `perfetto`: the run's exported trace to link."""
+    page name of the rank to mark); a batch's fleet (`fleet_section`: `worst` runs listed; `source`, the input
+    as the user named it, for the `stepscope fleet` line) and its traces side by side. `lead` (a run of one rank)
+    puts that rank's whole report first instead of a one-row table; `first`: sections before all (a run's verdict
+    and ranks, `run_page.run_section`); `perfetto`: the run's exported trace to link."""
+    from stepscope.analyze.collection import fleet_stats, reported
+
     sections: list[Section] = list(first)
     problems = list(problems)
+    if not run and sum(map(reported, rows)) >= 2:
+        sections.append(fleet_section(fleet_stats(rows, worst=worst), rows, source=source))
     if lead is not None and lead.bundle is not None:
         trace_sections, trace_problems = build_sections(ReportContext(bundle=lead.bundle, source=str(lead.path),
                                                                       step=step))
@@ -187,4 +193,82 @@ def _index_section(rows: list[dict[str, Any]], *, run: bool) -> Section:
         figures=[Figure(title="Traces side by side", png=png)] if png else [])
 
 
-__all__ = ["index_page", "member_page", "member_row", "trace_report"]
+# --------------------------------------------------------------------------------------------------- fleet
+_WORST_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("verdict", "verdict", lambda v: str(v).replace("_", " ")),
+    ("summary_gpu_busy_fraction", "GPU busy", human_fraction),
+    ("median_step_ns", "step p50", human_ns),
+    ("p95_step_ns", "step p95", human_ns),
+    ("idle_causes", "GPU idle by cause (share of window)", _idle_causes_text),
+]
+
+
+def _worst_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """The worst runs, one row each in the given order, the name linking to the trace's page."""
+    cells = [[Cell(text=str(r["trace"]), sort=str(r["trace"]), href=r.get("href")),
+              *[Cell(text="-" if r.get(k) is None else fmt(r[k]), sort=_sort_key(r.get(k)))
+                for k, _label, fmt in _WORST_COLUMNS]] for r in rows]
+    return Table(title=title, columns=["trace", *[c[1] for c in _WORST_COLUMNS]], rows=cells, total_rows=len(rows),
+                 numeric=[False, False, True, True, True, False], wrap=[True, False, False, False, False, True])
+
+
+def _spread_table(stats: FleetStats) -> Table:
+    """min, p50, p90 and max across traces of each figure, in its unit."""
+    lines: list[tuple[str, Spread | None, Callable[[Any], str]]] = [
+        ("median step", stats.step_p50, human_ns), ("p95 step", stats.step_p95, human_ns),
+        ("GPU busy", stats.gpu_busy, human_fraction)]
+    cells = [[Cell(text=name), Cell(text=f"{s.traces:,}", sort=s.traces),
+              *[Cell(text=fmt(v), sort=v) for v in (s.min, s.p50, s.p90, s.max)]]
+             for name, s, fmt in lines if s is not None]
+    return Table(title="Spread across traces (each trace's figure; p50, p90: of the traces)",
+                 columns=["figure", "traces", "min", "p50", "p90", "max"], rows=cells, total_rows=len(cells),
+                 numeric=[False, True, True, True, True, True])
+
+
+def _verdict_table(stats: FleetStats) -> Table:
+    total = sum(stats.verdicts.values())
+    cells = [[Cell(text=v.replace("_", " "), sort=v), Cell(text=f"{n:,}", sort=n),
+              Cell(text=human_fraction(n / total), sort=n / total)] for v, n in stats.verdicts.items()]
+    if stats.failed:
+        cells.append([Cell(text="(failed: no page)", sort=""), Cell(text=f"{stats.failed:,}", sort=stats.failed),
+                      Cell(text="-")])
+    return Table(title="Verdict counts", columns=["verdict", "traces", "share of reported"], rows=cells,
+                 total_rows=len(cells), numeric=[False, True, True])
+
+
+def fleet_section(stats: FleetStats, rows: list[dict[str, Any]], *, source: str | None = None) -> Section:
+    """A batch taken together: verdict counts, the spread of step time and GPU busy across traces (figures and a
+    min/p50/p90/max table), and the worst runs by GPU busy and by p95 step, each linking to its page. GPU busy
+    is the verdict's (`stepscope summary`, `stepscope fleet`), so the lists are `stepscope fleet`'s sorted."""
+    from stepscope.analyze.collection import reported
+    from stepscope.reports.fleet_figures import busy_figure, step_spread_figure, verdicts_figure
+
+    ok = [r for r in rows if reported(r)]
+    verdicts = [r.get("verdict") for r in ok]
+    pngs = [("Traces by verdict", verdicts_figure(stats.verdicts)),
+            ("Step time across traces", step_spread_figure([r.get("median_step_ns") for r in ok],
+                                                           [r.get("p95_step_ns") for r in ok], verdicts)),
+            ("GPU busy across traces", busy_figure([r.get("summary_gpu_busy_fraction") for r in ok], verdicts))]
+    top = next(iter(stats.verdicts.items()), None)
+    headline = [("traces", f"{stats.traces:,}"), ("failed", f"{stats.failed:,}")]
+    if top is not None:
+        headline.append(("most common verdict", f"{top[0].replace('_', ' ')} ({top[1]:,})"))
+    if stats.step_p50 is not None:
+        headline.append(("median step, p50 of traces", human_ns(stats.step_p50.p50)))
+    if stats.gpu_busy is not None:
+        headline.append(("GPU busy, p50 of traces", human_fraction(stats.gpu_busy.p50)))
+    notes = ["GPU busy here is the verdict's: busy time over all steps' wall time (the table below shows the mean "
+             "of the steps' own shares)."]
+    if source is not None:
+        notes.append(f"The same rows as a table: stepscope fleet {source} --sort gpu_busy  (or --sort step_p95 "
+                     "--desc; --json, --csv).")
+    return Section(
+        id="fleet", title="Fleet", headline=headline, notes=notes,
+        figures=[Figure(title=t, png=png) for t, png in pngs if png is not None],
+        tables=[_verdict_table(stats), _spread_table(stats),
+                _worst_table(stats.lowest_busy, f"Worst runs: the {len(stats.lowest_busy)} with the lowest GPU busy"),
+                _worst_table(stats.longest_p95, f"Worst runs: the {len(stats.longest_p95)} with the longest p95 step")],
+    )
+
+
+__all__ = ["fleet_section", "index_page", "member_page", "member_row", "trace_report"]

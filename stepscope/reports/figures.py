@@ -81,12 +81,12 @@ def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
     causes = idle.group_by("cause").agg(pl.col("dur_ns").sum()).sort("dur_ns", "cause", descending=[True, False])[
         "cause"].to_list()
     for i, (dev, _stream) in enumerate(lanes.iter_rows(), start=top):
-        for cause, part in idle.filter(pl.col("device") == dev).group_by("cause"):
+        for cause, part in idle.filter(pl.col("device") == dev).group_by("cause", maintain_order=True):
             bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
             ax.broken_barh(bars, (i - 0.5, 1.0), facecolors=idle_color(str(cause[0])), linewidth=0, zorder=0)
     for i, (dev, stream) in enumerate(lanes.iter_rows(), start=top):
         lane = gpu.filter((pl.col("device") == dev) & (pl.col("stream") == stream))
-        for cat, part in lane.group_by("category"):
+        for cat, part in lane.group_by("category", maintain_order=True):
             bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
             ax.broken_barh(bars, (i - 0.4, 0.8), facecolors=color(str(cat[0])), linewidth=0)
         copies = lane.filter(pl.col("kind") == "memcpy")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +22,6 @@ from stepscope.cli import cli
 from stepscope.errors import BatchFailed, UsageError
 
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    """One local Ray cluster for every test of this module; the engine finds it running and leaves it so."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def test_an_unreachable_cluster_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
