@@ -173,3 +173,28 @@ def test_dlrm_ranks_busy_with_nccl_are_communication_bound(corpus: Path, tmp_pat
     # the two ranks the issue names (85%+ NCCL: launch_bound and gpu_bound before) and five more
     assert verdicts[0] is verdicts[1] is Verdict.COMMUNICATION_BOUND
     assert sorted(r for r, v in verdicts.items() if v is Verdict.COMMUNICATION_BOUND) == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_the_places_hold_each_call_s_exposed_time_as_counted(tmp_path: Path) -> None:
+    # GIVEN two kinds of all_reduce overlapping each other on two streams, partly under one GEMM, repeated on a
+    # second device (the places join each call with the exposed pieces it overlaps, device by device)
+    big = {**ARGS, "In msg nelems": 2048, "Out msg nelems": 2048}
+    events = [step(1, ts=0, dur=100)]
+    corr = 0
+    for device, shift in ((0, 0), (1, 5)):
+        for name, ts, dur, stream, args in ((AR, 0, 50, 20, ARGS), (AR, 20 + shift, 40, 21, big),
+                                            ("sgemm", 30, 10, 7, {})):
+            corr += 1
+            events += [runtime("cudaLaunchKernel", ts=max(ts - 2, 0), dur=1, correlation=corr),
+                       kernel(name, ts=ts, dur=dur, correlation=corr, stream=stream, device=device, **args)]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    # THEN each kind's exposed time is the µs count over its calls' spans, on their own device
+    def counted(device: int) -> list[dict[str, Any]]:
+        return [e for e in events if e.get("cat") != "kernel" or e["args"].get("device") == device]
+    expected = {
+        "all_reduce 4096 B": sum(exposed_by_count(counted(d), 0, 50) for d in (0, 1)),
+        "all_reduce 8192 B": sum(exposed_by_count(counted(d), 20 + s, 60 + s) for d, s in ((0, 0), (1, 5))),
+    }
+    places = {row["name"]: row["total_ns"] for row in r.places.to_dicts() if row["what"] == "collective, exposed time"}
+    assert places == {name: us * 1000 for name, us in expected.items()}
+    assert expected == {"all_reduce 4096 B": 80, "all_reduce 8192 B": 60}
