@@ -1137,10 +1137,63 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* nest(start, end, new_thread, parent, depth): the parent row (-1: none) and depth of each event of a frame in
+ * nesting order (by thread, start, longest first), as nesting.parent_index's Python loop finds them: an event is the
+ * child of the innermost open event of its thread that holds it whole. start, end: int64; new_thread: uint8 (1 where
+ * a thread begins); parent, depth: writable int64 of the same length (the results). */
+static PyObject *nest(PyObject *self, PyObject *args) {
+    Py_buffer sb, eb, nb, pb, db;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*", &sb, &eb, &nb, &pb, &db)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = sb.len / (Py_ssize_t)sizeof(int64_t);
+    if (eb.len != sb.len || nb.len != n || pb.len != sb.len || db.len != sb.len) {
+        PyErr_SetString(PyExc_ValueError, "nest: start, end, new_thread, parent and depth must have one length");
+        goto done;
+    }
+    const int64_t *start = (const int64_t *)sb.buf, *end = (const int64_t *)eb.buf;
+    const uint8_t *new_thread = (const uint8_t *)nb.buf;
+    int64_t *parent = (int64_t *)pb.buf, *depth = (int64_t *)db.buf;
+    Py_ssize_t *stack = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(Py_ssize_t));
+    if (stack == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t top = 0; /* entries on the stack */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (new_thread[i]) top = 0;
+        parent[i] = -1;
+        while (top > 0) {
+            int64_t top_end = end[stack[top - 1]];
+            if (start[i] >= top_end || end[i] > top_end) {
+                top--; /* torch: this cannot be a parent */
+            } else {
+                parent[i] = (int64_t)stack[top - 1];
+                break;
+            }
+        }
+        depth[i] = (int64_t)top;
+        stack[top++] = i;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(stack);
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&nb);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&db);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_events", scan_events, METH_VARARGS,
      "scan_events(document, keys, types[, start, end]) -> column buffers, or None where the Python path must read "
      "the span. With start and end: the bytes document[start:end] are an array's body (events and commas)."},
+    {"nest", nest, METH_VARARGS,
+     "nest(start, end, new_thread, parent, depth): each event's parent row and depth (nesting.parent_index)."},
     {NULL, NULL, 0, NULL},
 };
 

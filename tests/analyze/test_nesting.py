@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stepscope.analyze import nesting
+from stepscope.analyze._columns import scanner_available
 from stepscope.analyze.nesting import (
     children_sum,
     collapse_repeated,
@@ -77,6 +80,18 @@ def test_stack_walk_equals_brute_force_on_properly_nested_or_not(rows: list[tupl
     laminar = all(not (a[0] < b[0] < a[0] + a[1] < b[0] + b[1]) for a in rows for b in rows)
     if laminar:
         assert parent.tolist() == brute
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["1", "2", "3"]), st.integers(0, 60), st.integers(0, 25)), max_size=40))
+def test_the_compiled_walk_is_the_python_walk(rows: list[tuple[str, int, int]]) -> None:
+    # GIVEN events on several threads, nested, overlapping or equal THEN the C walk gives the Python walk's answer
+    if not scanner_available():
+        pytest.skip("the compiled scanner is not built here")
+    f = sort_for_nesting(_frame(rows))
+    compiled, python = nesting._nest_compiled(f), nesting._nest_python(f)
+    assert compiled[0].tolist() == python[0].tolist() and compiled[1].tolist() == python[1].tolist()
+    assert parent_index(f)[0].tolist() == python[0].tolist()
 
 
 def test_collapse_merges_single_same_name_child_and_lifts_its_value() -> None:
