@@ -30,9 +30,10 @@ except ImportError:  # pragma: no cover - built at install where a C compiler is
 IntArray = npt.NDArray[np.int64]
 
 
-def _thread_starts(frame: pl.DataFrame) -> list[bool]:
+def _thread_starts(frame: pl.DataFrame) -> pl.Series:
+    """True at each row that starts a (pid, tid) of a frame in nesting order."""
     new = (pl.col("pid") != pl.col("pid").shift()) | (pl.col("tid") != pl.col("tid").shift())
-    return frame.select(new.fill_null(True).alias("n"))["n"].to_list()
+    return frame.select(new.fill_null(True).alias("n"))["n"]
 
 
 def sort_for_nesting(events: pl.DataFrame) -> pl.DataFrame:
@@ -57,7 +58,7 @@ def _nest_compiled(events: pl.DataFrame) -> tuple[IntArray, IntArray]:
     n = events.height
     start = events["ts_ns"].cast(pl.Int64).to_numpy().astype(np.int64, copy=False)
     end = (events["ts_ns"] + events["dur_ns"]).cast(pl.Int64).to_numpy().astype(np.int64, copy=False)
-    new_thread = np.asarray(_thread_starts(events), dtype=np.uint8)
+    new_thread = _thread_starts(events).cast(pl.UInt8).to_numpy()
     parent = np.empty(n, dtype=np.int64)
     depth = np.empty(n, dtype=np.int64)
     _scan.nest(np.ascontiguousarray(start), np.ascontiguousarray(end), new_thread, parent, depth)
@@ -68,7 +69,7 @@ def _nest_python(events: pl.DataFrame) -> tuple[IntArray, IntArray]:
     n = events.height
     start = events["ts_ns"].to_list()
     end = (events["ts_ns"] + events["dur_ns"]).to_list()
-    new_thread = _thread_starts(events)
+    new_thread = _thread_starts(events).to_list()
     parent = [-1] * n
     depth = [0] * n
     stack: list[int] = []
