@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import os
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 import stepscope
@@ -21,7 +22,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def worker_context(*, fork_if_fresh: bool = False) -> multiprocessing.context.BaseContext:
+def worker_context(*, fork_if_fresh: bool = False, preload: Sequence[str] = ()) -> multiprocessing.context.BaseContext:
     """Processes for parallel ingest: a forkserver that has already imported stepscope (and so polars,
     pyarrow and msgspec), so each worker starts in milliseconds; spawn where forkserver is unavailable.
 
@@ -34,6 +35,10 @@ def worker_context(*, fork_if_fresh: bool = False) -> multiprocessing.context.Ba
     that import is among the import-time threads, and a forked worker would wait on it forever. (A caller
     that runs the CLI inside its own process, as click's CliRunner does, may have started such a pool before
     the analyzer was imported: it gets the fork server.)
+
+    `preload`: more modules for the fork server to import before it forks anything (the report's figure
+    modules: matplotlib imported once, not once per worker); they count only where this starts the fork
+    server, which a pool started earlier in this process may have done (its workers then import them).
     """
     if fork_if_fresh and _fresh() and "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")
@@ -41,14 +46,15 @@ def worker_context(*, fork_if_fresh: bool = False) -> multiprocessing.context.Ba
         context = multiprocessing.get_context("forkserver")
     except ValueError:  # pragma: no cover - Windows
         return multiprocessing.get_context("spawn")
-    context.set_forkserver_preload(["stepscope.analyze.dataset"])
+    context.set_forkserver_preload(["stepscope.analyze.dataset", *preload])
     return context
 
 
-def worker_pool(max_workers: int, *, fork_if_fresh: bool = False) -> ProcessPoolExecutor:
+def worker_pool(max_workers: int, *, fork_if_fresh: bool = False, preload: Sequence[str] = ()) -> ProcessPoolExecutor:
     """A pool of ingest worker processes (see worker_context) whose malloc is tuned as this process's is: a
     worker forked from the fork server does not inherit it (see stepscope.keep_freed_memory)."""
-    return ProcessPoolExecutor(max_workers=max_workers, mp_context=worker_context(fork_if_fresh=fork_if_fresh),
+    return ProcessPoolExecutor(max_workers=max_workers,
+                               mp_context=worker_context(fork_if_fresh=fork_if_fresh, preload=preload),
                                initializer=_start_worker, initargs=(stepscope.freed_memory_kept(),))
 
 

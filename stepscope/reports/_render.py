@@ -26,6 +26,10 @@ from typing import Any
 #: the modules a figure name may point into (stepscope.reports.<module>)
 FIGURE_MODULES = ("figures", "memory_figures")
 
+#: what the fork server imports before it forks the figure workers (where this report starts it): matplotlib
+#: and the figure modules take longer to import than most figures take to draw, once instead of once a worker
+PRELOAD = ("stepscope.analyze.bundle", *(f"stepscope.reports.{m}" for m in FIGURE_MODULES))
+
 
 def draw(name: str, args: tuple[Any, ...]) -> bytes | None:
     """Draw the figure `name` ('figures.gaps_figure') of `args`: its PNG bytes, or None (nothing to draw)."""
@@ -107,7 +111,7 @@ class FigureWorkers(FigureRenderer):
         # from the fork server, never forked from here: by now this process may run threads other than its
         # imports' (a pool that ingested a trace, polars' own), and a child forked while one of them holds a
         # lock waits on it forever (a report in the test suite hung so)
-        self._pool = worker_pool(self.workers, fork_if_fresh=False)
+        self._pool = worker_pool(self.workers, fork_if_fresh=False, preload=PRELOAD)
         for _ in range(self.workers):
             self._pool.submit(warm_up)
         return self
