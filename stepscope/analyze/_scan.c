@@ -1188,12 +1188,73 @@ done:
     return result;
 }
 
+/* replay(order, ptr, src, weight, row, t, via): depgraph.replay's walk. Nodes in topological `order`; node v's in-edges
+ * are positions ptr[v] .. ptr[v+1]-1 (sorted by priority), edge position e from node src[e] with weight[e], row[e]
+ * its row in the graph's edges. A node with in-edges takes the largest t[src] + weight (the first of equals) and
+ * remembers that edge's row in via; one without keeps t. t, via: writable int64 (node times in, replayed out; via
+ * -1 in). An int64 overflow raises OverflowError (the caller replays in Python, exactly). */
+static PyObject *replay(PyObject *self, PyObject *args) {
+    Py_buffer ob, pb, sb, wb, rb, tb, vb;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*w*", &ob, &pb, &sb, &wb, &rb, &tb, &vb)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = tb.len / (Py_ssize_t)sizeof(int64_t), m = sb.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t n_order = ob.len / (Py_ssize_t)sizeof(int64_t);
+    if (vb.len != tb.len || pb.len != (n + 1) * (Py_ssize_t)sizeof(int64_t) || wb.len != sb.len || rb.len != sb.len) {
+        PyErr_SetString(PyExc_ValueError, "replay: ptr must have one more entry than t and via; src, weight, row one length");
+        goto done;
+    }
+    const int64_t *order = (const int64_t *)ob.buf, *ptr = (const int64_t *)pb.buf, *src = (const int64_t *)sb.buf;
+    const int64_t *weight = (const int64_t *)wb.buf, *row = (const int64_t *)rb.buf;
+    int64_t *t = (int64_t *)tb.buf, *via = (int64_t *)vb.buf;
+    int bad = 0; /* 1: an index out of range, 2: an overflow */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n_order && !bad; i++) {
+        int64_t v = order[i];
+        if (v < 0 || v >= n) { bad = 1; break; }
+        int64_t a = ptr[v], b = ptr[v + 1];
+        if (a >= b) continue;
+        if (a < 0 || b > m) { bad = 1; break; }
+        int64_t best = 0, chosen = a;
+        for (int64_t e = a; e < b; e++) {
+            int64_t u = src[e], c;
+            if (u < 0 || u >= n) { bad = 1; break; }
+            if (__builtin_add_overflow(t[u], weight[e], &c)) { bad = 2; break; }
+            if (e == a || c > best) { best = c; chosen = e; }
+        }
+        if (bad) break;
+        t[v] = best;
+        via[v] = row[chosen];
+    }
+    Py_END_ALLOW_THREADS
+    if (bad == 1) {
+        PyErr_SetString(PyExc_IndexError, "replay: a node or edge index out of range");
+        goto done;
+    }
+    if (bad == 2) {
+        PyErr_SetString(PyExc_OverflowError, "replay: a node time does not fit in int64");
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&wb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&vb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_events", scan_events, METH_VARARGS,
      "scan_events(document, keys, types[, start, end]) -> column buffers, or None where the Python path must read "
      "the span. With start and end: the bytes document[start:end] are an array's body (events and commas)."},
     {"nest", nest, METH_VARARGS,
      "nest(start, end, new_thread, parent, depth): each event's parent row and depth (nesting.parent_index)."},
+    {"replay", replay, METH_VARARGS,
+     "replay(order, ptr, src, weight, row, t, via): depgraph.replay's longest-path walk, in place on t and via."},
     {NULL, NULL, 0, NULL},
 };
 

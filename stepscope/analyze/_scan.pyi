@@ -9,3 +9,6 @@ def scan_events(document: bytes | bytearray | memoryview | mmap, keys: tuple[byt
 
 def nest(start: Any, end: Any, new_thread: Any, parent: Any, depth: Any, /) -> None:
     """Each event's parent row (-1: none) and depth into `parent` and `depth` (nesting.parent_index)."""
+
+def replay(order: Any, ptr: Any, src: Any, weight: Any, row: Any, t: Any, via: Any, /) -> None:
+    """depgraph.replay's walk, in place on `t` (node times) and `via` (the in-edge row that set each node)."""

@@ -58,6 +58,11 @@ from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.kernels import category_expr
 from stepscope.analyze.loading import DATALOADER_PATTERN
 from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
+
+try:
+    import stepscope.analyze._scan as _scan
+except ImportError:  # pragma: no cover - built at install where a C compiler is found; the Python walk stands in
+    _scan = None  # type: ignore[assignment]
 from stepscope.analyze.schema import Kind
 from stepscope.errors import UsageError
 
@@ -163,12 +168,25 @@ def replay(graph: DependencyGraph, weights: IntArray, *, enabled: npt.NDArray[np
     by = np.lexsort((prio.to_numpy()[rows], dst[rows]))
     rows = rows[by]
     ptr = np.searchsorted(dst[rows], np.arange(n + 1))
-    e_src = src[rows].tolist()
-    e_w = weights[rows].tolist()
-    e_row = rows.tolist()
-    t = graph.nodes["t_ns"].to_list()
-    via = [-1] * n
     order = graph.order
+    if _scan is not None and graph.nodes["t_ns"].null_count() == 0:
+        t_ns = graph.nodes["t_ns"].cast(pl.Int64).to_numpy().astype(np.int64)  # a copy: replayed in place
+        via_edge = np.full(n, -1, dtype=np.int64)
+        try:
+            o, p, s, w, r = (np.ascontiguousarray(a, dtype=np.int64)
+                             for a in (order, ptr, src[rows], weights[rows], rows))
+            _scan.replay(o, p, s, w, r, t_ns, via_edge)
+            return Replay(t_ns=t_ns, via_edge=via_edge)
+        except OverflowError:  # a time beyond int64: Python's integers replay it exactly (and say so below)
+            pass
+    return _replay_python(graph.nodes["t_ns"].to_list(), order, ptr, src[rows].tolist(), weights[rows].tolist(),
+                          rows.tolist())
+
+
+def _replay_python(t: list[int], order: IntArray, ptr: IntArray, e_src: list[int], e_w: list[int],
+                   e_row: list[int]) -> Replay:
+    """`replay`'s walk in Python (where the compiled `_scan.replay` is not built): the same answer."""
+    via = [-1] * len(t)
     for v, a, b in zip(order.tolist(), ptr[order].tolist(), ptr[order + 1].tolist(), strict=True):
         if a == b:
             continue

@@ -132,6 +132,32 @@ def test_the_replay_is_the_longest_path_under_any_weights(build: Any, tmp_path: 
         assert replay(graph, weights).t_ns.tolist() == slow_longest_times(graph, weights)
 
 
+@pytest.mark.parametrize("build", [cp.sync_serializes, cp.two_streams, cp.data_loading])
+def test_the_compiled_replay_is_the_python_replay(build: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a graph, random weights and random disabled edges THEN the C walk (_scan.replay) sets every node to the
+    # Python walk's time through the same in-edge; a time beyond int64 is replayed exactly in Python instead
+    from stepscope.analyze import _columns, depgraph
+
+    if not _columns.scanner_available():
+        pytest.skip("the compiled scanner is not built here")
+    graph = build_graph(load_events(tmp_path, build()))
+    rng = random.Random(11)
+    runs = []
+    for _ in range(20):
+        weights = np.array([rng.randint(-5, 50_000) for _ in range(graph.edges.height)], dtype=np.int64)
+        enabled = np.array([rng.random() < 0.8 for _ in range(graph.edges.height)])
+        runs.append((weights, enabled))
+    compiled = [replay(graph, w, enabled=e) for w, e in runs]
+    monkeypatch.setattr(depgraph, "_scan", None)
+    python = [replay(graph, w, enabled=e) for w, e in runs]
+    for c, p in zip(compiled, python, strict=True):
+        assert c.t_ns.tolist() == p.t_ns.tolist() and c.via_edge.tolist() == p.via_edge.tolist()
+    monkeypatch.undo()
+    huge = np.full(graph.edges.height, 2**62, dtype=np.int64)  # two such edges in a row pass int64: refused in C
+    with pytest.raises(OverflowError):  # ... and by numpy after Python's exact sum, never wrapped
+        replay(graph, huge)
+
+
 def test_step_times_follow_the_step_window_rule(tmp_path: Path) -> None:
     # the step's CPU span ends at 89 µs, its last kernel at 90: the window ends at 90 (window.step_windows)
     graph = build_graph(load_events(tmp_path, cp.launch_bound()))
