@@ -6,13 +6,14 @@ pyplot is reached only through `subplots` here, so every figure is drawn off-scr
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, cast
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator  # noqa: E402
 
 from stepscope.reports.units import human_bytes  # noqa: E402
@@ -28,11 +29,34 @@ def subplots(*args: Any, **kwargs: Any) -> Any:
 
 
 def to_png(fig: Any) -> bytes:
-    """The figure as PNG bytes (tight bounding box); the figure is closed."""
+    """The figure as PNG bytes (tight bounding box); the figure is closed.
+
+    The box is found here, as savefig(bbox_inches="tight") finds it, but without the whole figure drawn once
+    first with drawing disabled (what savefig does before it measures): the same bytes, one pass fewer."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    pad = float(matplotlib.rcParams["savefig.pad_inches"])
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches=fig.get_tightbbox(fig.canvas.get_renderer()).padded(pad))
     plt.close(fig)
     return buf.getvalue()
+
+
+def spans(ax: Any, starts: Any, widths: Any, yrange: tuple[float, float], **kwargs: Any) -> None:
+    """`ax.broken_barh` of many spans at once: one rectangle per (start, width) in `yrange` (bottom, height), drawn
+    as broken_barh draws them, without its per-span unit conversion (the GPU timeline has thousands). Numbers only;
+    the data limits grow to hold them as broken_barh's do."""
+    x0 = np.asarray(starts, dtype=np.float64)
+    x1 = x0 + np.asarray(widths, dtype=np.float64)
+    if x0.size == 0:
+        return
+    y0, y1 = float(yrange[0]), float(yrange[0] + yrange[1])
+    verts = np.empty((x0.size, 4, 2), dtype=np.float64)
+    verts[:, 0, 0] = verts[:, 1, 0] = x0
+    verts[:, 2, 0] = verts[:, 3, 0] = x1
+    verts[:, 0, 1] = verts[:, 3, 1] = y0
+    verts[:, 1, 1] = verts[:, 2, 1] = y1
+    ax.add_collection(PolyCollection(cast(Any, verts), **kwargs), autolim=False)  # an (N, 4, 2) array: its fast path
+    ax.update_datalim([(float(min(x0.min(), x1.min())), y0), (float(max(x0.max(), x1.max())), y1)])
+    ax.autoscale_view()
 
 
 def ns_axis(ax: Any, axis: str = "x", top: float | None = None) -> str:

@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from stepscope.reports._plot import ns_axis, ns_tick, style, subplots, to_png
+from stepscope.reports._plot import ns_axis, ns_tick, spans, style, subplots, to_png
 from stepscope.reports.labels import literal, short, short_labels, top_kernels
 from stepscope.reports.palette import color, idle_color, path_color
 from stepscope.reports.units import human_ns
@@ -82,13 +82,12 @@ def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
         "cause"].to_list()
     for i, (dev, _stream) in enumerate(lanes.iter_rows(), start=top):
         for cause, part in idle.filter(pl.col("device") == dev).group_by("cause", maintain_order=True):
-            bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
-            ax.broken_barh(bars, (i - 0.5, 1.0), facecolors=idle_color(str(cause[0])), linewidth=0, zorder=0)
+            spans(ax, part["offset_ns"], part["dur_ns"], (i - 0.5, 1.0), facecolors=idle_color(str(cause[0])),
+                  linewidth=0, zorder=0)
     for i, (dev, stream) in enumerate(lanes.iter_rows(), start=top):
         lane = gpu.filter((pl.col("device") == dev) & (pl.col("stream") == stream))
         for cat, part in lane.group_by("category", maintain_order=True):
-            bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
-            ax.broken_barh(bars, (i - 0.4, 0.8), facecolors=color(str(cat[0])), linewidth=0)
+            spans(ax, part["offset_ns"], part["dur_ns"], (i - 0.4, 0.8), facecolors=color(str(cat[0])), linewidth=0)
         copies = lane.filter(pl.col("kind") == "memcpy")
         if copies.height:  # copies are short: a marker above the lane so none is lost at this scale
             mid = (copies["offset_ns"] + copies["dur_ns"] / 2).to_list()
@@ -140,8 +139,8 @@ def _path_lane(ax: Any, path: pl.DataFrame) -> list[str]:
     gpu_kinds = pl.col("kind").is_in(["kernel", "copy"])
     parts = path.with_columns(key=pl.when(gpu_kinds).then(pl.col("category")).otherwise(pl.col("kind")))
     for (key, kind), part in parts.group_by("key", "kind"):
-        bars = list(zip(part["offset_ns"].to_list(), part["dur_ns"].to_list(), strict=True))
-        ax.broken_barh(bars, (-0.4, 0.8), facecolors=path_color(str(kind), str(key)), linewidth=0)
+        spans(ax, part["offset_ns"], part["dur_ns"], (-0.4, 0.8), facecolors=path_color(str(kind), str(key)),
+              linewidth=0)
     ax.axhline(0.5, color="#999999", linewidth=0.8)
     return (parts.group_by("key").agg(pl.col("dur_ns").sum()).sort("dur_ns", "key", descending=[True, False])
             ["key"].to_list())
