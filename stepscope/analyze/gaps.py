@@ -117,17 +117,21 @@ def _gpu(frames: TraceFrames, device: int | None) -> pl.DataFrame:
         .filter(pl.col("device").is_not_null() & pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())
         .select("kind", "name", "device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
                 launch_ts_ns="launch_ts_ns", launch_pid="launch_pid", launch_tid="launch_tid",
-                op_event_id="op_event_id")
+                op_event_id="op_event_id", gpu_event_id="gpu_event_id")
     )
     return (gpu if device is None else gpu.filter(pl.col("device") == device)).collect()
 
 
 def _neighbours(gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
-    """prev_kernel (the GPU event ending at the gap's start), next_* (the one starting at its end)."""
-    by_start = gpu.sort("device", "start_ns").select(
+    """prev_kernel (the GPU event ending at the gap's start), next_* (the one starting at its end).
+
+    Where several end at the start (or start at the end) on different streams, the one first in the trace is
+    next and the one last in the trace is prev (by event id): a tie never goes to whichever the sort put first,
+    which changed from run to run (a gap's cause with it)."""
+    by_start = gpu.sort("device", "start_ns", "gpu_event_id").select(
         "device", next_start="start_ns", next_kernel="name", next_kind="kind", next_launch_ts_ns="launch_ts_ns",
         launch_pid="launch_pid", launch_tid="launch_tid")
-    by_end = gpu.sort("device", "end_ns").select("device", prev_end="end_ns", prev_kernel="name")
+    by_end = gpu.sort("device", "end_ns", "gpu_event_id").select("device", prev_end="end_ns", prev_kernel="name")
     return (
         gaps.sort("device", "end_ns")
         .join_asof(by_start, left_on="end_ns", right_on="next_start", by="device", strategy="forward",
@@ -243,7 +247,8 @@ def _gaps_table(gaps: pl.DataFrame, windows: pl.DataFrame, min_gap_ns: int) -> p
     """The `gaps` table of GapsResult: gaps of at least min_gap_ns, longest first, since_start_ns counted
     from the first window's start, kernel names shortened."""
     first = windows["start_ns"].min() if windows.height else 0
-    return gaps.filter(pl.col("dur_ns") >= min_gap_ns).sort("dur_ns", descending=True).select(
+    return gaps.filter(pl.col("dur_ns") >= min_gap_ns).sort(  # longest first; equal ones in time order
+        "dur_ns", "start_ns", "device", descending=[True, False, False]).select(
         "device", "step", since_start_ns=pl.col("start_ns") - pl.lit(first, pl.Int64), dur_ns="dur_ns",
         cause="cause",
         blamed_op="blamed_op", blamed_python="blamed_python", blamed_library="blamed_library",

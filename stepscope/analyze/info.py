@@ -194,7 +194,7 @@ def trace_info(source: Source) -> TraceInfo:
     meta = trace.meta
     counts = (
         trace.events.group_by("kind").agg(events=pl.len(), total_dur_ns=pl.col("dur_ns").sum())
-        .sort("events", descending=True).collect()
+        .sort("events", "kind", descending=[True, False]).collect()
     )
     gpu_span = trace.gpu.select(lo=pl.col("ts_ns").min(), hi=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect()
     lo, hi = gpu_span.row(0)

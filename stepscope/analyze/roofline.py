@@ -238,7 +238,7 @@ def _per_op(frames: TraceFrames, counted: pl.DataFrame, device: ResolvedDevice |
     return out.select(
         "name", "family", "dtype", "calls", "flops", "bytes", "gpu_ns", "tflops", "gbps", "intensity_flop_per_byte",
         "attainable_tflops", "roofline_fraction", "bound", "above_peak",
-    ).sort("gpu_ns", "name", descending=[True, False])
+    ).sort("gpu_ns", "name", "dtype", descending=[True, False, False], nulls_last=True)  # (an op in two dtypes)
 
 
 def _families(ops: pl.DataFrame) -> pl.DataFrame:

@@ -88,7 +88,7 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
     copies = copies.with_columns(python_line=python_lines(trace, points)[0])
     copies = with_step(copies, frames.step_windows)
     copies = copies.with_columns(pl.col("bytes").cast(pl.Int64))
-    table = copies.select(
+    table = copies.sort("start_ns", "gpu_event_id").select(  # copies that start together in trace order
         "device", "stream", "step", "direction", size_bytes="bytes", dur_ns="dur_ns",
         gbps=pl.col("bytes") / pl.col("dur_ns"),
         name="name",
@@ -96,16 +96,17 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
         exposed_ns=pl.col("dur_ns") - pl.col("covered_ns"),
         cpu_blocked_ns=pl.when(pl.col("sync")).then(pl.col("launch_dur_ns")).otherwise(pl.lit(0, pl.Int64)),
         runtime="runtime_name", op="op_name", python_line="python_line", start_ns="start_ns",
-    ).sort("start_ns")
+    )
     by_direction = table.group_by("direction").agg(
         copies=pl.len(), copied_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
         exposed_ns=pl.col("exposed_ns").sum(), pageable=pl.col("pageable").sum(), sync=pl.col("sync").sum(),
         cpu_blocked_ns=pl.col("cpu_blocked_ns").sum(),
-    ).with_columns(gbps=pl.col("copied_bytes") / pl.col("dur_ns")).sort("dur_ns", descending=True)
+    ).with_columns(gbps=pl.col("copied_bytes") / pl.col("dur_ns")).sort("dur_ns", "direction",
+                                                                       descending=[True, False])
     by_step = table.filter(pl.col("step").is_not_null()).group_by("step", "direction").agg(
         copies=pl.len(), copied_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
         exposed_ns=pl.col("exposed_ns").sum()).sort("step", "direction")
-    worst = table.sort("exposed_ns", descending=True).head(top).select(
+    worst = table.sort("exposed_ns", descending=True, maintain_order=True).head(top).select(
         "direction", "size_bytes", "dur_ns", "exposed_ns", "gbps", "pageable", "sync", "cpu_blocked_ns", "step",
         where=pl.coalesce("python_line", "op", "runtime"))
     return TransfersResult(
