@@ -132,7 +132,8 @@ def trace_row(bundle: TraceAnalysis) -> dict[str, Any]:
     gaps = bundle.gaps
     shares: dict[str, float] = {}
     if gaps.window_ns > 0 and gaps.idle_by_cause.height:
-        by = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum()).sort("idle_ns", descending=True)
+        by = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum()).sort(
+            "idle_ns", "cause", descending=[True, False])
         shares = {str(c): float(v) / gaps.window_ns for c, v in by.iter_rows()}
     return {
         "trace": trace.source_name,

@@ -263,7 +263,7 @@ def _top(graph: DependencyGraph, segments: pl.DataFrame, traces: Mapping[int | N
     longest = (
         segments.select(*keys, "event_id", "edge_type", "dur_ns")
         .join(grouped.select(names), on=names, nulls_equal=True)
-        .sort("dur_ns", descending=True).group_by(names, maintain_order=True).first()
+        .sort("dur_ns", descending=True, maintain_order=True).group_by(names, maintain_order=True).first()
     )
     on = [*by_rank, "event_id", "edge_type"]
     located = longest.join(

@@ -192,9 +192,10 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
         .sort(pl.col("device").is_null(), "device")
     )
     gpu = devices.filter(pl.col("device").is_not_null())
-    best = (gpu if gpu.height else devices).sort("peak_allocated_bytes", descending=True, nulls_last=True).head(1)
+    best = (gpu if gpu.height else devices).sort("peak_allocated_bytes", descending=True, nulls_last=True,
+                                                maintain_order=True).head(1)
     head = best.row(0, named=True) if best.height else {}
-    never_freed = unfreed.sort("alloc_bytes", descending=True).head(top).select(
+    never_freed = unfreed.sort("alloc_bytes", "offset_ns", descending=[True, False], nulls_last=True).head(top).select(
         "device_name", "addr", "alloc_bytes", "offset_ns", "step", "op")
     timeline = pl.DataFrame()
     if series.height:

@@ -137,7 +137,7 @@ def _sync_sources(syncs: pl.DataFrame) -> pl.DataFrame:
     return (
         syncs.with_columns(source=pl.coalesce("python", "op", pl.lit("(no enclosing op)")))
         .group_by("name", "source").agg(calls=pl.len(), total_ns=pl.col("dur_ns").sum())
-        .sort("total_ns", descending=True)
+        .sort("total_ns", "name", "source", descending=[True, False, False])
     )
 
 

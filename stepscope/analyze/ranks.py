@@ -339,7 +339,8 @@ def _straggler_cause(stragglers: pl.DataFrame, straggler: int | None) -> tuple[C
         return None, None, None
     cause = (mine.group_by("cause").agg(pl.col("wait_cost_ns").sum())
              .sort("wait_cost_ns", "cause", descending=[True, False])["cause"][0])
-    host = mine.filter(pl.col("cause") == Cause.HOST_DELAY.value).sort("wait_cost_ns", descending=True)
+    host = mine.filter(pl.col("cause") == Cause.HOST_DELAY.value).sort("wait_cost_ns", descending=True,
+                                                                       maintain_order=True)
     op, line = (host["host_op"][0], host["host_line"][0]) if cause == Cause.HOST_DELAY.value else (None, None)
     return Cause(cause), op, line
 

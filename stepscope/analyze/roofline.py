@@ -199,7 +199,7 @@ def _device(frames: TraceFrames, peak_tflops: float | None, peak_bandwidth_gbps:
     if not resolved.devices:
         return None
     busiest = (frames.launches.filter(pl.col("kind") == Kind.KERNEL.value).group_by("device")
-               .agg(ns=pl.col("dur_ns").sum()).sort("ns", descending=True).head(1))
+               .agg(ns=pl.col("dur_ns").sum()).sort("ns", "device", descending=[True, False]).head(1))
     device = resolved.for_device(int(busiest["device"][0])) if busiest.height and busiest["device"][0] is not None \
         else None
     return device or resolved.devices[0]
@@ -299,7 +299,8 @@ def _handoff(frames: TraceFrames, ops: pl.DataFrame) -> pl.DataFrame:
     instance of each (the kernel by a name regex, the instance by --launch-skip)."""
     schema = {"op": pl.String, "kernel": pl.String, "gpu_ns": pl.Int64, "roofline_fraction": pl.Float64,
               "command": pl.String}
-    slow = ops.filter(pl.col("roofline_fraction") < HANDOFF_BELOW).sort("gpu_ns", descending=True).head(HANDOFF_TOP)
+    slow = ops.filter(pl.col("roofline_fraction") < HANDOFF_BELOW).sort(
+        "gpu_ns", descending=True, maintain_order=True).head(HANDOFF_TOP)
     if slow.height == 0:
         return pl.DataFrame(schema=schema)
     kernels = frames.launches.filter(pl.col("kind") == Kind.KERNEL.value).select(
@@ -309,7 +310,8 @@ def _handoff(frames: TraceFrames, ops: pl.DataFrame) -> pl.DataFrame:
         mine = kernels.filter(pl.col("op_name") == op["name"])
         if mine.height == 0:
             continue
-        top = mine.group_by("name").agg(ns=pl.col("dur_ns").sum()).sort("ns", descending=True)["name"][0]
+        top = mine.group_by("name").agg(ns=pl.col("dur_ns").sum()).sort("ns", "name", descending=[True, False])[
+            "name"][0]
         short = str(pl.select(short_name(pl.lit(top))).item())
         regex = re.escape(short.split("::")[-1])
         same = kernels.filter(pl.col("name").str.contains(regex, literal=False))

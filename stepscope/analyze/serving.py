@@ -438,7 +438,7 @@ def _note(family: _Family, its: pl.DataFrame) -> str:
     if mixed:
         notes.append(f"{mixed:,} mixed iteration{'' if mixed == 1 else 's'}: prefill and decode requests in one "
                      "batch (chunked prefill), so their latency is neither a prefill's nor a decode's")
-    waited = its.filter(_waited_long).sort("gpu_wait_ns", descending=True)
+    waited = its.filter(_waited_long).sort("gpu_wait_ns", descending=True, maintain_order=True)
     if waited.height:
         top = waited.row(0, named=True)
         notes.append(f"{waited.height:,} iteration(s) wait long for the GPU to start their work (step "

@@ -424,7 +424,8 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
         head = loaders.select(name=pl.lit("DataLoader __next__"), total_ns=(pl.col("e") - pl.col("s")).sum(),
                               count=pl.len().cast(pl.UInt32))
         out = pl.concat([head.with_columns(what=pl.lit("annotation")),
-                         top.sort("total_ns", descending=True).with_columns(what=pl.lit("op (inside DataLoader)"))],
+                         top.sort("total_ns", "name", descending=[True, False]).with_columns(
+                             what=pl.lit("op (inside DataLoader)"))],
                         how="diagonal")
     elif verdict is Verdict.SYNC_BOUND:
         # where the GPU waited behind a sync (Python line, else op), then the sync calls by the op issuing them
@@ -435,7 +436,8 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
                            on="external_id", how="left")
         calls = by_op.group_by(name=pl.coalesce("op", "name")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
             .with_columns(what=pl.lit("sync call (op)"))
-        out = pl.concat([behind.sort("total_ns", descending=True).head(2), calls.sort("total_ns", descending=True)],
+        out = pl.concat([behind.sort("total_ns", "name", descending=[True, False], nulls_last=True).head(2),
+                         calls.sort("total_ns", "name", descending=[True, False], nulls_last=True)],
                         how="diagonal_relaxed")
     elif verdict is Verdict.TRANSFER_BOUND:
         out = (frames.launches.filter(pl.col("kind") == Kind.MEMCPY.value)
@@ -466,7 +468,7 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
             what=pl.lit("op (inclusive CPU)")).collect()
     if verdict not in (Verdict.LAUNCH_BOUND, Verdict.DATA_LOADING_BOUND, Verdict.SYNC_BOUND,
                        Verdict.COMMUNICATION_BOUND):
-        out = out.sort("total_ns", descending=True)
+        out = out.sort("total_ns", "name", descending=[True, False], nulls_last=True)
     return out.select("what", "name", pl.col("total_ns").cast(pl.Int64), pl.col("count").cast(pl.Int64)).head(3)
 
 

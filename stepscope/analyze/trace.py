@@ -141,7 +141,7 @@ class Trace:
                 tid="tid",
                 event_id="event_id",
             )
-            .sort("dur_ns", descending=True)
+            .sort("dur_ns", "ts_ns", "event_id", descending=[True, False, False])
             .unique(subset="step", keep="first")
             .sort("ts_ns")
         )

@@ -231,7 +231,8 @@ def kernels_figure(result: KernelsResult, n: int = 12) -> bytes | None:
     are `top_kernels`')."""
     if result.gpu_events == 0 or result.by_category.height == 0:
         return None
-    cats = result.by_category.sort("total_ns", descending=True).with_columns(label=pl.col("category"))
+    cats = result.by_category.sort("total_ns", "category", descending=[True, False]).with_columns(
+        label=pl.col("category"))
     top = top_kernels(result, n)
     fig, (cat_ax, name_ax) = subplots(1, 2, figsize=(13, 0.3 * max(n, cats.height) + 1.6),
                                           gridspec_kw={"width_ratios": [1, 1.6]})
@@ -277,7 +278,7 @@ def roofline_figure(result: RooflineResult, n: int = 12) -> bytes | None:
         ax.scatter([v for v, m in zip(x, mask, strict=True) if m], [v for v, m in zip(y, mask, strict=True) if m],
                    s=[v for v, m in zip(area, mask, strict=True) if m], color=color(family), alpha=0.7,
                    edgecolors="#333333", linewidths=0.5, label=family, zorder=3)
-    for row in ops.sort("gpu_ns", descending=True).head(n).iter_rows(named=True):
+    for row in ops.sort("gpu_ns", descending=True, maintain_order=True).head(n).iter_rows(named=True):
         ax.annotate(short(row["name"].removeprefix("aten::"), 28), (row["intensity_flop_per_byte"], row["tflops"]),
                     xytext=(4, 4), textcoords="offset points", fontsize=7)
     ax.set_xscale("log")
@@ -411,7 +412,7 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
     hist_ax.set_xlabel("gap length (log scale)")
     noun = "gap" if len(dur) == 1 else "gaps"
     hist_ax.set_title(f"Idle gaps by length ({len(dur):,} {noun}; bar height = their total idle time)", fontsize=11)
-    top = gaps.sort("dur_ns", descending=True).head(n_labels)
+    top = gaps.sort("dur_ns", descending=True, maintain_order=True).head(n_labels)
     lines = ["longest gaps:"]
     for row in top.iter_rows(named=True):
         op = row.get("blamed_op") or row.get("blamed_runtime")

@@ -245,7 +245,7 @@ def gaps_section(ctx: ReportContext) -> Section | None:
         return None
     cols = ["device", "step", "dur_ns", "cause", "blamed_op", "blamed_python", "blamed_runtime", "prev_kernel",
             "next_kernel"]
-    longest = result.gaps.sort("dur_ns", descending=True)
+    longest = result.gaps.sort("dur_ns", descending=True, maintain_order=True)
     return Section(id="gaps", title="GPU idle gaps", headline=headline_items(result),
                    figures=[ctx.figure("Idle by cause and gap lengths", "figures.gaps_figure", result)],
                    tables=[frame_table(result.devices, "Per device"),

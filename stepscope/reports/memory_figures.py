@@ -94,7 +94,7 @@ def snapshot_figure(result: SnapshotResult, n: int = 12) -> bytes | None:
     live = result.live_at_peak
     if result.peak_device is not None and "device" in live.columns:
         live = live.filter(pl.col("device") == result.peak_device)
-    live = live.sort("live_bytes", descending=True).head(n) if live.height else live
+    live = live.sort("live_bytes", descending=True, maintain_order=True).head(n) if live.height else live
     if tl.height == 0 and live.height == 0:
         return None
     panels = [p for p, ok in (("timeline", tl.height > 0), ("frames", live.height > 0)) if ok]

@@ -54,7 +54,7 @@ def render_summary(result: SummaryResult) -> str:
     if result.serving:  # an inference server's trace: its engine iterations by phase
         lines.append(f"serving: {result.serving}  (`stepscope serving`)")
     if result.per_step.height:
-        counts = result.per_step.group_by("verdict").len().sort("len", descending=True)
+        counts = result.per_step.group_by("verdict").len().sort("len", "verdict", descending=[True, False])
         lines.append("per step: " + ", ".join(f"{v} ×{n}" for v, n in counts.iter_rows()))
         closest = result.per_step.drop_nulls("margin_fraction").sort("margin_fraction", "step").head(1)
         if closest.height:
