@@ -37,7 +37,7 @@ at its arrival minus half the lateness. The run's straggler is `collectives`' (m
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,13 +128,16 @@ class RunRanks:
     verdicts: dict[int, SummaryResult]
 
 
-def run_ranks(run: RunCalls, *, verdicts: bool = False) -> RunRanks:
+def run_ranks(run: RunCalls, *, verdicts: bool = False, known: Mapping[Path, SummaryResult] | None = None) -> RunRanks:
     """`ranks` over ranks already gathered (`_comm_run.run_calls`), with the collectives behind it and (with
     `verdicts`) each rank's own verdict. Each rank is analysed on its own (by worker processes in a large run,
     `_comm_run.parallel_map`), and only its small tables are kept, so memory holds one rank's analysis per
-    worker, never the run's."""
+    worker, never the run's. `known`: verdicts the caller computed already, by ingested trace directory (a run
+    report has each rank's from its page), used instead of computing them again."""
     coll = analyze_run(run)
-    jobs = [(r.rank, tuple(t.directory for t in r.traces), r.calls, verdicts) for r in run.ranks]
+    given = known or {}
+    jobs = [(r.rank, tuple(t.directory for t in r.traces), r.calls,
+             tuple(given.get(t.directory) for t in r.traces) if verdicts else None) for r in run.ranks]
     per_rank = dict(zip([r.rank for r in run.ranks], parallel_map(_rank_job, jobs), strict=True))
     steps = pl.concat([p.steps for p in per_rank.values()], how="vertical")
     waits = _waits_by_step(coll.waits, steps)
@@ -158,11 +161,13 @@ def run_ranks(run: RunCalls, *, verdicts: bool = False) -> RunRanks:
                     verdicts={r: p.verdict for r, p in per_rank.items() if p.verdict is not None})
 
 
-def _rank_job(job: tuple[int, tuple[Path, ...], pl.DataFrame, bool]) -> _RankSteps:
+def _rank_job(job: tuple[int, tuple[Path, ...], pl.DataFrame, tuple[SummaryResult | None, ...] | None]
+              ) -> _RankSteps:
     """One rank's steps over its windows (ingested trace directories, in time order): wall, compute, comm,
     exposed comm, idle, data loading, CPU (`_comm_events.comm_split`, the definition `summary` uses too), and
-    its own verdict when asked. Runs in a worker process for a large run."""
-    rank, directories, calls, with_verdict = job
+    its own verdict when asked (`known`: each directory's verdict where the caller has it, else None). Runs in a
+    worker process for a large run."""
+    rank, directories, calls, known = job
     bundles = tuple(TraceAnalysis.of(load(d)) for d in directories)
     windows = pl.concat([_windows(b) for b in bundles], how="vertical")
     gpu = pl.concat([gpu_work(b.trace.gpu) for b in bundles], how="vertical")
@@ -180,7 +185,8 @@ def _rank_job(job: tuple[int, tuple[Path, ...], pl.DataFrame, bool]) -> _RankSte
         idle_ns=pl.when(gpu_known).then(devices * pl.col("wall_ns") - pl.col("busy").fill_null(0)),
     ).drop("busy")
     merged = intervals.union(split.compute, start="start_ns", end="end_ns").collect()
-    verdict = max((b.verdict for b in bundles), key=lambda v: v.wall_ns) if with_verdict else None
+    verdict = max((k if k is not None else b.verdict for b, k in zip(bundles, known, strict=True)),
+                  key=lambda v: v.wall_ns) if known is not None else None
     return _RankSteps(steps=out, compute=merged.with_columns(rank=pl.lit(rank, pl.Int64)), verdict=verdict)
 
 

@@ -19,7 +19,7 @@ loading, or host delay with the op and the user's Python line on its step thread
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,15 +91,17 @@ def run_summary(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | N
     return run_analysis(paths, cache_dir=cache_dir).summary
 
 
-def run_analysis(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | None = None) -> RunAnalysis:
-    """`run_summary` with the ranks and collectives it was decided from."""
+def run_analysis(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | None = None,
+                 known: Mapping[Path, SummaryResult] | None = None) -> RunAnalysis:
+    """`run_summary` with the ranks and collectives it was decided from; `known`: rank verdicts already computed,
+    by ingested trace directory (`ranks.run_ranks`)."""
     many = [paths] if isinstance(paths, str | Path) else list(paths)
     run = run_calls(many, cache_dir=cache_dir)
     if not run.ranks:  # several traces, none naming its rank: not one run
         raise UsageError("holds several traces and none names its rank (distributedInfo, a capture manifest or "
                          "rank in the file name), so they are not one run: pass one trace file, or use "
                          "`stepscope report --batch` for many", path=many[0] if len(many) == 1 else None)
-    done = run_ranks(run, verdicts=True)
+    done = run_ranks(run, verdicts=True, known=known)
     res = done.ranks
     per_rank = _per_rank(done.verdicts, res)
     share = straggler_wait_fraction(res)

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +23,7 @@ TRACE_FILE, RUN_FILE = "trace.perfetto.json.gz", "run.perfetto.json.gz"
 if TYPE_CHECKING:  # the analyses and the report writer load polars and matplotlib: imported when a report runs
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.collection import Collection, Member
+    from stepscope.analyze.summary import SummaryResult
     from stepscope.reports._render import FigureRenderer
     from stepscope.reports.html import PerfettoLink, Section
     from stepscope.reports.perfetto import ExportResult
@@ -143,10 +144,12 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
     named = page_names(inp)
     if engine == "ray" and run:
         click.echo("note: a capture run's ranks are reported here; --engine ray maps the traces of a batch", err=True)
+    verdicts: dict[Path, SummaryResult] = {}  # each member's verdict from its page, for the run's verdict
     if engine == "ray" and not run:
         written = _members_on_ray(named, tmp, step=step, perfetto=perfetto, address=address)
     else:
-        written = _members_here(named, tmp, run=run, step=step, perfetto=perfetto, run_link=run_link)
+        written = _members_here(named, tmp, run=run, step=step, perfetto=perfetto, run_link=run_link,
+                                verdicts=verdicts)
     order = {name: i for i, (_path, name) in enumerate(named)}
     results = sorted(_progress(written, len(named)), key=lambda w: order[w[0].name])  # (Ray's come as they finish)
     done = [m for m, _row, _steps in results]
@@ -161,7 +164,8 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
     # a capture run, or a directory whose traces are the distinct ranks of one job (distributedInfo)
     ranked = [r.get("rank") for r in rows if "href" in r]
     of_ranks = len(ranked) > 1 and None not in ranked and len(set(ranked)) == len(ranked)
-    first, mark, problems = _run_verdict(input_path, rows) if (run and len(named) > 1) or of_ranks else ([], None, [])
+    first, mark, problems = (_run_verdict(input_path, rows, verdicts) if (run and len(named) > 1) or of_ranks
+                             else ([], None, []))
     page = index_page(rows, run=run, lead=lead, straggler=mark or (straggler(done) if run else None),
                       facts=run_facts(inp.manifests) if isinstance(inp, RunDir) else None,
                       side=side_files(inp) if isinstance(inp, RunDir) else [], problems=failed + problems, step=step,
@@ -179,13 +183,17 @@ Written = tuple["Member", dict[str, Any], list[int]]
 
 
 def _members_here(named: list[tuple[Path, str]], tmp: Path, *, run: bool, step: int | None, perfetto: bool,
-                  run_link: PerfettoLink | None) -> Iterator[Written]:
-    """Each member analysed and its page written in this process, in order, its figures drawn by workers."""
+                  run_link: PerfettoLink | None, verdicts: dict[Path, SummaryResult]) -> Iterator[Written]:
+    """Each member analysed and its page written in this process, in order, its figures drawn by workers; each
+    verdict its page computed goes into `verdicts` by the trace's ingested directory (the run's verdict reads the
+    ranks' own, not computed twice)."""
     from stepscope.analyze.collection import members
     from stepscope.reports._render import FigureWorkers
 
     with FigureWorkers() as renderer:  # a member's figures are drawn while its sections are built
         for m in members(named):
+            if m.bundle is not None and "verdict" in m.bundle.__dict__:  # (computed, not raised: cached_property)
+                verdicts[m.bundle.trace.directory] = m.bundle.verdict
             yield _write_member(m, tmp, run=run, step=step, perfetto=perfetto, run_link=run_link, renderer=renderer,
                                 keep=run and len(named) == 1)
 
@@ -260,9 +268,11 @@ def _members_on_ray(named: list[tuple[Path, str]], tmp: Path, *, step: int | Non
     yield from ray_map(report_member, jobs, on_error=lost, address=address)
 
 
-def _run_verdict(input_path: Path, rows: list[dict[str, Any]]) -> tuple[list[Section], str | None, list[str]]:
+def _run_verdict(input_path: Path, rows: list[dict[str, Any]], verdicts: Mapping[Path, SummaryResult]
+                 ) -> tuple[list[Section], str | None, list[str]]:
     """A run's verdict and ranks section (`run_summary`, `reports.run_page`), the page of its straggler to mark in
-    the index, and a problem line instead where the run's verdict cannot be computed (the rest still renders)."""
+    the index, and a problem line instead where the run's verdict cannot be computed (the rest still renders);
+    `verdicts`: the ranks' verdicts their pages computed, by ingested directory."""
     from stepscope.analyze.run_summary import run_analysis
     from stepscope.reports.run_page import run_section
 
@@ -271,7 +281,7 @@ def _run_verdict(input_path: Path, rows: list[dict[str, Any]]) -> tuple[list[Sec
         if r.get("rank") is not None and "href" in r:
             pages.setdefault(int(r["rank"]), str(r["href"]))
     try:
-        analysis = run_analysis(input_path)
+        analysis = run_analysis(input_path, known=verdicts)
         section = run_section(analysis, pages, str(input_path))
     except Exception as exc:  # noqa: BLE001 - the ranks' own pages and the index still render
         return [], None, [f"run verdict could not be computed: {type(exc).__name__}: {exc}"]

@@ -58,6 +58,30 @@ def test_the_section_has_figures_straggler_and_links(tmp_path: Path) -> None:
     assert [row[0].text for row in table.rows] == ["rank 0", "rank 1", "rank 2  (straggler)"]
 
 
+def test_a_run_report_computes_each_ranks_verdict_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a 3-rank run WHEN its traces are reported THEN each rank's verdict is computed once (for its page; the run's
+    # verdict takes the pages' own) and the run section says what run_analysis alone says
+    from stepscope.analyze import summary
+
+    run, alone = _late(tmp_path)
+    calls: list[int] = []
+    verdict = summary.verdict
+
+    def counted(*args: object, **kwargs: object) -> summary.SummaryResult:
+        calls.append(1)
+        return verdict(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(summary, "verdict", counted)
+    monkeypatch.setattr("stepscope.analyze.bundle.verdict", counted)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["report", str(run), "-o", str(out), "--batch"])  # (ranks by distributedInfo)
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 3
+    page = (out / "index.html").read_text(encoding="utf-8")
+    line = straggler_line(alone.summary)
+    assert line is not None and line.replace("Straggler: ", "") in page.replace("&#39;", "'")
+
+
 def test_run_page_fits_a_laptop_screen(tmp_path: Path) -> None:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
