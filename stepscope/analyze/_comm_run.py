@@ -132,15 +132,20 @@ def _ranked(loaded: list[_Loaded], warnings: list[str]) -> list[_Loaded]:
 
 
 def _one_world(loaded: list[_Loaded], warnings: list[str]) -> tuple[int | None, list[_Loaded]]:
-    """The most common stated world size, and the traces that agree with it (or state none)."""
+    """The most common stated world size, and the traces that state it. Where some traces state one, a trace that
+    states none (no distributedInfo: its rank from a manifest or its file name) is of another capture, not a
+    window of that rank: a dataset of several jobs put worker0.pt.trace.json of a single-GPU run into rank 0."""
     sizes = Counter(x.trace.meta.world_size for x in loaded if x.trace.meta.world_size is not None)
     if not sizes:
         return None, loaded
     world = sizes.most_common(1)[0][0]
     if other := [x for x in loaded if x.trace.meta.world_size not in (None, world)]:
         warnings.append(f"mixed run: left out {len(other)} trace(s) of another world size than {world}: "
-                        + ", ".join(f"{x.path.name} ({x.trace.meta.world_size})" for x in other))
-    return world, [x for x in loaded if x.trace.meta.world_size in (None, world)]
+                        + ", ".join(f"{x.trace.source_name} ({x.trace.meta.world_size})" for x in other))
+    if unstated := [x for x in loaded if x.trace.meta.world_size is None]:
+        warnings.append(f"mixed run: left out {len(unstated)} trace(s) that state no world size (no distributedInfo) "
+                        f"beside traces of world size {world}: " + ", ".join(x.trace.source_name for x in unstated))
+    return world, [x for x in loaded if x.trace.meta.world_size == world]
 
 
 def _by_rank(loaded: list[_Loaded], warnings: list[str]) -> dict[int, list[_Loaded]]:

@@ -65,6 +65,24 @@ def test_dlrm_summary_of_the_run(corpus: Path) -> None:
     assert "aten::lift_fresh" in out.output
 
 
+def test_a_dataset_of_several_jobs_keeps_the_run_s_own_traces(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN a dataset of the dlrm run (8 ranks, distributedInfo) and a single-GPU capture whose file name says
+    # worker0 (no distributedInfo) THEN the run is dlrm's alone, as its own directory gives it, and the other trace
+    # is named as left out: it was pooled into rank 0 as a window of that rank (rank 0 data-loading bound)
+    dlrm = corpus / "traces" / "param" / "dlrm_kineto"
+    single = next((corpus / "traces" / "kineto" / "resnet50_num_workers_0").glob("worker0*.json.gz"))
+    dataset = tmp_path / "ds"
+    ingested = CliRunner().invoke(cli, ["ingest", str(dlrm), str(single), "-o", str(dataset)])
+    assert ingested.exit_code == 0, ingested.output
+    mixed = CliRunner().invoke(cli, ["summary", str(dataset)])
+    alone = CliRunner().invoke(cli, ["summary", str(dlrm)])
+    assert mixed.exit_code == 0 and alone.exit_code == 0, mixed.output + alone.output
+    assert f"left out 1 trace(s) that state no world size (no distributedInfo) beside traces of world size 8: " \
+           f"{single.name}" in mixed.output
+    assert [line for line in mixed.output.splitlines() if not line.startswith("warning")] == \
+           [line for line in alone.output.splitlines() if not line.startswith("warning")]
+
+
 def test_real_gloo_run_with_a_sleeping_rank_is_a_straggler_run(tmp_path: Path) -> None:
     run = capture_gloo_run(tmp_path, LATE, stack=True)
     out = CliRunner().invoke(cli, ["summary", str(run), "--json"])
