@@ -202,13 +202,14 @@ def steps_section(ctx: ReportContext) -> Section | None:
     """Per-step breakdown (steps.py): wall time, GPU busy/idle, CPU phases; and the GPU timeline of one step."""
     result = ctx.bundle.steps
     figs: list[Figure | PendingFigure] = []
+    if result.steps_found:  # started before the timeline's critical path is found: a worker draws it meanwhile
+        figs.append(ctx.figure("Each step: CPU time by phase; GPU time as compute, memcpy and idle by cause",
+                               "figures.step_breakdown_figure", result))
     timeline = ctx.bundle.timeline(ctx.step)
     if result.steps_found == 0 and timeline is None:
         return None
     notes = []
     if result.steps_found:
-        figs.append(ctx.figure("Each step: CPU time by phase; GPU time as compute, memcpy and idle by cause",
-                               "figures.step_breakdown_figure", result))
         if result.outlier_steps:
             notes.append(f"Outlier steps (wall time far from the median): {', '.join(map(str, result.outlier_steps))}.")
     else:
