@@ -39,7 +39,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analyze._comm_events import COMM_ANNOTATION, COMM_KERNEL, PARAM_COMMS
-from stepscope.analyze._comm_run import RunCalls, run_calls
+from stepscope.analyze._comm_run import RunCalls, parallel_map, run_calls
 from stepscope.analyze.collectives import clock_offsets, match
 from stepscope.analyze.critical_path import path_table
 from stepscope.analyze.depgraph import (
@@ -52,7 +52,7 @@ from stepscope.analyze.depgraph import (
     ordered_edges,
 )
 from stepscope.analyze.kernels import KernelCategory
-from stepscope.analyze.trace import Trace
+from stepscope.analyze.trace import Trace, load
 from stepscope.analyze.whatif import WhatIf, WhatIfResult, what_if_graph
 from stepscope.errors import UsageError
 
@@ -100,10 +100,12 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     dropped = 0
     kinds: set[str] = set()
     latency_ns: list[int] = []
+    # each trace's own graph, by worker processes in a large run (they pickle back: frames and arrays)
+    graphs = iter(parallel_map(_trace_graph, [(t.directory, annotation) for r in run.ranks for t in r.traces]))
     for r in run.ranks:
         calls = parts.filter(pl.col("rank") == r.rank)
         for trace in r.traces:
-            g = build_graph(trace, annotation=annotation)
+            g = next(graphs)
             kinds.add(g.window_kind)
             dropped += g.dropped_edges
             latency_ns.append(g.launch_latency_ns)
@@ -135,6 +137,12 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
                     source=None if not sources else sources.pop() if len(sources) == 1 else "mixed",
                     collectives_joined=int(comm.filter(pl.col("key").is_not_null())["key"].n_unique()),
                     notes=tuple(notes))
+
+
+def _trace_graph(job: tuple[Path, str | None]) -> DependencyGraph:
+    """The dependency graph of one ingested trace directory (`depgraph.build_graph`): a worker's job."""
+    directory, annotation = job
+    return build_graph(load(directory), annotation=annotation)
 
 
 def _shifted(g: DependencyGraph, rank: int, base: int, offset: int) -> DependencyGraph:
@@ -259,7 +267,8 @@ def _collective_edges(comm: pl.DataFrame) -> pl.DataFrame:
     pairs = (calls.select("key", q="rank", src="start_node")
              .join(calls.select("key", "rank", "collective", "latency_ns", "end_node", "event_id", "lane", "cpu"),
                    on="key")
-             .filter(pl.col("q") != pl.col("rank")))
+             .filter(pl.col("q") != pl.col("rank"))
+             .sort("key", "rank", "q"))  # (a join's rows come in any order: equal arrivals would tie by it)
     out = pairs.select(
         src="src", dst="end_node", type=pl.lit(EdgeType.COLLECTIVE.value),
         kind=pl.when(pl.col("cpu")).then(pl.lit(PathKind.CPU.value)).otherwise(pl.lit(PathKind.KERNEL.value)),
@@ -273,7 +282,8 @@ def _latency_weights(edges: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:
     """A matched comm event's own start -> end weighs its call's latency (its wait is the collective edges')."""
     lat = (comm.filter(pl.col("key").is_not_null()).with_columns(latency_ns=pl.col("dur_ns").min().over("key"))
            .select(src="start_node", dst="end_node", latency_ns="latency_ns", is_gpu=pl.lit(EdgeType.GPU.value)))
-    return (edges.join(lat, left_on=["src", "dst", "type"], right_on=["src", "dst", "is_gpu"], how="left")
+    return (edges.join(lat, left_on=["src", "dst", "type"], right_on=["src", "dst", "is_gpu"], how="left",
+                       maintain_order="left")
             .with_columns(natural_ns=pl.coalesce("latency_ns", "natural_ns")).drop("latency_ns"))
 
 

@@ -150,3 +150,23 @@ def test_dlrm_8_ranks(corpus: Path) -> None:
     overlapped = run_what_if(run, WhatIf(overlap_comm=True))
     assert overlapped.predicted_mean_ns is not None and overlapped.measured_mean_ns is not None
     assert overlapped.predicted_mean_ns <= overlapped.measured_mean_ns
+
+
+def test_a_large_run_s_graphs_built_by_workers_are_the_serial_ones(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a run of 16 ranks (worker processes build the ranks' graphs from PARALLEL_FROM traces on) THEN the run
+    # graph and its critical path are those built one rank after another in this process
+    import sys
+
+    from stepscope.analyze import _comm_run
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from make_run import write_run as write_synthetic_run
+
+    write_synthetic_run(tmp_path / "run", ranks=16, steps=2, ops=6, late=3)
+    parallel = load_run(tmp_path / "run", cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(_comm_run, "usable_cores", lambda: 1)  # parallel_map runs the jobs here
+    serial = load_run(tmp_path / "run", cache_dir=tmp_path / "cache")
+    assert parallel.graph.nodes.equals(serial.graph.nodes) and parallel.graph.edges.equals(serial.graph.edges)
+    assert parallel.graph.order.tolist() == serial.graph.order.tolist()
+    assert run_critical_path(parallel).segments.equals(run_critical_path(serial).segments)
