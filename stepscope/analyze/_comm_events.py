@@ -123,7 +123,7 @@ def _kernel_calls(trace: Trace, kernels: pl.DataFrame, launches: pl.DataFrame | 
     """Kernels with their launching record_param_comms op's args and the enclosing `nccl:<op>` annotation."""
     cols = ("gpu_event_id", "launch_pid", "launch_tid", "launch_ts_ns")
     launches = trace.launches().select(cols).collect() if launches is None else launches.select(cols)
-    linked = kernels.join(launches, left_on="event_id", right_on="gpu_event_id", how="left")
+    linked = kernels.join(launches, left_on="event_id", right_on="gpu_event_id", how="left", maintain_order="left")
     points = linked.select(pid="launch_pid", tid="launch_tid", ts_ns="launch_ts_ns")
     cpu = trace.cpu.filter(pl.col("dur_ns").is_not_null())
     op = innermost(cpu.filter(pl.col("name") == PARAM_COMMS), points)["event_id"]
@@ -137,8 +137,9 @@ def _kernel_calls(trace: Trace, kernels: pl.DataFrame, launches: pl.DataFrame | 
         _with_seq(linked.lazy()).collect()
         .drop("input_dims", "input_types")
         .with_columns(op_event_id=op, ann_event_id=ann)
-        .join(ops.rename({c: f"op_{c}" for c in arg_cols}), left_on="op_event_id", right_on="event_id", how="left")
-        .join(anns, left_on="ann_event_id", right_on="event_id", how="left")
+        .join(ops.rename({c: f"op_{c}" for c in arg_cols}), left_on="op_event_id", right_on="event_id", how="left",
+              maintain_order="left")
+        .join(anns, left_on="ann_event_id", right_on="event_id", how="left", maintain_order="left")
         .with_columns([pl.coalesce(c, f"op_{c}").alias(c) for c in arg_cols])
         .with_columns(source=pl.lit("kernel"))
     )

@@ -257,9 +257,9 @@ def _straggler(calls: pl.DataFrame, waits: pl.DataFrame) -> tuple[int | None, in
     # other rank's wait would be ranks x ranks rows in a call where all arrive together: 12M rows at 1,024 ranks)
     total = waits.group_by("call").agg(total_ns=pl.col("wait_ns").sum())
     own = waits.select("call", "rank", own_ns="wait_ns")
-    cost = (last.join(total, on="call").join(own, on=["call", "rank"], how="left")
+    cost = (last.join(total, on="call").join(own, on=["call", "rank"], how="left", maintain_order="left")
             .group_by("rank").agg(cost=(pl.col("total_ns") - pl.col("own_ns").fill_null(0)).sum()))
-    ranked = (last.group_by("rank").agg(n=pl.len()).join(cost, on="rank", how="left")
+    ranked = (last.group_by("rank").agg(n=pl.len()).join(cost, on="rank", how="left", maintain_order="left")
               .with_columns(pl.col("cost").fill_null(0))
               .sort(["n", "cost", "rank"], descending=[True, True, False]))
     rank, n, wait = ranked.row(0)
@@ -306,7 +306,8 @@ def _ranks(ranks: Sequence[RankCalls], waits: pl.DataFrame, offsets: dict[str, i
         collectives=pl.len(), comm_ns=pl.col("dur_ns").sum(), wait_ns=pl.col("wait_ns").sum(),
         last_arrivals=pl.col("last").sum().cast(pl.Int64),
         max_residual_ns=pl.col("residual_ns").abs().max())
-    return base.join(per, on="rank", how="left").with_columns(pl.col("collectives").fill_null(0)).sort("rank")
+    return (base.join(per, on="rank", how="left", maintain_order="left")
+            .with_columns(pl.col("collectives").fill_null(0)).sort("rank"))
 
 
 def _note(run: RunCalls, calls: pl.DataFrame) -> str | None:

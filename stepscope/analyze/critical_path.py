@@ -188,13 +188,13 @@ def _end_nodes(graph: DependencyGraph, t: np.ndarray) -> pl.DataFrame:
             return times.with_columns(end_node=pl.lit(last, pl.Int64))
         last_nodes = (graph.nodes.select("rank", "node", t=times_s).sort("t", "node")
                       .group_by("rank").agg(end_node=pl.col("node").last()))
-        per_window = times.join(last_nodes, on="rank", how="left")
+        per_window = times.join(last_nodes, on="rank", how="left", maintain_order="left")
     else:
         gpu_last = (graph.gpu_ends.with_columns(t=times_s.gather(graph.gpu_ends["node"]))
                     .sort("t", "node", descending=[True, True]).group_by(*by, "step", maintain_order=True).first()
                     .select(*by, "step", gpu_node="node", gpu_t="t"))
-        joined = (times.join(w.select(*by, "step", "cpu_end_node"), on=[*by, "step"], how="left")
-                  .join(gpu_last, on=[*by, "step"], how="left"))
+        joined = (times.join(w.select(*by, "step", "cpu_end_node"), on=[*by, "step"], how="left", maintain_order="left")
+                  .join(gpu_last, on=[*by, "step"], how="left", maintain_order="left"))
         per_window = (
             joined.with_columns(cpu_t=pl.Series(t[joined["cpu_end_node"].fill_null(0).to_numpy()]))
             .with_columns(end_node=pl.when(pl.col("gpu_t").is_not_null() & (pl.col("gpu_t") > pl.col("cpu_t"))
@@ -235,7 +235,7 @@ def per_step(segments: pl.DataFrame) -> pl.DataFrame:
     out = walls
     for kind in _KINDS:
         out = out.join(sums.filter(pl.col("kind") == kind).select("step", pl.col("ns").alias(f"{kind}_ns")),
-                       on="step", how="left", nulls_equal=True)
+                       on="step", how="left", maintain_order="left", nulls_equal=True)
     return out.with_columns(pl.col(f"{k}_ns" for k in _KINDS).fill_null(0).cast(pl.Int64)).sort("step")
 
 

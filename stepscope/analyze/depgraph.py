@@ -278,7 +278,7 @@ def _gpu_events(frames: TraceFrames, lo: int, hi: int) -> pl.DataFrame:
         frames.launches.lazy()
         .filter(pl.col("dur_ns").is_not_null() & pl.col("ts_ns").is_not_null()
                 & (pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
-        .join(copies, on="gpu_event_id", how="left")
+        .join(copies, on="gpu_event_id", how="left", maintain_order="left")
         .with_columns(category=category_expr(), device=pl.col("device").fill_null(-1),
                       stream=pl.col("stream").fill_null(-1))
         .with_columns(key_ns=pl.coalesce("launch_ts_ns", "ts_ns"))
@@ -393,7 +393,8 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     coded = (pl.concat([cpu.select("pid", "tid"), extra.select("pid", "tid")]).unique().sort("pid", "tid")
              .with_row_index("th"))
     bounds = (
-        pl.concat([part.join(coded, on=["pid", "tid"], how="left").select("th", "t") for part in (
+        pl.concat([part.join(coded, on=["pid", "tid"], how="left",
+                             maintain_order="left").select("th", "t") for part in (
             cpu.select("pid", "tid", t="s"), cpu.select("pid", "tid", t="e"), extra.select("pid", "tid", "t"),
             extra.select("pid", "tid", t="x"))])
         .unique().sort("th", "t").join(coded, on="th", how="left", maintain_order="left")
@@ -415,8 +416,8 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     slices = (
         slices.with_columns(ev_row)
         .join(cpu.select(ev_row="row", event_id="event_id", name="name", ev_kind="kind", call_dur_ns="full_dur_ns"),
-              on="ev_row", how="left")
-        .join(threads, on=["pid", "tid"], how="left")
+              on="ev_row", how="left", maintain_order="left")
+        .join(threads, on=["pid", "tid"], how="left", maintain_order="left")
         .sort("a")
         .join_asof(loading, left_on="a", right_on="dl_s", by=["pid", "tid"], strategy="backward",
                    check_sortedness=False)
@@ -488,7 +489,8 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
 def _sync_edges(frames: TraceFrames, cpu: pl.DataFrame, bounds: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     """GPU work -> the end of the blocking call that waits for it."""
     calls = cpu.filter(pl.col("kind").is_in([Kind.RUNTIME.value, Kind.DRIVER.value])).join(
-        frames.trace.runtime.select("event_id", "correlation").collect(), on="event_id", how="left")
+        frames.trace.runtime.select("event_id", "correlation").collect(), on="event_id", how="left",
+        maintain_order="left")
     syncs = frames.trace.syncs.select(
         "correlation", sync_name="name", sync_device="device", sync_stream="stream",
         wait_stream=_json_int("$.wait_on_stream"), record_corr=_json_int("$.wait_on_cuda_event_record_corr_id"),
@@ -505,7 +507,8 @@ def _sync_edges(frames: TraceFrames, cpu: pl.DataFrame, bounds: pl.DataFrame, gp
            & (pl.col("g_end") <= pl.col("e"))))
     blocking = (
         calls.filter(is_sync_runtime(pl.col("name")) | pl.col("event_id").is_in(copy_waits["event_id"].implode()))
-        .join(syncs, on="correlation", how="left").join(records, on="record_corr", how="left")
+        .join(syncs, on="correlation", how="left", maintain_order="left")
+        .join(records, on="record_corr", how="left", maintain_order="left")
         .with_row_index("q").with_columns(pl.col("q").cast(pl.Int64))
     )
     copy_q = blocking.join(copy_waits.select("event_id"), on="event_id", how="semi")["q"].implode()
@@ -545,7 +548,8 @@ def _cross_stream_edges(frames: TraceFrames, gpu: pl.DataFrame, lo: int, hi: int
     exact = (
         waits.filter(pl.col("wait_stream") >= 0)
         .join(runtime.select("correlation", "pid", "tid", "event_id", "name", wait_ts="ts_ns"), on="correlation")
-        .join(runtime.select(record_corr="correlation", record_ts="ts_ns"), on="record_corr", how="left")
+        .join(runtime.select(record_corr="correlation", record_ts="ts_ns"), on="record_corr", how="left",
+              maintain_order="left")
         # older sync events name the recorded stream but not the record: its work launched before the wait
         .with_columns(record_ts=pl.coalesce("record_ts", "wait_ts"))
         .filter(pl.col("wait_ts").is_between(lo, hi))
@@ -629,8 +633,8 @@ def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu
         windows = windows.with_columns(start_ns=pl.lit(int(t.min())), end_ns=pl.lit(int(t.max())))
     lo, hi = int(windows["start_ns"].min()), int(windows["end_ns"].max())  # type: ignore[arg-type]
     win = (windows.with_columns(cs=pl.col("cpu_start_ns").clip(lo, hi), ce=pl.col("cpu_end_ns").clip(lo, hi))
-           .join(main_nodes.rename({"node": "cpu_start_node", "t": "cs"}), on="cs", how="left")
-           .join(main_nodes.rename({"node": "cpu_end_node", "t": "ce"}), on="ce", how="left")
+           .join(main_nodes.rename({"node": "cpu_start_node", "t": "cs"}), on="cs", how="left", maintain_order="left")
+           .join(main_nodes.rename({"node": "cpu_end_node", "t": "ce"}), on="ce", how="left", maintain_order="left")
            .select("step", "start_ns", "end_ns", "cpu_start_ns", "cpu_end_ns", "cpu_start_node", "cpu_end_node")
            .sort("start_ns"))
     if by_step is None:  # no steps: the one window owns all GPU work
@@ -716,7 +720,7 @@ def window_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:
             return pl.DataFrame({"step": [None], "start_ns": [start], "end_ns": [end], "wall_ns": [end - start]},
                                 schema=schema)
         last = graph.nodes.select("rank", t=times).group_by("rank").agg(last=pl.col("t").max())
-        return (w.join(last, on="rank", how="left")
+        return (w.join(last, on="rank", how="left", maintain_order="left")
                 .select("rank", "step", "start_ns", end_ns=pl.max_horizontal("start_ns", pl.coalesce("last", "end_ns")))
                 .with_columns(wall_ns=pl.col("end_ns") - pl.col("start_ns")).cast(schema))  # type: ignore[arg-type]
     gpu_end = graph.gpu_ends.with_columns(t=times.gather(graph.gpu_ends["node"])).group_by(*by, "step").agg(
@@ -727,7 +731,7 @@ def window_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:
                        ce=times.gather(w["cpu_end_node"].fill_null(0)))
         .with_columns(cs=pl.when(pl.col("cpu_start_node").is_null()).then(pl.col("cpu_start_ns")).otherwise("cs"),
                       ce=pl.when(pl.col("cpu_end_node").is_null()).then(pl.col("cpu_end_ns")).otherwise("ce"))
-        .join(gpu_end, on=[*by, "step"], how="left")
+        .join(gpu_end, on=[*by, "step"], how="left", maintain_order="left")
         .with_columns(end_ns=pl.max_horizontal("ce", "gpu_end"))
         .with_columns(start_ns=pl.max_horizontal("cs", previous.over(by) if by else previous))
         .with_columns(end_ns=pl.max_horizontal("end_ns", "start_ns"))

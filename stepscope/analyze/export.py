@@ -98,7 +98,8 @@ def exposed_copies(bundle: TraceAnalysis) -> pl.DataFrame:
     python_line."""
     trace = bundle.trace
     copies = (bundle.frames.launches.lazy().filter(pl.col("kind") == Kind.MEMCPY.value)
-              .join(trace.memcpy.select(gpu_event_id="event_id", bytes="bytes"), on="gpu_event_id", how="left")
+              .join(trace.memcpy.select(gpu_event_id="event_id", bytes="bytes"), on="gpu_event_id", how="left",
+                    maintain_order="left")
               .with_columns(start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).collect())
     kernels = trace.kernels.filter(pl.col("device").is_not_null()).select(
         "device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))

@@ -733,5 +733,6 @@ def _unmodelled_gpu_fraction(launches: pl.DataFrame, cpu: pl.DataFrame) -> float
     total = int(kernels["dur_ns"].sum()) if kernels.height else 0
     if total == 0:
         return None
-    covered = kernels.join(cpu.select(op_event_id="event_id", covered="covered"), on="op_event_id", how="left")
+    covered = kernels.join(cpu.select(op_event_id="event_id", covered="covered"), on="op_event_id", how="left",
+                           maintain_order="left")
     return float(covered.filter(~pl.col("covered").fill_null(False))["dur_ns"].sum()) / total

@@ -115,7 +115,7 @@ def ops_by_nesting(trace: Trace, links: pl.DataFrame) -> pl.DataFrame:
     index = links.with_row_index("_row").filter(missing)["_row"]
     fill = pl.DataFrame({"_row": index, "_op": found["event_id"], "_name": found["name"]})
     return (
-        links.with_row_index("_row").join(fill, on="_row", how="left")
+        links.with_row_index("_row").join(fill, on="_row", how="left", maintain_order="left")
         .with_columns(op_event_id=pl.coalesce("op_event_id", "_op"), op_name=pl.coalesce("op_name", "_name"))
         .drop("_row", "_op", "_name")
     )

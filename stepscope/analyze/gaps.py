@@ -223,9 +223,10 @@ def _per_device(windows: pl.DataFrame, busy: pl.DataFrame, gaps: pl.DataFrame) -
 
     return (
         total(windows, "window_ns")
-        .join(total(busy, "busy_ns"), on="device", how="left")
+        .join(total(busy, "busy_ns"), on="device", how="left", maintain_order="left")
         .join(gaps.group_by("device").agg(gaps=pl.len().cast(pl.Int64), idle_ns=pl.col("dur_ns").sum(),
-                                          longest_gap_ns=pl.col("dur_ns").max()), on="device", how="left")
+                                          longest_gap_ns=pl.col("dur_ns").max()), on="device", how="left",
+              maintain_order="left")
         .with_columns(pl.col("busy_ns", "idle_ns", "gaps").fill_null(0))
         .with_columns(busy_fraction=pl.col("busy_ns") / pl.col("window_ns"))
         .select("device", "window_ns", "busy_ns", "idle_ns", "busy_fraction", "gaps", "longest_gap_ns")

@@ -105,12 +105,12 @@ def capture_launches(capture: Trace) -> pl.DataFrame:
     gpu = capture.gpu.filter(pl.col("correlation").is_not_null()).select(
         "correlation", gpu_tok=token(pl.col("name"), pl.col("kind"))).unique("correlation").collect()
     copy_tok = pl.when(pl.col("name").str.contains("(?i)memset")).then(pl.lit("[memset]")).otherwise(pl.lit("[memcpy]"))
-    calls = calls.join(gpu, on="correlation", how="left").with_columns(
+    calls = calls.join(gpu, on="correlation", how="left", maintain_order="left").with_columns(
         token=pl.coalesce("gpu_tok", "arg_kernel",
                           pl.when(pl.col("name").str.contains(_COPY_LAUNCH)).then(copy_tok)))
     ops = (capture.cpu_ops.filter(pl.col("external_id").is_not_null()).sort("dur_ns")
            .unique(subset="external_id", keep="first").select("external_id", op_event_id="event_id").collect())
-    calls = calls.join(ops, on="external_id", how="left")
+    calls = calls.join(ops, on="external_id", how="left", maintain_order="left")
     missing = calls["op_event_id"].is_null()
     if missing.any():
         found = innermost(capture.cpu_ops, calls.filter(missing).select("pid", "tid", "ts_ns"))["event_id"]
@@ -276,8 +276,8 @@ def map_replays(launches: pl.DataFrame, capture: Trace, *, first_event_id: int) 
     ops = _virtual_ops(capture, cap, kernels, launches, first_event_id)
     kernels = kernels.join(ops.select("replay_correlation", "capture_event_id", "event_id", "name"),
                            left_on=["correlation", "capture_op_event_id"],
-                           right_on=["replay_correlation", "capture_event_id"], how="left").rename(
-        {"event_id": "op_event_id", "name": "op_name"})
+                           right_on=["replay_correlation", "capture_event_id"], how="left",
+                           maintain_order="left").rename({"event_id": "op_event_id", "name": "op_name"})
     graph_frame = pl.DataFrame(graphs, schema={"graph": pl.Int64, "kernels_per_replay": pl.Int64,
                                                "mapped_per_replay": pl.Int64, "source": pl.String,
                                                "candidates": pl.Int64})
@@ -335,7 +335,7 @@ def _virtual_ops(capture: Trace, cap: pl.DataFrame, kernels: pl.DataFrame, launc
     launch = replayed(launches).group_by("correlation").agg(launch_ts=pl.col("launch_ts_ns").min(),
                                                            launch_pid=pl.col("launch_pid").first())
     rows = (pairs.join(cpu.rename({"event_id": "capture_event_id"}), on="capture_event_id")
-            .join(launch, left_on="replay_correlation", right_on="correlation", how="left")
+            .join(launch, left_on="replay_correlation", right_on="correlation", how="left", maintain_order="left")
             .with_columns(anchor=pl.col("ts_ns").min().over("replay_correlation"))
             .sort("replay_correlation", "ts_ns", "capture_event_id"))
     return rows.with_row_index("_i").select(

@@ -193,7 +193,7 @@ def _replays(trace: Trace, rep: pl.DataFrame, sigs: pl.DataFrame, mapped_ids: pl
              launch_tid=pl.col("launch_tid").first(), kernels=pl.len().cast(pl.Int64),
              gpu_ns=pl.col("dur_ns").sum(), mapped=pl.col("_mapped").sum().cast(pl.Int64) if mapped_ids is not None
              else pl.lit(None, pl.Int64))
-        .join(sigs.select("correlation", "graph"), on="correlation", how="left")
+        .join(sigs.select("correlation", "graph"), on="correlation", how="left", maintain_order="left")
         .sort("launch_ts_ns", "correlation")
     )
     points = per.select(pid=pl.col("launch_pid").fill_null(""), tid=pl.col("launch_tid").fill_null(""),
@@ -214,13 +214,13 @@ def _graphs(replays: pl.DataFrame, rep: pl.DataFrame, launches: pl.DataFrame, ma
            .sort("ns", "op_name", descending=[True, False])
            .group_by("graph", maintain_order=True).agg(ops=pl.col("op_name").str.join(", ")))
     return (
-        replays.join(ends, on="correlation", how="left")
+        replays.join(ends, on="correlation", how="left", maintain_order="left")
         .group_by("graph")
         .agg(replays=pl.len().cast(pl.Int64), kernels_per_replay=pl.col("kernels").first(),
              gpu_ns=pl.col("gpu_ns").sum(), mean_replay_ns=pl.col("gpu_ns").mean(),
              _kernels=pl.col("kernels").sum(), _mapped=pl.col("mapped").sum(),
              python=pl.col("python").first(), first_kernel=pl.col("first_kernel").first())
-        .join(ops, on="graph", how="left")
+        .join(ops, on="graph", how="left", maintain_order="left")
         .with_columns(gpu_share=pl.col("gpu_ns") / total if total else pl.lit(None, pl.Float64),
                       mapped_share=(pl.col("_mapped") / pl.col("_kernels")) if mapped else pl.lit(None, pl.Float64))
         .sort("gpu_ns", "graph", descending=[True, False])

@@ -205,7 +205,8 @@ def trace_info(source: Source) -> TraceInfo:
         schema={"id": pl.Int64, "name": pl.String, "total_memory_bytes": pl.Int64, "num_sms": pl.Int64,
                 "compute_capability": pl.String},
     ).rename({"id": "device"})
-    devices = used.join(props, on="device", how="left").sort("device") if used.height else props.with_columns(
+    devices = used.join(props, on="device", how="left",
+                        maintain_order="left").sort("device") if used.height else props.with_columns(
         gpu_events=pl.lit(0, pl.UInt32)).filter(pl.lit(False))
     steps = frames.profiler_steps["step"].sort().to_list()
     origin = meta.source

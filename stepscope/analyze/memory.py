@@ -184,7 +184,7 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
         )
         .join(unfreed.group_by("device_name").agg(unfreed_allocations=pl.len(),
                                                   unfreed_bytes=pl.col("alloc_bytes").sum()),
-              on="device_name", how="left")
+              on="device_name", how="left", maintain_order="left")
         # without Addr (2021 format) frees cannot be matched: unknown, not zero
         .with_columns(pl.when("has_addr").then(pl.col(c).fill_null(0)).alias(c)
                       for c in ("unfreed_allocations", "unfreed_bytes"))
@@ -282,7 +282,7 @@ def activation_memory(source: Source) -> ActivationMemory:
                           & (pl.col("ts_ns") <= peak_ts)
                           & (pl.col("freed_ts_ns").is_null() | (pl.col("freed_ts_ns") > peak_ts))
                           & ~(pl.col("freed_ts_ns").is_null() & ~pl.col("never_freed")))
-            .join(names, on="module_row", how="left")
+            .join(names, on="module_row", how="left", maintain_order="left")
             .group_by("module").agg(live_bytes=pl.col("alloc_bytes").sum(), allocations=pl.len())
             .sort("live_bytes", "module", descending=[True, False])
         )

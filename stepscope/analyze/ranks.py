@@ -176,7 +176,8 @@ def _rank_job(job: tuple[int, tuple[Path, ...], pl.DataFrame, tuple[SummaryResul
     out = windows
     for name, pieces in (("compute_ns", split.compute), ("comm_ns", split.comm), ("exposed_comm_ns", split.exposed),
                          ("busy", split.busy)):
-        out = out.join(per_window(pieces, windows, name), on="step", how="left", nulls_equal=True)
+        out = out.join(per_window(pieces, windows, name), on="step", how="left",
+                       maintain_order="left", nulls_equal=True)
     gpu_known = pl.lit(devices > 0)
     out = out.with_columns(
         rank=pl.lit(rank, pl.Int64),
@@ -199,7 +200,7 @@ def _windows(bundle: TraceAnalysis) -> pl.DataFrame:
     if spans.height:
         loading = merge(loading_intervals(bundle.trace, spans).lazy(), ["step"]).collect()
         per_step = loading.group_by("step").agg(data_loading_ns=(pl.col("e") - pl.col("s")).sum())
-        return (spans.join(per_step, on="step", how="left")
+        return (spans.join(per_step, on="step", how="left", maintain_order="left")
                 .with_columns(pl.col("data_loading_ns").fill_null(0))
                 .select(list(_WINDOW_SCHEMA)).cast(_WINDOW_SCHEMA))  # type: ignore[arg-type]
     first, last = bundle.trace.meta.time.first_ns, bundle.trace.meta.time.last_ns
@@ -227,7 +228,7 @@ def _with_waits(steps: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
     """The step table with each rank's wait and last arrivals in the step's calls."""
     per = waits.group_by("rank", "step").agg(wait_ns=pl.col("wait_ns").sum(),
                                              last_arrivals=pl.col("last").sum().cast(pl.Int64))
-    return (steps.join(per, on=["rank", "step"], how="left", nulls_equal=True)
+    return (steps.join(per, on=["rank", "step"], how="left", maintain_order="left", nulls_equal=True)
             .with_columns(pl.col("wait_ns", "last_arrivals").fill_null(0)))
 
 
@@ -238,7 +239,7 @@ def _last_arrivals(waits: pl.DataFrame) -> pl.DataFrame:
     # every other: ranks x ranks rows in a call where all arrive together)
     last = waits.filter(pl.col("last")).select("call", "step", "rank", own="wait_ns")
     total = waits.group_by("call").agg(total=pl.col("wait_ns").sum())
-    return (last.join(total, on="call", how="left")
+    return (last.join(total, on="call", how="left", maintain_order="left")
             .with_columns(cost=(pl.col("total") - pl.col("own").fill_null(0)).fill_null(0))
             .group_by("step", "rank").agg(last_arrivals=pl.len().cast(pl.Int64), wait_cost_ns=pl.col("cost").sum(),
                                           call=pl.col("call").sort_by("cost", "call", descending=[True, False])
@@ -254,7 +255,7 @@ def _stragglers(by_step: pl.DataFrame, waits: pl.DataFrame, steps: pl.DataFrame,
            .group_by("step", maintain_order=True).first().rename({"rank": "straggler"}))
     rows = (waits.join(top.select("call", "straggler"), on="call")
             .join(steps.select("rank", "step", step_start="start_ns", dl="data_loading_ns", known="compute_ns"),
-                  on=["rank", "step"], how="left", nulls_equal=True))
+                  on=["rank", "step"], how="left", maintain_order="left", nulls_equal=True))
     rows = rows.with_columns(before=pl.when(pl.col("known").is_not_null())
                              .then(_covered(compute, rows.select("rank", s="step_start", e="ts_ns"))))
     me = pl.col("rank") == pl.col("straggler")
@@ -266,7 +267,7 @@ def _stragglers(by_step: pl.DataFrame, waits: pl.DataFrame, steps: pl.DataFrame,
         ts_ns=pl.col("ts_ns").filter(me).first(),
         lateness_ns=pl.col("aligned_start_ns").filter(me).first() - pl.col("aligned_start_ns").filter(~me).median(),
         excess_compute_ns=excess("before"), excess_data_loading_ns=excess("dl"))
-    out = top.join(per_call, on="call", how="left").with_columns(
+    out = top.join(per_call, on="call", how="left", maintain_order="left").with_columns(
         pl.col("lateness_ns", "excess_compute_ns", "excess_data_loading_ns").round().cast(pl.Int64))
     host = (pl.col("lateness_ns") - pl.col("excess_compute_ns").fill_null(0)
             - pl.col("excess_data_loading_ns").fill_null(0)).clip(lower_bound=0)
@@ -292,7 +293,7 @@ def _covered(pieces: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
     inside = pl.min_horizontal("end_ns", "e") - pl.max_horizontal("start_ns", "s")
     hit = (idx.join(pieces, on="rank").filter((pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s")))
            .group_by("_i").agg(inside.sum().alias("n")))
-    return idx.join(hit, on="_i", how="left").sort("_i")["n"].fill_null(0)
+    return idx.join(hit, on="_i", how="left", maintain_order="left").sort("_i")["n"].fill_null(0)
 
 
 def _with_host_blame(stragglers: pl.DataFrame, ranks: dict[int, RankCalls]) -> pl.DataFrame:

@@ -158,7 +158,7 @@ def _counted(frames: TraceFrames, flops: FlopsResult) -> pl.DataFrame:
         rows.filter(pl.col("counted"))
         .select("event_id", "name", "family", "dtype", pl.col("flops").cast(pl.Int64), pl.col("bytes").cast(pl.Int64),
                 "ts_ns", "pid", "tid")
-        .join(kernel_ns, left_on="event_id", right_on="counting_event_id", how="left")
+        .join(kernel_ns, left_on="event_id", right_on="counting_event_id", how="left", maintain_order="left")
         .with_columns(pl.col("gpu_ns").fill_null(0).cast(pl.Int64),
                       dtype=pl.when((pl.col("dtype") == "fp32") & pl.col("tf32").fill_null(False))
                       .then(pl.lit("tf32")).otherwise(pl.col("dtype")))
@@ -220,7 +220,7 @@ def _per_op(frames: TraceFrames, counted: pl.DataFrame, device: ResolvedDevice |
     intensity = pl.col("flops") / pl.col("bytes")
     attainable = pl.min_horizontal("peak_tflops", intensity * pl.lit(bandwidth, pl.Float64) / 1e3)
     out = (
-        grouped.join(peaks, on="dtype", how="left")
+        grouped.join(peaks, on="dtype", how="left", maintain_order="left")
         .with_columns(tflops=pl.when(pl.col("flops") > 0).then(pl.col("flops") / pl.col("gpu_ns") / 1e3),
                       gbps=pl.col("bytes") / pl.col("gpu_ns"),
                       intensity_flop_per_byte=pl.when((pl.col("bytes") > 0) & (pl.col("flops") > 0)).then(intensity))
@@ -285,7 +285,9 @@ def _per_step(frames: TraceFrames, counted: pl.DataFrame, missing: pl.DataFrame,
         uncounted_ops=pl.len())
     peak = device.peak_tflops if device is not None else None
     return (
-        windows.select("step", "wall_ns").join(per, on="step", how="left").join(gaps, on="step", how="left")
+        windows.select("step", "wall_ns")
+        .join(per, on="step", how="left", maintain_order="left")
+        .join(gaps, on="step", how="left", maintain_order="left")
         .with_columns(pl.col("flops", "hardware_flops", "uncounted_ops").fill_null(0))
         .with_columns(tflops=pl.when(pl.col("uncounted_ops") == 0).then(pl.col("flops") / pl.col("wall_ns") / 1e3))
         .with_columns(mfu_fraction=pl.col("tflops") / peak if peak else pl.lit(None, pl.Float64))

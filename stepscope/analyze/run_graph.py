@@ -230,7 +230,7 @@ def _cpu_comm_edges(hit: pl.DataFrame, part: DependencyGraph, rank: int) -> tupl
     he = hit.sort("e")
     resumed = (he.join_asof(main.sort("m_t", "m_node"), left_on="e", right_on="m_t", strategy="forward",
                             check_sortedness=False)
-               .filter(pl.col("m_node").is_not_null()).join(cpu_in, on="m_node", how="left"))
+               .filter(pl.col("m_node").is_not_null()).join(cpu_in, on="m_node", how="left", maintain_order="left"))
     # waiting: untraced time under the step annotation, the collective's own op, or an op that says it waits
     waiting = (pl.col("slice_event").is_null() | (pl.col("slice_event") == pl.col("event_id"))
                | pl.col("slice_name").str.contains("(?i)(ProfilerStep|wait)").fill_null(False)) \

@@ -159,7 +159,7 @@ def _per_rank(verdicts: dict[int, SummaryResult], res: RanksResult) -> pl.DataFr
                                        "gpu_busy_fraction": pl.Float64, "exposed_comm_fraction": pl.Float64,
                                        "data_loading_fraction": pl.Float64, "sync_fraction": pl.Float64})
     timing = res.ranks.select("rank", mean_step_ns="wall_ns", wait_ns="wait_ns", last_arrivals="last_arrivals")
-    return table.join(timing, on="rank", how="left").sort("rank")
+    return table.join(timing, on="rank", how="left", maintain_order="left").sort("rank")
 
 
 def _majority(counts: Counter[str]) -> Verdict:

@@ -393,8 +393,9 @@ def _gpu(frames: TraceFrames, its: pl.DataFrame) -> pl.DataFrame:
         .group_by("step").agg(gpu_busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum())
         .collect()
     )
-    return (windows.select("step", "start_ns", "wall_ns", "cpu_ns").join(busy, on="step", how="left")
-            .join(first, on="step", how="left")
+    return (windows.select("step", "start_ns", "wall_ns", "cpu_ns").join(busy, on="step", how="left",
+                                                                         maintain_order="left")
+            .join(first, on="step", how="left", maintain_order="left")
             .with_columns(pl.col("gpu_busy_ns").fill_null(0).cast(pl.Int64) if frames.launches.height
                           else pl.lit(None, pl.Int64).alias("gpu_busy_ns")))
 
@@ -464,7 +465,7 @@ def serving_iterations(source: Source) -> ServingResult:
         return _empty(trace)
     origin = trace.meta.time.first_ns or 0
     timed = (
-        its.join(_gpu(frames, its), on="step", how="left")
+        its.join(_gpu(frames, its), on="step", how="left", maintain_order="left")
         .with_columns(offset_ns=pl.col("start_ns") - origin,
                       gpu_busy_fraction=pl.col("gpu_busy_ns") / pl.when(pl.col("wall_ns") > 0).then("wall_ns"),
                       annotation="name")

@@ -117,7 +117,7 @@ def _series(tables: SnapshotTables) -> pl.DataFrame:
     per_device = (
         tables.events.group_by("device").agg(d_alloc=_alloc_delta().sum(), d_res=_reserve_delta().sum(),
                                              first_time_us=pl.col("time_us").min())
-        .join(_at_dump(tables), on="device", how="left").sort("device")
+        .join(_at_dump(tables), on="device", how="left", maintain_order="left").sort("device")
         .with_columns(alloc_offset=pl.col("allocated_at_dump_bytes").fill_null(0) - pl.col("d_alloc").cum_sum(),
                       res_offset=pl.col("reserved_at_dump_bytes").fill_null(0) - pl.col("d_res").cum_sum())
     )
@@ -139,7 +139,7 @@ def _starts(tables: SnapshotTables) -> pl.DataFrame:
         tables.events.group_by("device").agg(
             d_alloc=_alloc_delta().sum(), trace_start_time_us=pl.col("time_us").min(), trace_entries=pl.len(),
             oom_events=(pl.col("action") == "oom").sum())
-        .join(_at_dump(tables), on="device", how="left")
+        .join(_at_dump(tables), on="device", how="left", maintain_order="left")
         .select("device", "trace_start_time_us", "trace_entries", "oom_events",
                 start_allocated_bytes=pl.col("allocated_at_dump_bytes").fill_null(0) - pl.col("d_alloc"))
     )
@@ -166,7 +166,7 @@ def _peaks(tables: SnapshotTables, series: pl.DataFrame) -> pl.DataFrame:
     highest = series.group_by("device").agg(pl.col("allocated_bytes").max())
     best = (series.filter(pl.col("allocated_bytes") == _by_device(highest, "allocated_bytes"))
             .group_by("device").agg(pl.all().sort_by("seq").first())
-            .join(_starts(tables), on="device", how="left"))
+            .join(_starts(tables), on="device", how="left", maintain_order="left"))
     before = pl.col("start_allocated_bytes") > pl.col("allocated_bytes")
     with_history = best.select(
         "device",
@@ -184,7 +184,8 @@ def _ooms(tables: SnapshotTables, series: pl.DataFrame) -> pl.DataFrame:
     """One row per OOM entry: when, what it asked for, what the device had free, allocated and reserved."""
     oom = tables.events.filter(pl.col("action") == "oom").select("device", "seq", "size", "device_free")
     return (
-        oom.join(series.filter(pl.col("seq").is_in(oom["seq"].implode())), on=["device", "seq"], how="left")
+        oom.join(series.filter(pl.col("seq").is_in(oom["seq"].implode())), on=["device", "seq"], how="left",
+                 maintain_order="left")
         .sort("device", "seq")
         .select("device", "since_start_ns", requested_bytes="size", device_free_bytes="device_free",
                 allocated_bytes="allocated_bytes", reserved_bytes="reserved_bytes")
@@ -323,7 +324,7 @@ def _live_by_frame(tables: SnapshotTables, peaks: pl.DataFrame, life: pl.DataFra
                    frames: pl.DataFrame) -> pl.DataFrame:
     """Bytes and blocks live at each device's peak by frame, with the rounding row, largest first."""
     live_by_frame = (
-        live_blocks_at_peak(tables, peaks, life=life).join(frames, on="frame_id", how="left")
+        live_blocks_at_peak(tables, peaks, life=life).join(frames, on="frame_id", how="left", maintain_order="left")
         .with_columns(frame=pl.when(pl.col("origin") == PRE_HISTORY).then(pl.lit(PRE_HISTORY))
                       .otherwise(pl.col("frame").fill_null(NO_FRAME)))
         .group_by("device", "frame").agg(live_bytes=pl.col("size").sum(), blocks=pl.len())
@@ -336,7 +337,7 @@ def _live_by_frame(tables: SnapshotTables, peaks: pl.DataFrame, life: pl.DataFra
     )
     return (
         pl.concat([live_by_frame, rounding])
-        .join(peaks.select("device", "peak_allocated_bytes"), on="device", how="left")
+        .join(peaks.select("device", "peak_allocated_bytes"), on="device", how="left", maintain_order="left")
         .with_columns(share_fraction=pl.col("live_bytes") / pl.col("peak_allocated_bytes"))
         .drop("peak_allocated_bytes").sort("live_bytes", "frame", descending=[True, False])
     )
@@ -348,8 +349,9 @@ def _largest_allocations(allocs: pl.DataFrame, peaks: pl.DataFrame, frames: pl.D
     starts = peaks.select("device", "trace_start_time_us")
     allocs = allocs.top_k(top, by=["size", "seq"], reverse=[False, True]) if top else allocs
     return (
-        allocs.sort("size", "seq", descending=[True, False]).join(frames, on="frame_id", how="left")
-        .join(starts, on="device", how="left")
+        allocs.sort("size", "seq", descending=[True, False]).join(frames, on="frame_id", how="left",
+                                                                  maintain_order="left")
+        .join(starts, on="device", how="left", maintain_order="left")
         .select("device", size_bytes="size",
                 since_start_ns=(pl.col("time_us") - pl.col("trace_start_time_us")) * 1000,
                 lifetime_ns=(pl.col("next_free_time_us") - pl.col("time_us")) * 1000,
@@ -362,7 +364,7 @@ def _devices(tables: SnapshotTables, peaks: pl.DataFrame, reserved_peaks: pl.Dat
     return (
         _at_dump(tables).join(peaks, on="device", how="full", coalesce=True)
         .join(_starts(tables).select("device", "trace_entries", "oom_events").join(reserved_peaks, on="device"),
-              on="device", how="left")
+              on="device", how="left", maintain_order="left")
         .with_columns(pl.col("trace_entries", "oom_events").fill_null(0),
                       pl.col("peak_reserved_bytes").fill_null(pl.col("reserved_at_dump_bytes")))
         .select("device", "trace_entries", "trace_start_time_us", "allocated_at_dump_bytes", "reserved_at_dump_bytes",
@@ -449,7 +451,8 @@ def activation_estimate(tables: SnapshotTables, *, device: int | None = None) ->
     peaks = _peaks(tables, _series(tables)).sort("peak_allocated_bytes", "device", descending=[True, False]).head(1)
     layers = (
         live_blocks_at_peak(tables, peaks).filter(pl.col("forward_frame_id").is_not_null())
-        .join(tables.frames.select(forward_frame_id="frame_id", layer="frame"), on="forward_frame_id", how="left")
+        .join(tables.frames.select(forward_frame_id="frame_id", layer="frame"), on="forward_frame_id", how="left",
+              maintain_order="left")
         .group_by("layer").agg(activations_bytes=pl.col("size").sum(), blocks=pl.len())
         .sort("activations_bytes", "layer", descending=[True, False])
     )

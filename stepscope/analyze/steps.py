@@ -94,8 +94,8 @@ def phase_intervals(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
     main = windows.select("pid", "tid").unique().with_columns(main=pl.lit(True)).lazy()
     tagged = (
         cpu.filter(~pl.col("name").str.contains(r"^ProfilerStep#"))
-        .join(autograd_tids, on=["pid", "tid"], how="left")
-        .join(main, on=["pid", "tid"], how="left")
+        .join(autograd_tids, on=["pid", "tid"], how="left", maintain_order="left")
+        .join(main, on=["pid", "tid"], how="left", maintain_order="left")
         .with_columns(
             phase=pl.when(pl.col("name").str.contains(DATALOADER_PATTERN)).then(pl.lit("data_loading"))
             .when(pl.col("name").str.contains(OPTIMIZER_PATTERN)).then(pl.lit("optimizer"))
@@ -250,7 +250,7 @@ def idle_by_cause(gaps: GapsResult, windows: pl.DataFrame) -> pl.DataFrame:
     per = pieces.group_by("step").agg(
         pl.col("ns").filter(pl.col("cause") == c.value).sum().alias(f"idle_{c.value}_ns") for c in GapCause)
     return (
-        w.select("step").join(per, on="step", how="left")
+        w.select("step").join(per, on="step", how="left", maintain_order="left")
         .with_columns(pl.col(cols).fill_null(0)).select(list(schema)).cast(schema)  # type: ignore[arg-type]
         .sort("step")
     )
@@ -286,7 +286,7 @@ def _step_table(windows: pl.DataFrame, parts: list[pl.DataFrame]) -> pl.DataFram
     GPU idle time and busy fraction derived, in StepsResult.steps's column order, sorted by step."""
     out = windows
     for part in parts:
-        out = out.join(part, on="step", how="left")
+        out = out.join(part, on="step", how="left", maintain_order="left")
     for c in (*PHASES, "other_cpu"):
         if c not in out.columns:
             out = out.with_columns(pl.lit(0, pl.Int64).alias(c))

@@ -380,7 +380,8 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
         .group_by("step").agg(sync_ns=pl.col("dur_ns").sum(), sync_calls=pl.len())
     )
     return (
-        steps.join(extra, on="step", how="left").join(sync, on="step", how="left")
+        steps.join(extra, on="step", how="left", maintain_order="left")
+        .join(sync, on="step", how="left", maintain_order="left")
         .with_columns(pl.col("gpu_events", "pageable_ns", "tiny", "kernels", "sync_ns", "sync_calls", "gpu_busy_ns",
                              "memcpy_ns").fill_null(0))
     )
@@ -433,7 +434,7 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
             name=pl.coalesce("blamed_python", "blamed_op", "blamed_runtime")).agg(
             total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(what=pl.lit("GPU idle behind sync at"))
         by_op = syncs.join(ops.select("external_id", op="name").collect().unique("external_id"),
-                           on="external_id", how="left")
+                           on="external_id", how="left", maintain_order="left")
         calls = by_op.group_by(name=pl.coalesce("op", "name")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
             .with_columns(what=pl.lit("sync call (op)"))
         out = pl.concat([behind.sort("total_ns", "name", descending=[True, False], nulls_last=True).head(2),
@@ -507,7 +508,7 @@ def _comm_places(calls: pl.DataFrame, split: CommSplit) -> pl.DataFrame:
     exposed = (pl.concat(overlaps, how="vertical_relaxed") if overlaps
                else per_call.head(0).with_columns(start_ns=pl.lit(0), end_ns=pl.lit(0))
                ).group_by("_i").agg(exposed_ns=inside.sum())
-    kinds = (per_call.join(exposed, on="_i", how="left").group_by(name=_kind_name())
+    kinds = (per_call.join(exposed, on="_i", how="left", maintain_order="left").group_by(name=_kind_name())
              .agg(total_ns=pl.col("exposed_ns").fill_null(0).sum(), count=pl.len())
              .filter(pl.col("total_ns") > 0).sort("total_ns", "name", descending=[True, False])
              .with_columns(what=pl.lit("collective, exposed time")))
@@ -567,7 +568,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     if br.steps_found:
         per = _per_step(frames, br.steps, syncs).join(
             per_window(intervals.union(split.exposed, start="start_ns", end="end_ns"), br.steps, "exposed_comm_ns"),
-            on="step", how="left").with_columns(pl.col("exposed_comm_ns").fill_null(0))
+            on="step", how="left", maintain_order="left").with_columns(pl.col("exposed_comm_ns").fill_null(0))
         idle_by_step = br.idle_by_cause
         rows = []
         for r in per.iter_rows(named=True):  # one row per step: a handful, not per event

@@ -179,10 +179,11 @@ class Trace:
             .unique(subset="external_id", keep="first")
             .select(external_id="external_id", op_event_id="event_id", op_name="name")
         )
-        linked = gpu.join(runtime, on="correlation", how="left").with_columns(
+        linked = gpu.join(runtime, on="correlation", how="left", maintain_order="left").with_columns(
             external_id=pl.coalesce("runtime_external_id", "gpu_external_id")
         )
-        return linked.join(ops, on="external_id", how="left").drop("runtime_external_id", "gpu_external_id")
+        return linked.join(ops, on="external_id", how="left",
+                           maintain_order="left").drop("runtime_external_id", "gpu_external_id")
 
     def _correlation_from_flows(self, gpu: pl.LazyFrame) -> pl.LazyFrame:
         """Fill a GPU event's missing correlation from its launch flow (ac2g / async / async_cpu_to_gpu).
@@ -209,7 +210,7 @@ class Trace:
             .select("gpu_event_id", "flow_correlation")
         )
         return (
-            gpu.join(via_flows, on="gpu_event_id", how="left")
+            gpu.join(via_flows, on="gpu_event_id", how="left", maintain_order="left")
             .with_columns(correlation=pl.coalesce("correlation", "flow_correlation"))
             .drop("flow_correlation")
         )

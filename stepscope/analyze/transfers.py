@@ -68,7 +68,8 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
     trace = frames.trace
     copies = (
         frames.launches.lazy().filter(pl.col("kind") == Kind.MEMCPY.value)
-        .join(trace.memcpy.select(gpu_event_id="event_id", bytes="bytes"), on="gpu_event_id", how="left")
+        .join(trace.memcpy.select(gpu_event_id="event_id", bytes="bytes"), on="gpu_event_id", how="left",
+              maintain_order="left")
         .collect()
     )
     kernels = trace.kernels.select("device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).collect()

@@ -198,8 +198,8 @@ def _pinned(graph: DependencyGraph, w: np.ndarray, enabled: np.ndarray, notes: l
     pinned_bw = (copies.filter(~pl.col("pageable").fill_null(False) & (pl.col("copy_bytes") > 0)
                                & (pl.col("natural_ns") > 0))
                  .group_by("direction").agg(bw=pl.col("copy_bytes").sum() / pl.col("natural_ns").sum()))
-    pageable = copies.filter(pl.col("pageable").fill_null(False) & pl.col("_scope")).join(pinned_bw, on="direction",
-                                                                                          how="left")
+    pageable = copies.filter(pl.col("pageable").fill_null(False) & pl.col("_scope")).join(
+        pinned_bw, on="direction", how="left", maintain_order="left")
     if pageable.height == 0:
         notes.append("--pinned: the steps hold no pageable copy")
         return w, enabled
@@ -241,8 +241,10 @@ def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str
     measured = w.select("step", measured_ns=pl.col("end_ns") - pl.col("start_ns"))
     table = (
         measured.join(step_times(graph, base.t_ns).select("step", replay_ns="wall_ns"), on="step", how="left",
+                      maintain_order="left",
                       nulls_equal=True)
         .join(step_times(graph, after.t_ns).select("step", predicted_ns="wall_ns"), on="step", how="left",
+              maintain_order="left",
               nulls_equal=True)
         .with_columns(saving_ns=pl.col("measured_ns") - pl.col("predicted_ns"))
         .with_columns(saving_fraction=pl.when(pl.col("measured_ns") > 0)

@@ -65,7 +65,7 @@ def step_windows(profiler_steps: pl.DataFrame, launched: pl.DataFrame) -> pl.Dat
         return pl.DataFrame(schema=STEP_WINDOW_SCHEMA)
     gpu_end = launched.group_by("step").agg(gpu_end=(pl.col("ts_ns") + pl.col("dur_ns")).max())
     w = (
-        profiler_steps.join(gpu_end, on="step", how="left")
+        profiler_steps.join(gpu_end, on="step", how="left", maintain_order="left")
         .with_columns(end_ns=pl.max_horizontal("end_ns", "gpu_end"))
         .with_columns(start_ns=pl.max_horizontal("ts_ns", pl.col("end_ns").shift(1)))
         .with_columns(end_ns=pl.max_horizontal("end_ns", "start_ns"))

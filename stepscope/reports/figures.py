@@ -210,7 +210,7 @@ def _gpu_step_parts(steps: pl.DataFrame, idle_by_cause: pl.DataFrame) -> list[tu
         for k, v in work.items() if v.any()]
     cols = [c for c in idle_by_cause.columns if c.startswith("idle_") and c.endswith("_ns")]
     if idle_by_cause.height and cols:
-        wide = steps.select("step").join(idle_by_cause, on="step", how="left").fill_null(0)
+        wide = steps.select("step").join(idle_by_cause, on="step", how="left", maintain_order="left").fill_null(0)
         cols = [c for c in sorted(cols, key=lambda c: -float(wide[c].sum())) if wide[c].sum() > 0]
         total = wide.select(cols).sum_horizontal().to_numpy().astype(float) if cols else np.zeros(len(idle))
         share = np.divide(idle, total, out=np.zeros_like(idle), where=total > 0)
