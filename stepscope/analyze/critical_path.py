@@ -16,7 +16,8 @@ Each segment is attributed to one kind (`depgraph.PathKind`):
                      whole call where the GPU had finished before it began
     data_loading     CPU time inside a DataLoader __next__
     idle             a gap with only an order to explain it: between work on a stream, a stream waiting on
-                     another, a helper thread waiting for the main thread, no recorded dependency at all
+                     another, a helper thread waiting for the main thread, no recorded dependency at all;
+                     in a run, a rank that began the step after the earliest rank ("(began the step late)")
 
 Before/after, a step of one launch-bound loop (every time in µs):
 
@@ -51,6 +52,10 @@ SEGMENT_SCHEMA: dict[str, pl.DataType] = {
     "lane": pl.String(), "start_ns": pl.Int64(), "dur_ns": pl.Int64(), "event_id": pl.Int64(), "edge_type": pl.String(),
 }
 _KINDS = [k.value for k in PathKind]
+#: the names of a path's unexplained head (an `idle` segment from the step's start to the path's first node): in
+#: a run, where that node is the rank's own step start, the rank began the step after the earliest rank did
+NO_DEPENDENCY = "(no recorded dependency)"
+LATE_START = "(began the step late)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,9 +89,10 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
 
     Walked back from the step's end along the edge that set each node, to the step's start; the segment that
     crosses the start is clipped to it, and where the walk stops at a node with no in-edge after the start, the
-    time before it is an `idle` segment "(no recorded dependency)". Consecutive edges of one event (an op's slices
-    around a zero-length child) merge, and so do consecutive edges of data loading (each named by its DataLoader
-    fetch, the ops under it included).
+    time before it is an `idle` segment "(no recorded dependency)", or in a run, where that node is its rank's step
+    start, "(began the step late)": the rank was still in its previous step when the earliest rank began this one.
+    Consecutive edges of one event (an op's slices around a zero-length child) merge, and so do consecutive edges
+    of data loading (each named by its DataLoader fetch, the ops under it included).
     """
     t = timed.t_ns
     t_list = t.tolist()
@@ -133,12 +139,18 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     s_ns = np.maximum(s_ns, w_start)
     e_ns = np.minimum(e_ns, ends["end_ns"].to_numpy()[window])
     ranked = "rank" in graph.edges.columns  # a run's graph: segments say their rank
+    late = np.zeros(len(edge), dtype=bool)
     if ranked:  # an unexplained head belongs to the rank whose node the walk stopped at
         rank_of = np.full(len(edge), -1, dtype=np.int64)
         rank_of[on_edge] = graph.edges["rank"].fill_null(-1).to_numpy()[edge[on_edge]]
         rank_of[~on_edge] = graph.nodes["rank"].to_numpy()[np.asarray(head_node, dtype=np.int64)]
+        # a head that ends where that rank's own step begins: the run's step began earlier on another rank, and
+        # this rank was still in its previous step (outside the window), not idle
+        starts = set(graph.windows["cpu_start_node"].drop_nulls().to_list())
+        late[~on_edge] = [v in starts for v in head_node]
     keep = e_ns > s_ns
-    edge, on_edge, at, window, s_ns, e_ns, w_start = (x[keep] for x in (edge, on_edge, at, window, s_ns, e_ns, w_start))
+    edge, on_edge, at, window, s_ns, e_ns, w_start, late = (
+        x[keep] for x in (edge, on_edge, at, window, s_ns, e_ns, w_start, late))
     # consecutive rows of one event, kind and lane (an op's slices around a zero-length child) make one segment,
     # and so does a stretch of data loading (the DataLoader's own time and the ops under it)
     loading = pl.col("kind") == PathKind.DATA_LOADING.value
@@ -155,12 +167,13 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     if ranked:
         picked = picked.with_columns(rank=pl.Series(rank_of[keep][first]))
     head = pl.Series(~on_edge[first])
+    head_name = pl.when(pl.Series(late[first])).then(pl.lit(LATE_START)).otherwise(pl.lit(NO_DEPENDENCY))
     schema = {**SEGMENT_SCHEMA, "rank": pl.Int64()} if ranked else SEGMENT_SCHEMA
     columns = [*list(SEGMENT_SCHEMA)[:2], "rank", *list(SEGMENT_SCHEMA)[2:]] if ranked else list(SEGMENT_SCHEMA)
     segments: pl.DataFrame = (
         picked.with_columns(
             step=ends["step"].gather(window[first]),
-            name=pl.when(head).then(pl.lit("(no recorded dependency)")).otherwise("name"),
+            name=pl.when(head).then(head_name).otherwise("name"),
             kind=pl.when(head).then(pl.lit(PathKind.IDLE.value)).otherwise("kind"),
             **{c: pl.when(head).then(None).otherwise(c) for c in ("category", "lane", "event_id", "edge_type")},
             start_ns=pl.Series(s_ns[first] - w_start[first]), dur_ns=pl.Series(e_ns[last] - s_ns[first]),

@@ -152,6 +152,28 @@ def test_dlrm_8_ranks(corpus: Path) -> None:
     assert overlapped.predicted_mean_ns <= overlapped.measured_mean_ns
 
 
+def test_a_path_that_starts_on_a_rank_that_began_the_step_late_says_so(corpus: Path) -> None:
+    # GIVEN the dlrm run, whose ranks begin ProfilerStep#10 up to 7.5 ms apart, and whose path runs through rank 4
+    # THEN the path's head is rank 4's lateness: from the earliest rank's step start to rank 4's (read from the JSON
+    # here, on the run's aligned clocks), named as such rather than as a missing dependency
+    import json
+
+    directory = corpus / "traces" / "param" / "dlrm_kineto"
+    run = load_run(directory)
+    starts = {}
+    for path in directory.glob("*.json"):
+        doc = json.loads(path.read_text())
+        step = next(e for e in doc["traceEvents"] if e.get("ph") == "X" and e["name"] == "ProfilerStep#10")
+        rank = doc["distributedInfo"]["rank"]
+        starts[rank] = round(step["ts"] * 1000) + run.offsets_ns[rank]
+    head = run_critical_path(run).segments.row(0, named=True)
+    assert (head["rank"], head["name"], head["kind"], head["start_ns"]) == (4, "(began the step late)", "idle", 0)
+    assert head["dur_ns"] == starts[4] - min(starts.values()) > 0
+    # a rank's unexplained head that is not its step's start keeps the plain name (one trace: no rank is late)
+    one = run_critical_path(load_run(directory / "worker4_step_12.1694128201547.pt.trace.json"))
+    assert "(began the step late)" not in one.segments["name"].to_list()
+
+
 def test_a_large_run_s_graphs_built_by_workers_are_the_serial_ones(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a run of 16 ranks (worker processes build the ranks' graphs from PARALLEL_FROM traces on) THEN the run
