@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -30,7 +31,7 @@ from typing import TypeVar
 import polars as pl
 
 from stepscope.analyze._comm_events import pg_config_of, rank_calls
-from stepscope.analyze._workers import usable_cores, worker_pool
+from stepscope.analyze._workers import broken_how, usable_cores, worker_pool
 from stepscope.analyze.inputs import MemoryTimeline, RunDir, Snapshot, describe, resolve, traces_of
 from stepscope.analyze.trace import Trace, load
 from stepscope.errors import InputError, StepscopeError, UsageError, failure_line
@@ -221,7 +222,10 @@ def parallel_map(fn: Callable[[_T], _R], jobs: Iterable[_T]) -> list[_R]:
     if len(todo) < PARALLEL_FROM or cores < 2:
         return [fn(j) for j in todo]
     with worker_pool(cores) as pool:  # from the fork server: this process runs polars' threads by now
-        return list(pool.map(fn, todo, chunksize=max(1, len(todo) // (cores * 8))))
+        try:
+            return list(pool.map(fn, todo, chunksize=max(1, len(todo) // (cores * 8))))
+        except BrokenProcessPool:
+            raise StepscopeError(f"the run's traces could not all be analysed: {broken_how(pool, 'a')}") from None
 
 
 def _list(values: Sequence[int]) -> str:

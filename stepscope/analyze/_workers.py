@@ -5,12 +5,19 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import os
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+import signal
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
 
 import stepscope
 
 _F_SETPIPE_SZ = 1031  # Linux fcntl: set a pipe's capacity
+
+A = TypeVar("A", bound=tuple[Any, ...])
+R = TypeVar("R")
 
 
 def usable_cores() -> int:
@@ -56,6 +63,80 @@ def worker_pool(max_workers: int, *, fork_if_fresh: bool = False, preload: Seque
     return ProcessPoolExecutor(max_workers=max_workers,
                                mp_context=worker_context(fork_if_fresh=fork_if_fresh, preload=preload),
                                initializer=_start_worker, initargs=(stepscope.freed_memory_kept(),))
+
+
+def surviving_map(fn: Callable[..., R], jobs: Sequence[A], *, processes: int, lost: Callable[[A, str], R],
+                  here: Callable[[A], R] | None = None, fork_if_fresh: bool = False, ahead: int = 2) -> Iterator[R]:
+    """`fn(*args)` for every args tuple of `jobs`, on `processes` worker processes, yielded as each finishes (in
+    no set order), `ahead` jobs per worker in flight; given `here`, this process takes the next job itself
+    whenever none has finished (`here(args)`), so a short batch never waits for the workers to start.
+
+    A worker that dies (the out-of-memory killer, a crash) breaks the pool: every job in flight on it fails. Each
+    of those is then run again alone, in a fresh worker of its own, so the job that kills its worker is found:
+    it yields `lost(args, how)` (how: "its worker process was killed by SIGKILL …") and the others their results;
+    the jobs not yet started go on in a new pool. A batch loses only the file that killed its worker."""
+    queue: deque[A] = deque(jobs)
+    while queue:
+        suspects: list[A] = []
+        with worker_pool(processes, fork_if_fresh=fork_if_fresh) as pool:
+            pending: dict[Future[R], A] = {}
+            while queue or pending:
+                while not suspects and queue and len(pending) < ahead * processes:
+                    args = queue.popleft()
+                    pending[pool.submit(fn, *args)] = args
+                if here is not None and queue and not suspects:
+                    yield here(queue.popleft())
+                done, _ = wait(pending, timeout=0 if here is not None and queue and not suspects else None,
+                               return_when=FIRST_COMPLETED)
+                for fut in done:
+                    args = pending.pop(fut)
+                    try:
+                        result = fut.result()
+                    except BrokenProcessPool:
+                        suspects.append(args)
+                        continue
+                    yield result
+                if suspects and not pending:
+                    break
+        for args in suspects:
+            yield _alone(fn, args, lost)
+
+
+def _alone(fn: Callable[..., R], args: A, lost: Callable[[A, str], R]) -> R:
+    """fn(*args) in a worker process of its own; `lost(args, how)` where that worker dies."""
+    with worker_pool(1) as solo:
+        fut = solo.submit(fn, *args)
+        try:
+            return fut.result()
+        except BrokenProcessPool:
+            return lost(args, broken_how(solo))
+
+
+def broken_how(pool: ProcessPoolExecutor, whose: str = "its") -> str:
+    """died_how for the first of a broken pool's workers that died (best effort: read from the executor's own
+    processes, which it keeps privately)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    codes = []
+    for w in workers:
+        w.join(5)  # (the executor has terminated the others; a moment for the exit statuses to arrive)
+        codes.append(w.exitcode)
+    dead = [c for c in codes if c not in (None, 0, -signal.SIGTERM)] or codes
+    return died_how(dead[0] if dead else None, whose)
+
+
+def died_how(exitcode: int | None, whose: str = "its") -> str:
+    """What happened to a worker process that ended with `exitcode` (negative: the signal that killed it), as
+    "<whose> worker process was killed by SIGKILL (…)"."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        why = " (what the out-of-memory killer sends: try fewer --jobs, or more memory)" if name == "SIGKILL" else ""
+        return f"{whose} worker process was killed by {name}{why}"
+    if exitcode:
+        return f"{whose} worker process exited with status {exitcode}"
+    return f"{whose} worker process died"
 
 
 def _start_worker(keep_freed_memory: bool) -> None:

@@ -18,14 +18,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stepscope.analyze._read import json_size
-from stepscope.analyze._workers import mark_import_threads, usable_cores, worker_pool
+from stepscope.analyze._workers import mark_import_threads, surviving_map, usable_cores
 from stepscope.analyze.engines import Engine, import_ray, ray_map
 from stepscope.analyze.ingest import ingest_trace
 from stepscope.analyze.inputs import file_sha256, find_trace_files, is_ingested, trace_id_for
@@ -181,6 +179,8 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool,
     trailer states: a gzip trace of 1 MB may hold thirty times the JSON of a plain one). This process
     ingests a file while the workers start (a worker needs a moment to come up), so a short batch never
     waits for them, and the workers are kept two files ahead so that none idles while this process is busy.
+    A worker that dies (the out-of-memory killer) fails the file that killed it, and the rest go on
+    (_workers.surviving_map).
     """
     processes = 1 if jobs == 1 or len(files) <= 1 else min(jobs, len(files))
     # Helper threads per ingest (the Parquet writer, faulting memory in ahead, hashing while reading) pay
@@ -191,21 +191,13 @@ def _run(files: list[Path], dataset: Path, jobs: int, force: bool, fork: bool,
         for f in files:
             yield ingest_one(str(f), str(dataset), force, jobs, spare, drop_added)
         return
-    queue = deque(sorted(files, key=json_size, reverse=True))
-    workers = processes - 1
+
+    def lost(args: tuple[str, str, bool, int, bool, bool], how: str) -> FileOutcome:
+        return FileOutcome(source=args[0], trace_id=None, out_dir=None, status="failed", n_events=None,
+                           seconds=None, error=f"{args[0]}: {how}")
+
+    jobs_list = [(str(f), str(dataset), force, 1, spare, drop_added)
+                 for f in sorted(files, key=json_size, reverse=True)]
     # (with fork, the first submit forks every worker before this process starts a thread)
-    with worker_pool(workers, fork_if_fresh=fork) as pool:
-        pending: set[Future[FileOutcome]] = set()
-
-        def top_up() -> None:
-            while queue and len(pending) < 2 * workers:
-                pending.add(pool.submit(ingest_one, str(queue.popleft()), str(dataset), force, 1, spare, drop_added))
-
-        top_up()
-        while queue or pending:
-            if queue:
-                yield ingest_one(str(queue.popleft()), str(dataset), force, 1, spare, drop_added)
-            done, pending = wait(pending, timeout=0 if queue else None, return_when=FIRST_COMPLETED)
-            for fut in done:
-                yield fut.result()
-            top_up()
+    yield from surviving_map(ingest_one, jobs_list, processes=processes - 1, lost=lost,
+                             here=lambda args: ingest_one(*args), fork_if_fresh=fork)

@@ -21,17 +21,16 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from stepscope.analyze._workers import usable_cores, worker_pool
+from stepscope.analyze._workers import surviving_map, usable_cores
 from stepscope.analyze.engines import Engine, import_ray, ray_map
 from stepscope.analyze.inputs import Input, RunDir, resolve, traces_of
-from stepscope.errors import UsageError, failure_line
+from stepscope.errors import StepscopeError, UsageError, failure_line
 
 FLEET_SCHEMA: dict[str, type[pl.DataType]] = {
     "run": pl.String,
@@ -221,14 +220,9 @@ def _rows(jobs: list[_Job], engine: Engine, address: str | None, n: int | None,
         for a in args:
             yield fleet_row(*a)
         return
-    with worker_pool(processes) as pool:
-        futures = {pool.submit(fleet_row, *a): a for a in args}
-        for fut in as_completed(futures):
-            try:
-                yield fut.result()
-            except Exception as exc:  # noqa: BLE001 - a worker lost (killed, out of memory): that trace failed
-                a = futures[fut]
-                yield failed_row(a[0], a[1], a[2], exc)
+    # a worker lost (killed, out of memory) fails the trace it was analysing; the others go on
+    yield from surviving_map(fleet_row, args, processes=processes,
+                             lost=lambda a, how: failed_row(a[0], a[1], a[2], StepscopeError(how, path=a[0])))
 
 
 # --------------------------------------------------------------------------------------------- sort, filter

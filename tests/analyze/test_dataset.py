@@ -15,6 +15,7 @@ import pyarrow.dataset as ds
 import pytest
 from builders import kernel, trace, write_trace
 from click.testing import CliRunner
+from dying_jobs import killer_env
 
 from stepscope.analyze import dataset
 from stepscope.analyze._workers import worker_context
@@ -100,6 +101,28 @@ def test_ingest_cli_reports_failures_and_exit_code(tmp_path: Path) -> None:
     res = runner.invoke(cli, ["ingest", str(src / "*.json*"), "-o", str(tmp_path / "ds2"), "-q"])
     assert res.exit_code == 0, res.output
     assert "3 ingested, 0 unchanged (skipped), 0 failed" in res.stdout
+
+
+def test_a_worker_killed_by_the_file_it_ingests_fails_that_file_and_the_batch_goes_on(tmp_path: Path) -> None:
+    # GIVEN a batch on two processes whose largest file kills the worker process that ingests it (a sitecustomize
+    # in every process of the command) WHEN the CLI ingests it THEN that file fails with one line saying how (its
+    # retry alone dies too), every other file is ingested, nothing is left half-written, and the exit code is 1
+    src = _inputs(tmp_path)
+    (src / "broken.json").unlink()
+    write_trace(src, trace(*[kernel(f"k{i}", ts=i * 10, dur=5) for i in range(200)]), "kill-me.pt.trace.json")
+    env = killer_env(tmp_path / "site", "stepscope.analyze.dataset", "ingest_one")
+    out = tmp_path / "ds"
+    res = subprocess.run([sys.executable, "-m", "stepscope", "ingest", str(src), "-o", str(out), "-j", "2", "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 1, res.stderr
+    outcomes = {Path(o["source"]).name: o for o in json.loads(res.stdout)["outcomes"]}
+    killer = outcomes.pop("kill-me.pt.trace.json")
+    assert killer["status"] == "failed" and killer["error"] == (
+        f"{src / 'kill-me.pt.trace.json'}: its worker process was killed by SIGKILL (what the out-of-memory killer "
+        "sends: try fewer --jobs, or more memory)")
+    assert sorted(o["status"] for o in outcomes.values()) == ["ingested"] * 4
+    assert sorted(p.name.split("-")[0] for p in out.iterdir()) == ["trace=norank", "trace=rank0", "trace=rank1",
+                                                                 "trace=rank2"]
 
 
 def test_a_batch_where_every_file_fails_leaves_no_dataset_behind(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ a closed --where language (never evaluated); bad traces are rows with their erro
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import polars as pl
 import pytest
 from builders import kernel, step, trace, write_trace
 from click.testing import CliRunner
+from dying_jobs import killer_env
 
 from stepscope.analyze.dataset import ingest_many
 from stepscope.analyze.fleet import FLEET_SCHEMA, fleet, parse_condition, select_rows
@@ -105,6 +108,23 @@ def test_cli_formats_failures_and_exit_codes(tmp_path: Path) -> None:
     assert written.height == 4 and written.schema == pl.Schema(FLEET_SCHEMA)
     assert written.filter(pl.col("error").is_not_null())["trace"].to_list() == ["rank1.pt.trace.json"]
     assert not list(tmp_path.glob(".fleet.parquet.*"))
+
+
+def test_a_worker_killed_by_its_trace_fails_that_row_and_the_others_are_computed(tmp_path: Path) -> None:
+    # GIVEN a fleet whose one trace kills the worker process that analyses it (SIGKILL, as the out-of-memory killer:
+    # a sitecustomize in every process of the command) WHEN the table is computed on 2 workers THEN that trace's row
+    # holds one line saying how (its retry alone dies too), every other row is computed, and the exit code is 1
+    src = _job(tmp_path / "src")
+    write_trace(src / "jobC", _rank(0, 50), "kill-me.pt.trace.json")
+    env = killer_env(tmp_path / "site", "stepscope.analyze.fleet", "fleet_row")
+    res = subprocess.run([sys.executable, "-m", "stepscope", "fleet", str(src), "-j", "2", "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 1, res.stderr
+    rows = {r["path"]: r for r in json.loads(res.stdout)["fleet"]}
+    killer = str(src / "jobC" / "kill-me.pt.trace.json")
+    assert rows.pop(killer)["error"] == (f"{killer}: its worker process was killed by SIGKILL (what the "
+                                         "out-of-memory killer sends: try fewer --jobs, or more memory)")
+    assert len(rows) == 3 and all(r["error"] is None and r["verdict"] for r in rows.values())
 
 
 @pytest.mark.parametrize(("args", "message"), [

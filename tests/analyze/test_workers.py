@@ -1,0 +1,59 @@
+"""Worker processes that die (`_workers.surviving_map`): the job that kills its worker is found and reported, every
+other job gives its result, as a plain map would."""
+
+from __future__ import annotations
+
+import pytest
+from dying_jobs import die_on_seven, square_or_die
+
+from stepscope.analyze._workers import died_how, surviving_map
+from stepscope.errors import StepscopeError
+
+
+def _lost(args: tuple[int, int], how: str) -> tuple[int, str]:
+    return args[0], how
+
+
+def test_a_job_that_kills_its_worker_is_reported_and_the_others_finish() -> None:
+    # GIVEN 12 jobs on 2 workers, job 5 killing whichever process runs it (SIGKILL, as the out-of-memory killer)
+    # WHEN the pool breaks (every job in flight fails with it) THEN each of those is run again alone: job 5 is lost,
+    # the others give their results, and the jobs not yet started run in a new pool
+    results = list(surviving_map(square_or_die, [(i, 5) for i in range(12)], processes=2, lost=_lost))
+    lost = [r for r in results if isinstance(r, tuple)]
+    assert lost == [(5, "its worker process was killed by SIGKILL (what the out-of-memory killer sends: try fewer "
+                        "--jobs, or more memory)")]
+    assert sorted(r for r in results if isinstance(r, int)) == [i * i for i in range(12) if i != 5]
+
+
+def test_this_process_takes_jobs_too_and_a_worker_s_exit_status_is_told() -> None:
+    # GIVEN one worker and this process taking jobs (`here`): the first two jobs go to the worker, job 1 exits 3
+    taken_here: list[int] = []
+
+    def here(args: tuple[int, int]) -> int:
+        taken_here.append(args[0])
+        return square_or_die(*args)
+
+    results = list(surviving_map(square_or_die, [(i, -1) for i in range(6)], processes=1, lost=_lost, here=here))
+    assert (1, "its worker process exited with status 3") in results
+    assert sorted(r for r in results if isinstance(r, int)) == [0, 4, 9, 16, 25] and taken_here
+
+
+def test_no_death_is_a_plain_map() -> None:
+    results = surviving_map(square_or_die, [(i, 100) for i in range(20)], processes=2, lost=_lost)
+    assert sorted(results) == [i * i for i in range(20)]  # type: ignore[type-var]
+
+
+def test_how_a_worker_died() -> None:
+    assert died_how(-11) == "its worker process was killed by SIGSEGV"
+    assert died_how(None) == "its worker process died" and died_how(0) == "its worker process died"
+
+
+def test_a_run_s_worker_that_dies_is_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a run's per-trace work on worker processes, one job killing its worker THEN one line, not a traceback
+    from stepscope.analyze import _comm_run
+
+    monkeypatch.setattr(_comm_run, "usable_cores", lambda: 2)
+    assert _comm_run.parallel_map(die_on_seven, range(5)) == [0, 1, 4, 9, 16]  # (below PARALLEL_FROM: here)
+    with pytest.raises(StepscopeError, match=r"^the run's traces could not all be analysed: a worker process was "
+                                             r"killed by SIGKILL \(what the out-of-memory killer sends"):
+        _comm_run.parallel_map(die_on_seven, range(_comm_run.PARALLEL_FROM + 4))
