@@ -45,6 +45,10 @@ class TraceFormatError(InputError):
     """A Chrome trace that is malformed or holds no events."""
 
 
+class FileChanged(TraceFormatError):
+    """The file changed while it was being read: cut short (truncated or rewritten) by another process."""
+
+
 class SnapshotFormatError(InputError):
     """A CUDA memory snapshot pickle that is malformed or holds something other than plain data."""
 

@@ -55,7 +55,7 @@ from stepscope.analyze.schema import (
     ArgType,
     Kind,
 )
-from stepscope.errors import TraceFormatError
+from stepscope.errors import FileChanged, TraceFormatError
 
 try:  # the compiled fast path (setup.py); where it could not be built, every span takes the Python path
     import stepscope.analyze._scan as _scan
@@ -139,7 +139,11 @@ def decode_range(data: bytes | Document, a: int, b: int, path: str) -> ChunkTabl
     """decode_span of the span data[a:b] of traceEvents (whole events and the commas between them), read in
     place by the scanner, so several threads can decode spans of one buffer at once; only a span that takes
     the Python path is copied (with its brackets)."""
-    if _scan is not None and (scanned := _scan.scan_events(data, _SLOT_KEYS, _SLOT_TYPES, a, b)) is not None:
+    try:
+        scanned = _scan.scan_events(data, _SLOT_KEYS, _SLOT_TYPES, a, b) if _scan is not None else None
+    except _scan.FileShrank as exc:  # a mapped file cut short as it was read (see _read.FileMap)
+        raise FileChanged(str(exc), path=path) from None
+    if scanned is not None:
         try:
             return _from_scan(scanned, a)
         except _UNSURE:  # as in decode_span

@@ -34,6 +34,11 @@ import msgspec
 from stepscope.analyze._utf8 import first_invalid, repair
 from stepscope.errors import InputError, TraceFormatError
 
+try:
+    import stepscope.analyze._scan as _scan
+except ImportError:  # pragma: no cover - built without a C compiler: the Python path (see _columns)
+    _scan = None  # type: ignore[assignment]
+
 _inflate: ModuleType  # ISA-L's inflate: the same bytes as zlib's, in less time
 try:
     from isal import isal_zlib as _inflate
@@ -48,7 +53,30 @@ NESTED_TOO_DEEP = "arrays and objects nested too deeply to read (beyond Python's
 class FileMap(mmap.mmap):
     """A file's JSON mapped into memory rather than read (`read_trace`, from MAP_MIN_BYTES): its pages are the
     file's, read in as they are touched, and pages already decoded can be given back (`release`), so a trace
-    larger than memory is ingested in a window of it. Private: a write would change this mapping, not the file."""
+    larger than memory is ingested in a window of it. Private: a write would change this mapping, not the file.
+
+    A user's file may be truncated by another process while it is mapped; a page beyond its new end then faults
+    (SIGBUS), which kills a process with no word. `guard` names the file for that case (the compiled scanner's
+    `_scan.guard`): a scan of the mapping then fails with a TraceFormatError naming the file, and any other read
+    of it ends the process with that one line and status 2. Without the compiled scanner, nothing is guarded."""
+
+    _guard = -1
+
+    def guard(self, path: Path) -> None:
+        if _scan is not None:
+            self._guard = _scan.guard(self, os.fsencode(path))
+
+    def _unguard(self) -> None:
+        if self._guard >= 0 and _scan is not None:
+            _scan.unguard(self._guard)
+            self._guard = -1
+
+    def close(self) -> None:
+        self._unguard()  # (before the address range can be given to another mapping)
+        super().close()
+
+    def __del__(self) -> None:
+        self._unguard()
 
 
 #: A trace's JSON in memory: a bytearray, from LARGE_BUFFER_BYTES an anonymous mapping (see _prefaulted), or
@@ -114,6 +142,7 @@ def _mapped(path: Path, sha256: str | None, spill_dir: Path | None) -> tuple[Fil
             fh.seek(0)
             sha = sha256 or hashlib.file_digest(fh, "sha256").hexdigest()
             mapped = FileMap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            mapped.guard(path)
             _advise(mapped, "MADV_SEQUENTIAL")
             return mapped, sha
         if spill_dir is None or json_size(path) < MAP_MIN_BYTES:

@@ -46,6 +46,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifndef _WIN32
+#define GUARDS 1
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <unistd.h>
+#endif
 
 #define MAX_DEPTH 64
 #define MAX_KEYS 128
@@ -1014,6 +1021,118 @@ static void free_dense(Dense *d) {
 
 /* ------------------------------------------------------------------------------------------------ entry */
 
+/* ------------------------------------------------------------------------------------- mapped-file guards */
+
+static PyObject *FileShrank; /* _scan.FileShrank (an OSError): a guarded mapping's file was cut short mid-scan */
+
+/* A mapped trace file (`_read.FileMap`) that another process truncates while it is read faults with SIGBUS where
+ * a page beyond its new end is touched, which would kill the process with no word. guard(mapping, path) names
+ * the mapping's address range: a SIGBUS inside it then ends a scan_events of it (on any thread) with FileShrank,
+ * and anywhere else (Python code reading the mapping) writes one line naming the file and exits with status 2,
+ * stepscope's code for bad input. A SIGBUS outside every guarded range is left to the handler there was before.
+ * A scan cut short by the signal leaks the memory it had taken (its state may be half-written). */
+#ifdef GUARDS
+#define MAX_GUARDS 64
+#define MAX_SCANS 256
+#define GUARD_PATH 1024
+typedef struct {
+    volatile int used;
+    uintptr_t lo, hi;
+    size_t path_len;
+    char path[GUARD_PATH];
+} Guard;
+typedef struct {
+    volatile int used;
+    pthread_t thread;
+    uintptr_t lo, hi;
+    sigjmp_buf jump;
+} Scanning;
+static Guard guards[MAX_GUARDS];
+static Scanning scanning[MAX_SCANS];
+static int handler_installed = 0;
+static struct sigaction previous_bus;
+
+static void on_sigbus(int sig, siginfo_t *info, void *context) {
+    (void)sig;
+    (void)context;
+    uintptr_t at = (uintptr_t)info->si_addr;
+    pthread_t me = pthread_self();
+    for (int i = 0; i < MAX_SCANS; i++)
+        if (__atomic_load_n(&scanning[i].used, __ATOMIC_ACQUIRE) == 1 && pthread_equal(scanning[i].thread, me) &&
+            at >= scanning[i].lo && at < scanning[i].hi)
+            siglongjmp(scanning[i].jump, 1);
+    for (int i = 0; i < MAX_GUARDS; i++)
+        if (__atomic_load_n(&guards[i].used, __ATOMIC_ACQUIRE) && at >= guards[i].lo && at < guards[i].hi) {
+            static const char head[] = "stepscope: error: ";
+            static const char tail[] = ": the file was cut short while it was being read (another process truncated "
+                                       "or rewrote it)\n";
+            ssize_t w = write(2, head, sizeof head - 1);
+            w = write(2, guards[i].path, guards[i].path_len);
+            w = write(2, tail, sizeof tail - 1);
+            (void)w;
+            _exit(2);
+        }
+    sigaction(SIGBUS, &previous_bus, NULL); /* not ours: the fault repeats on return, to the handler before */
+}
+
+static PyObject *guard(PyObject *self, PyObject *args) {
+    PyObject *mapping;
+    const char *path;
+    Py_ssize_t path_len;
+    if (!PyArg_ParseTuple(args, "Oy#", &mapping, &path, &path_len)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(mapping, &view, PyBUF_SIMPLE) < 0) return NULL;
+    uintptr_t lo = (uintptr_t)view.buf, hi = lo + (uintptr_t)view.len;
+    PyBuffer_Release(&view); /* (the address stays: the caller unguards before the mapping is closed) */
+    if (!handler_installed) {
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_sigaction = on_sigbus;
+        action.sa_flags = SA_SIGINFO;
+        sigemptyset(&action.sa_mask);
+        if (sigaction(SIGBUS, &action, &previous_bus) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+        handler_installed = 1;
+    }
+    for (int i = 0; i < MAX_GUARDS; i++) {
+        if (guards[i].used) continue;
+        size_t n = (size_t)path_len < GUARD_PATH ? (size_t)path_len : GUARD_PATH;
+        memcpy(guards[i].path, path, n);
+        guards[i].path_len = n;
+        guards[i].lo = lo;
+        guards[i].hi = hi;
+        __atomic_store_n(&guards[i].used, 1, __ATOMIC_RELEASE);
+        return PyLong_FromLong(i);
+    }
+    return PyLong_FromLong(-1); /* every slot taken: this mapping goes unguarded */
+}
+
+static PyObject *unguard(PyObject *self, PyObject *args) {
+    int i;
+    if (!PyArg_ParseTuple(args, "i", &i)) return NULL;
+    if (i >= 0 && i < MAX_GUARDS) __atomic_store_n(&guards[i].used, 0, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+/* The scanning slot of this thread's scan of [lo, hi) where that lies in a guarded range; -1 otherwise. */
+static int scan_slot(const void *lo, const void *hi) {
+    uintptr_t a = (uintptr_t)lo, b = (uintptr_t)hi;
+    int covered = 0;
+    for (int i = 0; i < MAX_GUARDS && !covered; i++)
+        covered = __atomic_load_n(&guards[i].used, __ATOMIC_ACQUIRE) && a >= guards[i].lo && b <= guards[i].hi;
+    if (!covered) return -1;
+    for (int i = 0; i < MAX_SCANS; i++) {
+        int expected = 0;
+        if (__atomic_compare_exchange_n(&scanning[i].used, &expected, 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            scanning[i].thread = pthread_self();
+            scanning[i].lo = a;
+            scanning[i].hi = b;
+            return i; /* (marked 2, claimed but not armed: the handler looks only at armed slots, 1) */
+        }
+    }
+    return -1;
+}
+#endif
+
 static PyObject *scan_events(PyObject *self, PyObject *args) {
     Py_buffer view;
     PyObject *keys;
@@ -1072,20 +1191,39 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     int64_t n = 0, bad_strings = 0, first_bad = -1;
     /* numbers are read with strtod: only where the decimal point is '.' */
     int c_locale = localeconv()->decimal_point[0] == '.' && localeconv()->decimal_point[1] == 0;
+    volatile int cut_short = 0;
     Py_BEGIN_ALLOW_THREADS
-    Scan s = {.base = (const unsigned char *)view.buf + start, .p = (const unsigned char *)view.buf + start,
-              .end = (const unsigned char *)view.buf + stop};
-    status = !c_locale ? BAIL : (size_t)(stop - start) > UINT32_MAX ? BAIL : scan_array(&s, &st, bare);
-    n = st.row;
-    bad_strings = s.bad_strings;
-    if (s.first_bad) first_bad = (int64_t)(s.first_bad - s.base);
-    if (status == OK && n == 0) status = BAIL;
-    for (int f = 0; status == OK && f < N_TEXT; f++)
-        if (st.text[f].started) status = dense_bits(&st.text[f].valid, n, &text_bits[f]);
-    for (int k = 0; status == OK && k < st.nslots; k++) status = densify(&slots[k], s.base, n, &dslots[k]);
-    if (status == OK) status = dense_bits(&st.ts_valid, n, &ts_bits);
-    if (status == OK) status = dense_bits(&st.dur_valid, n, &dur_bits);
+#ifdef GUARDS
+    /* a guarded mapping (see guard): a SIGBUS while this thread reads it comes back here */
+    int slot = scan_slot((const char *)view.buf + start, (const char *)view.buf + stop);
+    if (slot >= 0 && sigsetjmp(scanning[slot].jump, 1) != 0) {
+        cut_short = 1;
+    } else {
+        if (slot >= 0) __atomic_store_n(&scanning[slot].used, 1, __ATOMIC_RELEASE);
+#endif
+        Scan s = {.base = (const unsigned char *)view.buf + start, .p = (const unsigned char *)view.buf + start,
+                  .end = (const unsigned char *)view.buf + stop};
+        status = !c_locale ? BAIL : (size_t)(stop - start) > UINT32_MAX ? BAIL : scan_array(&s, &st, bare);
+        n = st.row;
+        bad_strings = s.bad_strings;
+        if (s.first_bad) first_bad = (int64_t)(s.first_bad - s.base);
+        if (status == OK && n == 0) status = BAIL;
+        for (int f = 0; status == OK && f < N_TEXT; f++)
+            if (st.text[f].started) status = dense_bits(&st.text[f].valid, n, &text_bits[f]);
+        for (int k = 0; status == OK && k < st.nslots; k++) status = densify(&slots[k], s.base, n, &dslots[k]);
+        if (status == OK) status = dense_bits(&st.ts_valid, n, &ts_bits);
+        if (status == OK) status = dense_bits(&st.dur_valid, n, &dur_bits);
+#ifdef GUARDS
+    }
+    if (slot >= 0) __atomic_store_n(&scanning[slot].used, 0, __ATOMIC_RELEASE);
+#endif
     Py_END_ALLOW_THREADS
+    if (cut_short) { /* (the scan's buffers are left as they are: its state may be half-written) */
+        PyBuffer_Release(&view);
+        PyErr_SetString(FileShrank, "the file was cut short while it was being read (another process truncated or "
+                                    "rewrote it)");
+        return NULL;
+    }
 
     PyObject *result = NULL;
     if (status == NOMEM) {
@@ -1255,6 +1393,12 @@ static PyMethodDef methods[] = {
      "nest(start, end, new_thread, parent, depth): each event's parent row and depth (nesting.parent_index)."},
     {"replay", replay, METH_VARARGS,
      "replay(order, ptr, src, weight, row, t, via): depgraph.replay's longest-path walk, in place on t and via."},
+#ifdef GUARDS
+    {"guard", guard, METH_VARARGS,
+     "guard(mapping, path) -> handle: a SIGBUS in the mapping (its file cut short) ends a scan of it with FileShrank, "
+     "or elsewhere the process with one line naming `path` and status 2. -1: not guarded (every slot taken)."},
+    {"unguard", unguard, METH_VARARGS, "unguard(handle): the mapping is no longer guarded (before it is closed)."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 
@@ -1263,5 +1407,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", "The compile
 
 PyMODINIT_FUNC PyInit__scan(void) {
     if (PyType_Ready(&BlockType) < 0) return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    FileShrank = PyErr_NewException("stepscope.analyze._scan.FileShrank", PyExc_OSError, NULL);
+    if (!FileShrank || PyModule_AddObjectRef(m, "FileShrank", FileShrank) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

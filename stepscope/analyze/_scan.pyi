@@ -12,3 +12,12 @@ def nest(start: Any, end: Any, new_thread: Any, parent: Any, depth: Any, /) -> N
 
 def replay(order: Any, ptr: Any, src: Any, weight: Any, row: Any, t: Any, via: Any, /) -> None:
     """depgraph.replay's walk, in place on `t` (node times) and `via` (the in-edge row that set each node)."""
+
+class FileShrank(OSError):
+    """A guarded mapping's file was cut short (SIGBUS) while scan_events read it."""
+
+def guard(mapping: mmap, path: bytes, /) -> int:
+    """Guard the mapping's address range (see _scan.c); the handle for unguard, -1 where not guarded."""
+
+def unguard(handle: int, /) -> None:
+    """The mapping is no longer guarded (call before it is closed)."""

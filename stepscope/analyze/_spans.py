@@ -20,7 +20,7 @@ import pyarrow as pa
 from stepscope.analyze._arrow import to_series
 from stepscope.analyze._columns import ChunkTables, decode_range, decode_span
 from stepscope.analyze._read import Document, iter_chunks, release, split_document
-from stepscope.errors import TraceFormatError
+from stepscope.errors import FileChanged, TraceFormatError
 
 # Spans of about a quarter of a core's share of the array (threads stay balanced, the Parquet writer starts
 # early), within these bounds (each span costs a few ms of fixed work).
@@ -45,7 +45,7 @@ def decode_file_span(source: str, a: int, b: int, path: str) -> ChunkTables | No
         fh.seek(a - 1)
         document = bytearray(fh.read(b - a + 2))
     if len(document) != b - a + 2:
-        raise TraceFormatError("the file changed while it was being read", path=path)
+        raise FileChanged("the file changed while it was being read", path=path)
     document[0], document[-1] = 0x5B, 0x5D
     return decode_span(document, path, a)
 
@@ -93,6 +93,8 @@ def iter_chunk_tables(data: Document, start: int, end: int, path: Path, *, chunk
     index = i = 0
     while i < len(spans):
         result = schedule.result(i)
+        if isinstance(result, FileChanged):  # (not the document's fault: nothing to verify, nor readable)
+            raise result
         if not isinstance(result, ChunkTables) and not certain:
             _verify(data, start, end, path)
             certain = True

@@ -11,6 +11,9 @@ import gzip
 import hashlib
 import json
 import mmap
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import pytest
 from builders import cpu_op, flow, kernel, thread_name, trace, write_trace
 
 from stepscope.analyze import _read
+from stepscope.analyze._columns import scanner_available
 from stepscope.analyze._read import FileMap, read_trace, release
 from stepscope.analyze.ingest import ingest_trace
 from stepscope.errors import TraceFormatError
@@ -109,3 +113,57 @@ def test_a_damaged_gzip_trace_is_one_error_and_leaves_nothing(tmp_path: Path, ma
         ingest_trace(path, tmp_path / "o")
     assert not (tmp_path / "o").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.gz"]
+
+
+_CUT_SHORT = r"""
+import os, sys
+from pathlib import Path
+from stepscope.analyze import _read, _spans
+from stepscope.analyze.ingest import ingest_trace
+from stepscope.errors import StepscopeError
+
+path, out, where, jobs = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+_read.MAP_MIN_BYTES = 1  # (mapped, as a trace of 256 MB or more is)
+found = _spans.iter_chunks
+
+
+def cut_short_after_the_cuts_are_found(data, *args):
+    spans = list(found(data, *args))
+    os.truncate(path, 1 << 20)  # another process truncates the file (its pages past 1 MiB fault: SIGBUS)
+    if where == "python":
+        bytes(data[len(data) - 10:])  # a read of the mapping outside the scanner
+    return iter(spans)
+
+
+_spans.iter_chunks = cut_short_after_the_cuts_are_found
+if where == "unguarded":
+    _read.FileMap.guard = lambda self, p: None
+try:
+    ingest_trace(path, out, jobs=jobs)
+except StepscopeError as exc:
+    print(exc)
+    sys.exit(exc.exit_code)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGBUS") or not scanner_available(), reason="POSIX, the compiled scanner")
+@pytest.mark.parametrize(("where", "jobs"), [("scan", 1), ("scan", 2), ("python", 1), ("unguarded", 1)])
+def test_a_mapped_file_cut_short_while_it_is_read_is_one_line_naming_it(tmp_path: Path, where: str, jobs: int) -> None:
+    # GIVEN a mapped trace (in a process of its own) that another process truncates once ingest has found its cuts
+    # WHEN the scanner reads past the new end (SIGBUS) THEN that file fails with one line naming it (exit code 2,
+    # bad input), nothing is written; read by other code than the scanner, the process ends with that line; and a
+    # mapping that is not guarded still dies of SIGBUS (the signal is only taken where the file is ours to name)
+    doc = trace(*[cpu_op(f"op{i}", ts=i * 10, dur=5, external_id=i) for i in range(40_000)])
+    path = write_trace(tmp_path, doc, "big.pt.trace.json")
+    assert path.stat().st_size > 4 << 20
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-c", _CUT_SHORT, str(path), str(out), where, str(jobs)],
+                         capture_output=True, text=True, timeout=120)
+    if where == "unguarded":
+        assert res.returncode == -signal.SIGBUS
+        return
+    line = f"{path}: the file was cut short while it was being read (another process truncated or rewrote it)"
+    assert res.returncode == 2, res.stderr
+    assert (res.stdout if where == "scan" else res.stderr).splitlines() == (
+        [line] if where == "scan" else [f"stepscope: error: {line}"])
+    assert not out.exists() or not any(out.iterdir())
