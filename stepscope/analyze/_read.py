@@ -61,15 +61,29 @@ class FileMap(mmap.mmap):
     of it ends the process with that one line and status 2. Without the compiled scanner, nothing is guarded."""
 
     _guard = -1
+    _fd = -1
+    _seen: tuple[int, int, int] | None = None
 
-    def guard(self, path: Path) -> None:
+    def guard(self, path: Path, fd: int, seen: tuple[int, int, int]) -> None:
+        """Guard the mapping (see above), and keep the file open as `fd` with its state `seen` (`_state`, taken
+        before it was hashed), so that `changed` can tell whether another process has written to it since."""
+        self._fd = os.dup(fd)
+        self._seen = seen
         if _scan is not None:
             self._guard = _scan.guard(self, os.fsencode(path))
+
+    def changed(self) -> bool:
+        """Whether the mapped file (the same file even where another took its name) was written to since `guard`:
+        its bytes read then may not be its bytes read now."""
+        return self._seen is not None and _state(self._fd) != self._seen
 
     def _unguard(self) -> None:
         if self._guard >= 0 and _scan is not None:
             _scan.unguard(self._guard)
             self._guard = -1
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def close(self) -> None:
         self._unguard()  # (before the address range can be given to another mapping)
@@ -140,9 +154,10 @@ def _mapped(path: Path, sha256: str | None, spill_dir: Path | None) -> tuple[Fil
             if size < MAP_MIN_BYTES:
                 return None
             fh.seek(0)
+            seen = _state(fh.fileno())
             sha = sha256 or hashlib.file_digest(fh, "sha256").hexdigest()
             mapped = FileMap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-            mapped.guard(path)
+            mapped.guard(path, fh.fileno(), seen)
             _advise(mapped, "MADV_SEQUENTIAL")
             return mapped, sha
         if spill_dir is None or json_size(path) < MAP_MIN_BYTES:
@@ -192,6 +207,12 @@ def release(data: Document, end: int) -> None:
     advice = getattr(mmap, "MADV_DONTNEED", None)  # (where there is none, the pages stay until the end)
     if isinstance(data, FileMap) and advice is not None and end >= mmap.PAGESIZE:
         data.madvise(advice, 0, end - end % mmap.PAGESIZE)
+
+
+def _state(fd: int) -> tuple[int, int, int]:
+    """What changes when a file is written to: its size, modification and change times."""
+    st = os.fstat(fd)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _advise(mapped: FileMap, name: str) -> None:

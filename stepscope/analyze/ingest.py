@@ -41,12 +41,12 @@ from stepscope._io import atomic_dir
 from stepscope.analyze._columns import scanner_available, warm_up, without_added
 from stepscope.analyze._ingest_meta import build_meta, encode_meta
 from stepscope.analyze._parquet_writer import write_tables
-from stepscope.analyze._read import Document, json_size, locate_events, read_trace
+from stepscope.analyze._read import Document, FileMap, json_size, locate_events, read_trace
 from stepscope.analyze._spans import Relocated, iter_chunk_tables, span_bytes
 from stepscope.analyze._utf8 import invalid_strings
 from stepscope.analyze._workers import widen_result_pipe, worker_pool
 from stepscope.analyze.inputs import is_ingested, trace_id_for
-from stepscope.errors import InputError, TraceFormatError
+from stepscope.errors import FileChanged, InputError, TraceFormatError
 
 # Without the compiled scanner, spans are decoded in worker processes, and below this their start costs more
 # than it saves.
@@ -140,6 +140,8 @@ def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStac
             except Relocated as exc:  # a valid document that fooled locate_events: start over, exactly
                 start, end, top = exc.start, exc.end, exc.top
                 certain = True
+        if isinstance(data, FileMap) and data.changed():  # (a mapped file is read as it is now, not as hashed)
+            raise FileChanged("the file changed while it was being read (another process wrote to it)", path=path)
         if totals.n_input == 0:
             raise TraceFormatError("empty trace: traceEvents holds no events", path=path)
         if totals.n_events == 0:

@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import json
 import mmap
+import os
 import signal
 import subprocess
 import sys
@@ -21,11 +22,11 @@ import polars as pl
 import pytest
 from builders import cpu_op, flow, kernel, thread_name, trace, write_trace
 
-from stepscope.analyze import _read
+from stepscope.analyze import _read, _spans
 from stepscope.analyze._columns import scanner_available
 from stepscope.analyze._read import FileMap, read_trace, release
 from stepscope.analyze.ingest import ingest_trace
-from stepscope.errors import TraceFormatError
+from stepscope.errors import FileChanged, TraceFormatError
 
 
 def _doc() -> dict[str, Any]:
@@ -137,7 +138,7 @@ def cut_short_after_the_cuts_are_found(data, *args):
 
 _spans.iter_chunks = cut_short_after_the_cuts_are_found
 if where == "unguarded":
-    _read.FileMap.guard = lambda self, p: None
+    _read.FileMap.guard = lambda self, p, fd, seen: None
 try:
     ingest_trace(path, out, jobs=jobs)
 except StepscopeError as exc:
@@ -167,3 +168,27 @@ def test_a_mapped_file_cut_short_while_it_is_read_is_one_line_naming_it(tmp_path
     assert (res.stdout if where == "scan" else res.stderr).splitlines() == (
         [line] if where == "scan" else [f"stepscope: error: {line}"])
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_mapped_file_written_to_while_it_is_read_is_refused(tmp_path: Path, mapped: None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a mapped trace that another process rewrites in place (same size, still valid JSON: one name's letter)
+    # once ingest has found its cuts THEN the ingest fails with one line naming the file, writes nothing, and the
+    # same file left alone ingests
+    path = write_trace(tmp_path, _doc(), "t.pt.trace.json")
+    at = path.read_bytes().index(b'"k150"') + 2
+    found = _read.iter_chunks  # (as _spans imported it)
+
+    def rewritten_after_the_cuts(data: Any, *args: Any) -> Any:
+        spans = list(found(data, *args))
+        with open(path, "r+b") as fh:
+            os.pwrite(fh.fileno(), b"X", at)
+        return iter(spans)
+
+    monkeypatch.setattr(_spans, "iter_chunks", rewritten_after_the_cuts)
+    with pytest.raises(FileChanged, match=r"t\.pt\.trace\.json: the file changed while it was being read \(another "
+                                          r"process wrote to it\)$"):
+        ingest_trace(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(_spans, "iter_chunks", found)
+    assert ingest_trace(path, tmp_path / "out").n_events > 0
