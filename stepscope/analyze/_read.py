@@ -69,7 +69,7 @@ class FileMap(mmap.mmap):
         before it was hashed), so that `changed` can tell whether another process has written to it since."""
         self._fd = os.dup(fd)
         self._seen = seen
-        if _scan is not None:
+        if _scan is not None and hasattr(_scan, "guard"):  # (not built on Windows: no SIGBUS there)
             self._guard = _scan.guard(self, os.fsencode(path))
 
     def changed(self) -> bool:
