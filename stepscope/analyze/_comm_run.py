@@ -31,7 +31,7 @@ from typing import TypeVar
 import polars as pl
 
 from stepscope.analyze._comm_events import pg_config_of, rank_calls
-from stepscope.analyze._workers import broken_how, usable_cores, worker_pool
+from stepscope.analyze._workers import broken_how, pool_processes, usable_cores, worker_pool
 from stepscope.analyze.inputs import MemoryTimeline, RunDir, Snapshot, describe, resolve, traces_of
 from stepscope.analyze.trace import Trace, load
 from stepscope.errors import InputError, StepscopeError, UsageError, failure_line
@@ -225,7 +225,8 @@ def parallel_map(fn: Callable[[_T], _R], jobs: Iterable[_T]) -> list[_R]:
         try:
             return list(pool.map(fn, todo, chunksize=max(1, len(todo) // (cores * 8))))
         except BrokenProcessPool:
-            raise StepscopeError(f"the run's traces could not all be analysed: {broken_how(pool, 'a')}") from None
+            workers = pool_processes(pool)
+    raise StepscopeError(f"the run's traces could not all be analysed: {broken_how(workers, 'a')}")
 
 
 def _list(values: Sequence[int]) -> str:

@@ -109,17 +109,21 @@ def _alone(fn: Callable[..., R], args: A, lost: Callable[[A, str], R]) -> R:
         try:
             return fut.result()
         except BrokenProcessPool:
-            return lost(args, broken_how(solo))
+            workers = pool_processes(solo)
+    return lost(args, broken_how(workers))
 
 
-def broken_how(pool: ProcessPoolExecutor, whose: str = "its") -> str:
-    """died_how for the first of a broken pool's workers that died (best effort: read from the executor's own
-    processes, which it keeps privately)."""
-    workers = list((getattr(pool, "_processes", None) or {}).values())
-    codes = []
-    for w in workers:
-        w.join(5)  # (the executor has terminated the others; a moment for the exit statuses to arrive)
-        codes.append(w.exitcode)
+def pool_processes(pool: ProcessPoolExecutor) -> list[multiprocessing.process.BaseProcess]:
+    """The pool's worker processes (best effort: the executor keeps them privately). Read their exit codes
+    (broken_how) once the pool is shut down: the executor joins them from its own thread, and a second thread
+    reading a fork server worker's exit status at the same time can read none (it then says 255)."""
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
+def broken_how(workers: Sequence[multiprocessing.process.BaseProcess], whose: str = "its") -> str:
+    """died_how for the first of a broken pool's workers that died (`pool_processes`, the pool shut down): the
+    executor ended the others with SIGTERM."""
+    codes = [w.exitcode for w in workers]
     dead = [c for c in codes if c not in (None, 0, -signal.SIGTERM)] or codes
     return died_how(dead[0] if dead else None, whose)
 
