@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +45,9 @@ from stepscope.analyze._parquet_writer import write_tables
 from stepscope.analyze._read import Document, FileMap, json_size, locate_events, read_trace
 from stepscope.analyze._spans import Relocated, iter_chunk_tables, span_bytes
 from stepscope.analyze._utf8 import invalid_strings
-from stepscope.analyze._workers import widen_result_pipe, worker_pool
+from stepscope.analyze._workers import broken_how, pool_processes, widen_result_pipe, worker_pool
 from stepscope.analyze.inputs import is_ingested, trace_id_for
-from stepscope.errors import FileChanged, InputError, TraceFormatError
+from stepscope.errors import FileChanged, InputError, StepscopeError, TraceFormatError
 
 # Without the compiled scanner, spans are decoded in worker processes, and below this their start costs more
 # than it saves.
@@ -115,9 +116,13 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
             meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
             return IngestResult(source=path, out_dir=out_dir, skipped=True, n_events=int(meta["counts"]["events"]),
                                 seconds=time.perf_counter() - started)
-        return _ingest(path, out_dir, data, sha, stack, pool=pool, pool_ready=pool_ready, jobs=jobs,
-                       chunk_bytes=chunk_bytes, extra_meta=extra_meta or {}, started=started,
-                       spare_core=spare_core, drop_added=drop_added)
+        try:
+            return _ingest(path, out_dir, data, sha, stack, pool=pool, pool_ready=pool_ready, jobs=jobs,
+                           chunk_bytes=chunk_bytes, extra_meta=extra_meta or {}, started=started,
+                           spare_core=spare_core, drop_added=drop_added)
+        except BrokenProcessPool:  # a span worker died (the out-of-memory killer): said once the pool is shut down
+            workers = pool_processes(pool) if isinstance(pool, ProcessPoolExecutor) else []
+    raise StepscopeError(f"{broken_how(workers, 'a')}, decoding this trace's spans", path=path)
 
 
 def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStack, *, pool: Executor | None,

@@ -548,3 +548,37 @@ def test_load_and_batch_ingest_hash_each_file_once(tmp_path: Path, monkeypatch: 
     outcome = ingest_many([path], tmp_path / "ds").outcomes[0]
     assert outcome.status == "ingested"
     assert json.loads((Path(outcome.out_dir) / "meta.json").read_text())["source"]["sha256"] == sha  # type: ignore[arg-type]
+
+
+_SPAN_WORKER_KILLED = r"""
+import sys
+from pathlib import Path
+import stepscope.analyze.ingest as ingest
+from stepscope.errors import StepscopeError
+
+ingest.scanner_available = lambda: False  # (as where stepscope was installed without a C compiler)
+ingest.PARALLEL_MIN_BYTES = 0
+try:
+    ingest.ingest_trace(Path(sys.argv[1]), Path(sys.argv[2]), jobs=2, chunk_bytes=2000)
+except StepscopeError as exc:
+    print(exc)
+    sys.exit(exc.exit_code)
+"""
+
+
+def test_a_span_worker_that_dies_is_one_line_naming_the_trace(tmp_path: Path) -> None:
+    # GIVEN a trace whose spans are decoded by worker processes (the path without the compiled scanner) and a worker
+    # that dies decoding one (SIGKILL, as the out-of-memory killer: a sitecustomize in every process) THEN one line
+    # naming the trace and how the worker died, exit code 1, nothing written
+    from dying_jobs import killer_env
+
+    path = write_trace(tmp_path, trace(*[cpu_op(f"op{i}", ts=i * 10, dur=5) for i in range(20_000)]),
+                       "kill-me.pt.trace.json")
+    env = killer_env(tmp_path / "site", "stepscope.analyze._spans", "decode_file_span")
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-c", _SPAN_WORKER_KILLED, str(path), str(out)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert (res.returncode, res.stdout.splitlines()) == (1, [
+        f"{path}: a worker process was killed by SIGKILL (what the out-of-memory killer sends: try fewer --jobs, or "
+        "more memory), decoding this trace's spans"]), res.stderr
+    assert not out.exists()
