@@ -41,6 +41,7 @@ from stepscope.analyze._coerce import (
     text_series,
     times_ns,
 )
+from stepscope.analyze._native import scan as _scan
 from stepscope.analyze._read import NESTED_TOO_DEEP, Document
 from stepscope.analyze._utf8 import Repaired, repair
 from stepscope.analyze.schema import (
@@ -56,11 +57,6 @@ from stepscope.analyze.schema import (
     Kind,
 )
 from stepscope.errors import FileChanged, TraceFormatError
-
-try:  # the compiled fast path (setup.py); where it could not be built, every span takes the Python path
-    import stepscope.analyze._scan as _scan
-except ImportError:  # pragma: no cover - exercised only on machines without a C compiler
-    _scan = None  # type: ignore[assignment]
 
 
 class _Event(msgspec.Struct, kw_only=True, gc=False):

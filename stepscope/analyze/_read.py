@@ -31,13 +31,9 @@ from typing import Any, TypeAlias
 
 import msgspec
 
+from stepscope.analyze._native import scan as _scan
 from stepscope.analyze._utf8 import first_invalid, repair
 from stepscope.errors import InputError, TraceFormatError
-
-try:
-    import stepscope.analyze._scan as _scan
-except ImportError:  # pragma: no cover - built without a C compiler: the Python path (see _columns)
-    _scan = None  # type: ignore[assignment]
 
 _inflate: ModuleType  # ISA-L's inflate: the same bytes as zlib's, in less time
 try:

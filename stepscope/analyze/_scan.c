@@ -1019,8 +1019,6 @@ static void free_dense(Dense *d) {
     free_buf(&d->c);
 }
 
-/* ------------------------------------------------------------------------------------------------ entry */
-
 /* ------------------------------------------------------------------------------------- mapped-file guards */
 
 static PyObject *FileShrank; /* _scan.FileShrank (an OSError): a guarded mapping's file was cut short mid-scan */
@@ -1132,6 +1130,8 @@ static int scan_slot(const void *lo, const void *hi) {
     return -1;
 }
 #endif
+
+/* ------------------------------------------------------------------------------------------------ entry */
 
 static PyObject *scan_events(PyObject *self, PyObject *args) {
     Py_buffer view;

@@ -53,16 +53,12 @@ import polars as pl
 
 from stepscope.analyze import intervals
 from stepscope.analyze import window as _window
+from stepscope.analyze._native import scan as _scan
 from stepscope.analyze.blame import is_sync_runtime
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.kernels import category_expr
 from stepscope.analyze.loading import DATALOADER_PATTERN
 from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
-
-try:
-    import stepscope.analyze._scan as _scan
-except ImportError:  # pragma: no cover - built at install where a C compiler is found; the Python walk stands in
-    _scan = None  # type: ignore[assignment]
 from stepscope.analyze.schema import Kind
 from stepscope.errors import UsageError
 

@@ -22,10 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-try:
-    import stepscope.analyze._scan as _scan
-except ImportError:  # pragma: no cover - built at install where a C compiler is found; the Python walk stands in
-    _scan = None  # type: ignore[assignment]
+from stepscope.analyze._native import scan as _scan
 
 IntArray = npt.NDArray[np.int64]
 
