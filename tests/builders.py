@@ -169,3 +169,21 @@ def slow_union(ivs: list[tuple[float, float]]) -> list[list[float]]:
         else:
             out.append([s, e])
     return out
+
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "Runtime", "cuda_driver")
+
+
+def slow_before_trace(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GPU events of a raw trace launched before it began, slow and obvious: no runtime call in the trace has
+    their correlation id, and it is below every id that one has (API calls are numbered in order)."""
+    launched = {(e.get("args") or {}).get("correlation") for e in events
+                if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATEGORIES}
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES]
+    linked = [e["args"]["correlation"] for e in gpu if (e.get("args") or {}).get("correlation") in launched]
+    if not linked:
+        return []
+    first = min(linked)
+    return [e for e in gpu if (e.get("args") or {}).get("correlation") not in launched
+            and (e.get("args") or {}).get("correlation", first) < first]

@@ -246,7 +246,7 @@ def _annotation_windows(frames: TraceFrames, annotation: str) -> tuple[pl.DataFr
     outermost = spans.filter(pl.col("ts_ns") >= pl.col("end_ns").cum_max().shift(1).fill_null(-(2**62)))
     spans = outermost.with_columns(step=pl.int_range(pl.len(), dtype=pl.Int64))
     by_step = _window.gpu_by_step(frames.launches, spans)
-    windows = _window.step_windows(spans, by_step)
+    windows = _window.step_windows(spans, by_step, queued_until_ns=_window.queued_until(frames.launches))
     return (windows.select("step", "start_ns", "end_ns", "cpu_start_ns", "cpu_end_ns", "pid", "tid"),
             f"annotation {annotation}", by_step)
 

@@ -70,7 +70,8 @@ class TraceFrames:
     @cached_property
     def step_windows(self) -> pl.DataFrame:
         """The step windows (`window.step_windows`): the one rule every analysis uses."""
-        return _window.step_windows(self.profiler_steps, self.gpu_by_step)
+        return _window.step_windows(self.profiler_steps, self.gpu_by_step,
+                                    queued_until_ns=_window.queued_until(self.launches))
 
     def analysis_window(self, window: WindowKind = "steps") -> pl.DataFrame:
         """device, start_ns, end_ns: where GPU idle time counts (`window.analysis_window`)."""

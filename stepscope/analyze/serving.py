@@ -384,7 +384,7 @@ def _gpu(frames: TraceFrames, its: pl.DataFrame) -> pl.DataFrame:
     long its first GPU work waited after its launch call (null: no launch link)."""
     spans = its.select("step", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "event_id")
     launched = _window.gpu_by_step(frames.launches, spans)
-    windows = _window.step_windows(spans, launched)
+    windows = _window.step_windows(spans, launched, queued_until_ns=_window.queued_until(frames.launches))
     first = (launched.filter(pl.col("launch_ts_ns").is_not_null()).sort("ts_ns").group_by("step", maintain_order=True)
              .agg(gpu_wait_ns=(pl.col("ts_ns") - pl.col("launch_ts_ns")).first()))
     busy = (

@@ -128,10 +128,15 @@ class Trace:
         """`ProfilerStep#N` spans: step (int), ts_ns, dur_ns, end_ns, pid, tid, event_id; sorted by start.
 
         Older traces mark them as cpu ops, newer ones as user annotations; either counts. When the same
-        step appears on several threads the longest span wins.
+        step appears on several threads the longest span wins. Newer Kineto also copies each ProfilerStep onto
+        the GPU timeline (`gpu_user_annotation`: from the first to the last GPU work of it that it saw); that
+        copy is not the step and never counts, even where it is the longer (a GPU-bound loop, whose CPU runs
+        steps ahead of the GPU).
         """
+        cpu_side = pl.col("kind").is_in([k.value for k in CPU_KINDS])
         return (
-            self.events.filter(pl.col("name").str.contains(STEP_NAME_PATTERN) & pl.col("dur_ns").is_not_null())
+            self.events.filter(pl.col("name").str.contains(STEP_NAME_PATTERN) & pl.col("dur_ns").is_not_null()
+                               & cpu_side)
             .select(
                 step=pl.col("name").str.extract(STEP_NAME_PATTERN).cast(pl.Int64),
                 ts_ns="ts_ns",

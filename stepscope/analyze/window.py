@@ -12,6 +12,15 @@ no launch link belongs to the step whose CPU span holds its start. This is what 
     step 1 CPU [0, 100), its last kernel ends at 130; step 2 CPU [100, 200)
       -> windows [0, 130) and [130, 200)   (a step starts no earlier than the previous one ends)
 
+GPU work launched before the trace began (by the warm-up step the profiler discarded, typically) has no
+launch link and a correlation id below every recorded launch's: CUPTI and roctracer number API calls in
+the order they are made. It belongs to no step, and it stands for the previous step: the first step starts
+no earlier than it ends. In a GPU-bound loop the CPU runs steps ahead of the GPU, so this queued work can
+fill the first step's CPU span and more (`queued_until`).
+
+    warm-up kernels (launched before the trace) run until 10.7 ms; step 2 CPU [0, 2.7 ms), its kernels end
+    at 27.2 ms  ->  step 2's window [10.7, 27.2 ms), not [0, 27.2 ms)
+
 The step spans are the trace's ``ProfilerStep#N`` spans, or, in a trace without them, the iterations inferred
 from the loop's repeating structure, the set-up iteration left out (`stepscope.analyze.iterations`); the rule
 does not tell them apart.
@@ -41,10 +50,11 @@ def gpu_by_step(launches: pl.DataFrame, profiler_steps: pl.DataFrame) -> pl.Data
     """GPU events (`Trace.launches()` rows with a duration) with the step whose CPU span launched them.
 
     `profiler_steps` is `Trace.steps` collected. The key is the launch call's start, else the GPU event's
-    own start; events outside every step's CPU span are dropped.
+    own start; events outside every step's CPU span are dropped, and so is work launched before the trace
+    began (`launched_before_trace`), wherever it runs.
     """
     spans = profiler_steps.select("step", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).sort("s")
-    gpu = launches.filter(pl.col("dur_ns").is_not_null()).select(
+    gpu = launches.filter(pl.col("dur_ns").is_not_null() & ~launched_before_trace(launches)).select(
         "gpu_event_id", "kind", "name", "ts_ns", "dur_ns", "launch_ts_ns", "launch_tid", "launch_pid")
     key = pl.coalesce("launch_ts_ns", "ts_ns").alias("key")
     return (
@@ -55,11 +65,30 @@ def gpu_by_step(launches: pl.DataFrame, profiler_steps: pl.DataFrame) -> pl.Data
     )
 
 
-def step_windows(profiler_steps: pl.DataFrame, launched: pl.DataFrame) -> pl.DataFrame:
+def launched_before_trace(launches: pl.DataFrame) -> pl.Expr:
+    """Over `launches` (`Trace.launches()` collected): whether a GPU event was launched before the trace began.
+    No launch link, and a correlation id below every recorded launch's (API calls are numbered in the order
+    they are made). False throughout where nothing is linked: a trace without runtime events says nothing."""
+    linked = launches.filter(pl.col("launch_ts_ns").is_not_null())["correlation"].min()
+    if linked is None:
+        return pl.lit(False)
+    return (pl.col("launch_ts_ns").is_null() & (pl.col("correlation") < linked)).fill_null(False)
+
+
+def queued_until(launches: pl.DataFrame) -> int | None:
+    """The end of the GPU work launched before the trace began (`launched_before_trace`); None without any."""
+    ends = launches.filter(launched_before_trace(launches) & pl.col("dur_ns").is_not_null()).select(
+        (pl.col("ts_ns") + pl.col("dur_ns")).max()).item()
+    return int(ends) if ends is not None else None
+
+
+def step_windows(profiler_steps: pl.DataFrame, launched: pl.DataFrame, *,
+                 queued_until_ns: int | None = None) -> pl.DataFrame:
     """step, start_ns, cpu_start_ns, cpu_end_ns, end_ns, wall_ns, cpu_ns, pid, tid: one row per ProfilerStep.
 
-    `profiler_steps` is `Trace.steps` collected, `launched` is `gpu_by_step(...)` of the same trace. Windows
-    are disjoint and sorted; `end_ns` is never before `cpu_end_ns`. No rows when the trace has no steps.
+    `profiler_steps` is `Trace.steps` collected, `launched` is `gpu_by_step(...)` of the same trace,
+    `queued_until_ns` its `queued_until(...)` (the first step starts no earlier). Windows are disjoint and
+    sorted; `end_ns` is never before `cpu_end_ns`. No rows when the trace has no steps.
     """
     if profiler_steps.height == 0:
         return pl.DataFrame(schema=STEP_WINDOW_SCHEMA)
@@ -67,13 +96,20 @@ def step_windows(profiler_steps: pl.DataFrame, launched: pl.DataFrame) -> pl.Dat
     w = (
         profiler_steps.join(gpu_end, on="step", how="left", maintain_order="left")
         .with_columns(end_ns=pl.max_horizontal("end_ns", "gpu_end"))
-        .with_columns(start_ns=pl.max_horizontal("ts_ns", pl.col("end_ns").shift(1)))
+        .with_columns(start_ns=pl.max_horizontal("ts_ns", pl.col("end_ns").shift(1, fill_value=queued_until_ns)))
         .with_columns(end_ns=pl.max_horizontal("end_ns", "start_ns"))
     )
     return w.select(
         "step", "start_ns", cpu_start_ns="ts_ns", cpu_end_ns=pl.col("ts_ns") + pl.col("dur_ns"), end_ns="end_ns",
         wall_ns=pl.col("end_ns") - pl.col("start_ns"), cpu_ns="dur_ns", pid="pid", tid="tid",
     ).cast(STEP_WINDOW_SCHEMA)  # type: ignore[arg-type]
+
+
+def cpu_spans(profiler_steps: pl.DataFrame) -> pl.DataFrame:
+    """step, start_ns, end_ns: the steps' CPU spans, for `with_step` on CPU-side events (ops and their FLOPs,
+    allocations), which belong to the step whose CPU span holds them. Its window can begin after them: in a
+    GPU-bound loop the CPU runs ahead, and a step's ops run while the GPU still works on earlier steps."""
+    return profiler_steps.select("step", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
 
 
 def with_step(frame: pl.DataFrame, windows: pl.DataFrame, *, at: str = "start_ns") -> pl.DataFrame:

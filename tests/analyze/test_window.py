@@ -28,6 +28,31 @@ def test_steps_extend_to_their_gpu_work(tmp_path: Path) -> None:
     assert TraceFrames(t).analysis_window().rows() == [(0, 0, 200_000), (1, 0, 200_000)]
 
 
+def test_a_gpu_bound_loop_whose_cpu_runs_ahead(tmp_path: Path) -> None:
+    # GIVEN what torch 2.11 on an H200 wrote for a GPU-bound loop: the CPU launches each step in 20 µs, the
+    # GPU takes 400 µs a step, the warm-up step's kernel (launched before the trace: no launch call recorded,
+    # a lower correlation id) still runs when step 2 starts, and Kineto copies each ProfilerStep onto the GPU
+    # timeline (gpu_user_annotation, longer than the CPU span)
+    def gpu_step(n: int, ts: float, dur: float) -> dict[str, object]:
+        return {"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{n}", "ts": ts, "dur": dur,
+                "pid": 0, "tid": 7, "args": {"device": 0, "stream": 7}}
+
+    t = load_events(tmp_path, trace(
+        kernel("warmup_gemm", ts=0, dur=500, correlation=1),
+        step(2, ts=10, dur=20), runtime("cudaLaunchKernel", ts=12, dur=2, correlation=5),
+        kernel("gemm", ts=500, dur=400, correlation=5), gpu_step(2, 500, 400),
+        step(3, ts=30, dur=20), runtime("cudaLaunchKernel", ts=32, dur=2, correlation=9),
+        kernel("gemm", ts=900, dur=400, correlation=9), gpu_step(3, 900, 400),
+    ))
+    frames = TraceFrames(t)
+    # THEN the steps are the CPU spans (never the GPU copies), the warm-up kernel belongs to no step, and step 2
+    # starts where it ends: each step is its 400 µs of GPU work, as CUDA events would time it
+    assert frames.profiler_steps.select("step", "ts_ns", "dur_ns").rows() == [(2, 10_000, 20_000), (3, 30_000, 20_000)]
+    assert frames.gpu_by_step.select("step", "name").rows() == [(2, "gemm"), (3, "gemm")]
+    w = frames.step_windows.select("step", "start_ns", "end_ns", "wall_ns")
+    assert w.rows() == [(2, 500_000, 900_000, 400_000), (3, 900_000, 1_300_000, 400_000)]
+
+
 def test_without_steps_first_to_last_gpu_event_per_device(tmp_path: Path) -> None:
     t = load_events(tmp_path, trace(
         kernel("a", ts=10, dur=5), kernel("b", ts=40, dur=5),
