@@ -27,7 +27,7 @@ from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting, subtree_sum
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
-from stepscope.analyze.window import with_step
+from stepscope.analyze.window import cpu_spans, with_step
 
 MIB = 1024 * 1024
 MODULE_PREFIX = "nn.Module: "
@@ -103,14 +103,15 @@ def _ops_with_parents(trace: Trace) -> pl.DataFrame:
 
 def _attributed(frames: TraceFrames) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The memory series with op_row (innermost enclosing cpu_op on the same thread), op name and step (the
-    step whose window, `window.step_windows`, holds the event), in the series' order."""
+    step whose CPU span holds the event, `window.cpu_spans`: allocations are made on the CPU), in the series'
+    order."""
     trace = frames.trace
     series = memory_series(trace)
     ops = _ops_with_parents(trace)
     names = ops.select(op_row=pl.int_range(pl.len(), dtype=pl.Int64), op="name")
     series = series.with_columns(op_row=innermost_enclosing(ops, series)).join(
         names, on="op_row", how="left", maintain_order="left")
-    stepped = with_step(series.with_row_index("_row"), frames.step_windows, at="ts_ns")
+    stepped = with_step(series.with_row_index("_row"), cpu_spans(frames.profiler_steps), at="ts_ns")
     return stepped.sort("_row").drop("_row"), ops
 
 

@@ -43,7 +43,7 @@ from stepscope.analyze.flops import FLOP_FAMILIES, FlopsResult, op_flops
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.peaks import DTYPES, Dtype, ResolvedDevice, resolve_peaks
 from stepscope.analyze.schema import Kind
-from stepscope.analyze.window import with_step
+from stepscope.analyze.window import cpu_spans, with_step
 
 #: an fp32 op's kernel that runs on TF32 tensor cores (cuBLAS / CUTLASS names): the op is held to the TF32 peak
 #:   cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4   ampere_tf32_s1688gemm_tf32_128x128_16x3_nn
@@ -271,17 +271,19 @@ def _uncounted(flops: FlopsResult) -> pl.DataFrame:
 def _per_step(frames: TraceFrames, counted: pl.DataFrame, missing: pl.DataFrame,
               device: ResolvedDevice | None) -> pl.DataFrame:
     """step, wall_ns, flops, hardware_flops, uncounted_ops, tflops, mfu_fraction: the counted ops' FLOPs by
-    the step window holding their start. A step holding a FLOP-bearing op that could not be counted
-    (`_uncounted`) has no TFLOP/s or MFU: its FLOPs would be a lower bound, not the figure."""
+    the step whose CPU span holds their start (`window.cpu_spans`: in a GPU-bound loop the CPU runs ahead, and
+    an op starts before its step's window does), over the step's window. A step holding a FLOP-bearing op
+    that could not be counted (`_uncounted`) has no TFLOP/s or MFU: its FLOPs would be a lower bound."""
     windows = frames.step_windows
     schema = {"step": pl.Int64, "wall_ns": pl.Int64, "flops": pl.Int64, "hardware_flops": pl.Int64,
               "uncounted_ops": pl.Int64, "tflops": pl.Float64, "mfu_fraction": pl.Float64}
     if windows.height == 0:
         return pl.DataFrame(schema=schema)
-    stepped = with_step(counted.select("ts_ns", "flops", "recomputed"), windows, at="ts_ns")
+    spans = cpu_spans(frames.profiler_steps)
+    stepped = with_step(counted.select("ts_ns", "flops", "recomputed"), spans, at="ts_ns")
     per = stepped.filter(pl.col("step").is_not_null()).group_by("step").agg(
         flops=pl.col("flops").filter(~pl.col("recomputed")).sum(), hardware_flops=pl.col("flops").sum())
-    gaps = with_step(missing, windows, at="ts_ns").filter(pl.col("step").is_not_null()).group_by("step").agg(
+    gaps = with_step(missing, spans, at="ts_ns").filter(pl.col("step").is_not_null()).group_by("step").agg(
         uncounted_ops=pl.len())
     peak = device.peak_tflops if device is not None else None
     return (
