@@ -46,8 +46,10 @@ def full_graph_run() -> dict[str, Any]:
     return trace(*events)
 
 
-def full_graph_capture(*, named: bool = True) -> dict[str, Any]:
-    """A warm-up run (executed: kernels name themselves) then the capture (launches only)."""
+def full_graph_capture(*, named: bool = True, extra_launch: bool = False) -> dict[str, Any]:
+    """A warm-up run (executed: kernels name themselves) then the capture (launches only; `extra_launch`: one
+    more unnamed launch in it than the graph replays, so its launch order says nothing)."""
+    extra = [launch(117, 5, 4, None)] if extra_launch else []
     return trace(
         mm(0, 10, 1), launch(2, 1, 1, None), kernel("gemm_kernel", 20, 30, correlation=1),
         cpu_op("aten::relu", 12, 5, external_id=2), launch(13, 2, 2, None),
@@ -55,6 +57,7 @@ def full_graph_capture(*, named: bool = True) -> dict[str, Any]:
         runtime("hipStreamBeginCapture", 100, 1),
         mm(102, 10, 3), launch(104, 3, 3, "gemm_kernel" if named else None),
         cpu_op("aten::relu", 114, 5, external_id=4), launch(115, 4, 4, "relu_kernel" if named else None),
+        *extra,
         runtime("hipStreamEndCapture", 120, 1),
     )
 

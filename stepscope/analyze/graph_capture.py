@@ -226,6 +226,29 @@ def _best(streams: Sequence[Sequence[str]], candidates: Sequence[_Candidate]) ->
     return top[0], [c for c, _ in tied], [a for _, a in tied]
 
 
+def _in_launch_order(streams: Sequence[Sequence[str]], segments: Sequence[_Candidate]) -> list[_Candidate]:
+    """The capture segments a one-stream graph replays launch for launch, where their kernel launches carry no
+    kernel name (CUDA: a launch call made during capture runs nothing, so the profile never learns what it
+    launched): as many launches as the graph has GPU events, and copies and sets at the same places.
+
+    Captured on one stream, a graph is a chain in launch order, and its replay runs the chain in that order, so
+    the i-th replayed GPU event is the i-th launch: exact, not a guess. Graphs of several streams interleave
+    at capture in an order the replay does not keep: those are left to the eager runs.
+
+        replay:  [memset] gemm gelu [memset] gemm   segment:  [memset] ? ? [memset] ?   ->  position by position
+    """
+    if len(streams) != 1:
+        return []
+    events = streams[0]
+    kernel = [tok not in ("[memcpy]", "[memset]") for tok in events]
+
+    def fits(c: _Candidate) -> bool:
+        return len(c.tokens) == len(events) and all(
+            (tok is None and k) or tok == ev for tok, ev, k in zip(c.tokens, events, kernel, strict=True))
+
+    return [c for c in segments if fits(c)]
+
+
 # ------------------------------------------------------------------------------------------------- mapping
 @dataclass(frozen=True, kw_only=True)
 class CaptureMapping:
@@ -262,7 +285,11 @@ def map_replays(launches: pl.DataFrame, capture: Trace, *, first_event_id: int) 
         n = sum(len(s) for s in streams)
         best, tied, aligned = _best(streams, segs)
         if best < n:
-            best, tied, aligned = _best(streams, [*segs, *_eager_windows(streams, eager, tokens)])
+            in_order = _in_launch_order(streams, segs)
+            if in_order:
+                best, tied, aligned = n, in_order, [[list(range(n))]] * len(in_order)
+            else:
+                best, tied, aligned = _best(streams, [*segs, *_eager_windows(streams, eager, tokens)])
         graphs.append({"graph": graph, "kernels_per_replay": n, "mapped_per_replay": best,
                        "source": None if not tied else "capture segment" if tied[0].is_segment else "eager run",
                        "candidates": len(tied)})

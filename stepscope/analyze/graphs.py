@@ -28,7 +28,7 @@ import polars as pl
 from stepscope.analyze.blame import python_lines, short_name
 from stepscope.analyze.frames import Source, TraceFrames, frames_of, ops_by_nesting
 from stepscope.analyze.graph_capture import CaptureMapping, map_replays, replay_signatures, replayed
-from stepscope.analyze.inputs import find_trace_files
+from stepscope.analyze.inputs import find_trace_files, is_capture_file
 from stepscope.analyze.trace import Trace, load
 from stepscope.errors import InputError
 
@@ -73,16 +73,6 @@ class CaptureChoice:
     trace: Path
     capture: Path | None
     found: bool
-
-
-def is_capture_file(path: Path) -> bool:
-    """A profile of a graph capture, by where it lies or its name.
-
-        run/capture_traces/rank_0.pt.trace.json.gz   -> True
-        run/graph_capture_rank_0.json.gz             -> True
-        run/graph_execution.json.gz                  -> False
-    """
-    return "capture_traces" in path.parts or "graph_capture" in path.name.lower()
 
 
 def locate_capture(path: Path, capture: Path | None = None) -> CaptureChoice:

@@ -248,6 +248,7 @@ class RunDir:
     ranks: tuple[RankTraces, ...]  # by rank (unknown last)
     snapshots: tuple[Path, ...]
     memory_timelines: tuple[Path, ...]
+    graph_captures: tuple[Path, ...] = ()  # profiles of a CUDA/HIP graph capture (`is_capture_file`): no rank's
 
     @property
     def traces(self) -> tuple[Path, ...]:
@@ -370,6 +371,17 @@ _RANK_DIR = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _TIME_IN_NAME = re.compile(r"\.(\d{10,})\.pt\.trace\.json(?:\.gz)?$")
 
 
+def is_capture_file(path: Path) -> bool:
+    """A profile of a graph capture, by where it lies or its name.
+
+        run/capture_traces/rank_0.pt.trace.json.gz   -> True
+        run/graph_capture_rank_0.json.gz             -> True
+        run/graph_execution.json.gz                  -> False
+    """
+    return "capture_traces" in path.parts or "graph_capture" in path.name.lower()
+
+
+
 def _run_dir(directory: Path) -> RunDir | None:
     rank_dirs = {int(m.group(1)): d for d in sorted(directory.iterdir())
                  if d.is_dir() and (m := _RANK_DIR.fullmatch(d.name))}
@@ -382,6 +394,7 @@ def _run_dir(directory: Path) -> RunDir | None:
     groups: dict[tuple[int | None, str], list[Path]] = {}
     snapshots: list[Path] = []
     timelines: list[Path] = []
+    captures: list[Path] = []
     for home in homes:
         files = sorted(home.iterdir()) if home == directory else sorted(home.rglob("*"))
         for f in files:
@@ -392,6 +405,8 @@ def _run_dir(directory: Path) -> RunDir | None:
                 snapshots.append(f)
             elif kind == "memory_timeline":
                 timelines.append(f)
+            elif kind == "trace" and is_capture_file(f.relative_to(directory)):
+                captures.append(f)
             elif kind == "trace" and f.name != "meta.json":
                 rank = _rank_of(f, from_manifest, dir_rank.get(home))
                 worker = "" if rank is not None else f.name.split(".", 1)[0]
@@ -403,7 +418,7 @@ def _run_dir(directory: Path) -> RunDir | None:
                   for (rank, _), files in sorted(groups.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0,
                                                                                     kv[0][1])))
     return RunDir(path=directory, manifests=manifests, ranks=ranks, snapshots=tuple(snapshots),
-                  memory_timelines=tuple(timelines))
+                  memory_timelines=tuple(timelines), graph_captures=tuple(captures))
 
 
 def _manifest_files(manifests: Sequence[Path]) -> dict[Path, tuple[int | None, int | None]]:

@@ -34,11 +34,11 @@ from stepscope.analyze.graph_capture import _align
 from stepscope.analyze.graphs import (
     GraphMappedFrames,
     graph_replays,
-    is_capture_file,
     load_replayed,
     locate_capture,
     with_graph_capture,
 )
+from stepscope.analyze.inputs import is_capture_file
 from stepscope.analyze.kernels import kernel_summary
 from stepscope.analyze.ops import op_table
 
@@ -70,15 +70,19 @@ def test_a_trace_without_graphs_says_so(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- mapping
-@pytest.mark.parametrize("named", [True, False], ids=["rocm-launch-names-kernel", "cuda-eager-warmup"])
-def test_full_graph_kernels_map_to_the_ops_that_launched_them(tmp_path: Path, named: bool) -> None:
-    # GIVEN the capture profile: launches inside the capture name their kernel (ROCm), or only the eager
-    # warm-up before it does (CUDA)
-    frames = mapped(tmp_path, full_graph_run(), full_graph_capture(named=named))
-    # THEN every replayed kernel maps to its op, from the capture segment or else the warm-up
+@pytest.mark.parametrize(("named", "extra", "source"), [
+    (True, False, "capture segment"), (False, False, "capture segment"), (False, True, "eager run")],
+    ids=["rocm-launch-names-kernel", "cuda-launch-order", "cuda-eager-warmup"])
+def test_full_graph_kernels_map_to_the_ops_that_launched_them(tmp_path: Path, named: bool, extra: bool,
+                                                              source: str) -> None:
+    # GIVEN the capture profile: launches inside the capture name their kernel (ROCm), or name none (CUDA) but
+    # are as many as the one-stream graph replays, or are not, and only the eager warm-up before names them
+    frames = mapped(tmp_path, full_graph_run(), full_graph_capture(named=named, extra_launch=extra))
+    # THEN every replayed kernel maps to its op, from the capture segment (by name, or in launch order) or else
+    # the warm-up
     r = graph_replays(frames)
     assert (r.mapped_kernels, r.mapped_share) == (6, 1.0)
-    assert frames.mapping.graphs["source"].to_list() == ["capture segment" if named else "eager run"]
+    assert frames.mapping.graphs["source"].to_list() == [source]
     ops = dict(zip(frames.launches["name"], frames.launches["op_name"], strict=True))
     assert ops == {"gemm_kernel": "aten::mm", "relu_kernel": "aten::relu"}
     # AND the ops count once per replay in the op table (no CPU time: they did not run on the CPU) and FLOPs
@@ -188,3 +192,16 @@ def test_vllm_without_the_capture_lists_the_graphs_unmapped(corpus: Path, tmp_pa
     assert r.replayed_gpu_share is not None and r.replayed_gpu_share > 0.9
     assert r.graphs["kernels_per_replay"].sort().to_list() == [4, 12, 15]
     assert r.mapped_kernels is None
+
+
+def test_cuda_capture_launches_without_kernel_names_map_in_launch_order_only_when_exact() -> None:
+    from stepscope.analyze.graph_capture import _Candidate, _in_launch_order
+
+    # a CUDA capture segment: launches name no kernel (None), copies and sets say what they are
+    seg = _Candidate("segment 1", True, (0, 1, 2, 3), ("[memset]", None, None, "[memcpy]"))
+    one_stream = [["[memset]", "gemm", "gelu", "[memcpy]"]]
+    assert _in_launch_order(one_stream, [seg]) == [seg]
+    # a set where the replay has a kernel, a different number of launches, or a second stream: no mapping
+    assert _in_launch_order([["gemm", "gemm", "gelu", "[memcpy]"]], [seg]) == []
+    assert _in_launch_order([["[memset]", "gemm", "[memcpy]"]], [seg]) == []
+    assert _in_launch_order([["[memset]", "gemm"], ["gelu", "[memcpy]"]], [seg]) == []
