@@ -8,7 +8,10 @@ Each workload is a small, seeded loop; each writes sample_traces/<name>/ (manife
 The workloads are the seed exercises: a conv net training step, a model that calls .item() inside
 forward (and the fix), a transformer encoder step with memory profiling, pageable vs pinned host-to-device
 copies, a DataLoader-bound loop (and the fix), and a 2-rank distributed run (torchrun, gloo on CPU or NCCL
-on CUDA) whose rank 1 reaches every step's gradient all-reduce late.
+on CUDA with 2 GPUs) whose rank 1 reaches every step's gradient all-reduce late. On CUDA four more: the conv
+net under torch.compile, inference replayed from a CUDA graph (with a profile of the graph's capture beside the
+run's trace), a training loop whose one over-long batch runs out of memory (the OOM snapshot), and bf16 matrix
+products near the GPU's peak (FLOPs and MFU).
 """
 
 from __future__ import annotations
@@ -68,10 +71,10 @@ def convnet_train(out: Path, device: str) -> None:
 class GatedMLP(nn.Module):
     """The "find the bottleneck" model: forward reads a value back to the host to decide a branch."""
 
-    def __init__(self, sync_in_forward: bool) -> None:
+    def __init__(self, sync_in_forward: bool, width: int = 128) -> None:
         super().__init__()
         self.sync_in_forward = sync_in_forward
-        self.layers = nn.ModuleList([nn.Linear(128, 128) for _ in range(6)])
+        self.layers = nn.ModuleList([nn.Linear(width, width) for _ in range(6)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -85,10 +88,13 @@ class GatedMLP(nn.Module):
 
 
 def _gated(out: Path, device: str, sync: bool) -> None:
-    model = GatedMLP(sync).to(device)
+    # on a GPU, layers big enough that a layer's kernels take about as long as the CPU takes to launch them:
+    # without syncs the CPU runs ahead and the GPU never waits; with .item() it waits for every launch
+    width, batch = (1024, 2048) if device == "cuda" else (128, 64)
+    model = GatedMLP(sync, width).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(64, 128, device=device)
-    with profile_steps(out, batch_size=64, device=device, **SCHEDULE) as prof:
+    x = torch.randn(batch, width, device=device)
+    with profile_steps(out, batch_size=batch, device=device, **SCHEDULE) as prof:
         for _ in range(_steps()):
             model(x).pow(2).mean().backward()
             opt.step()
@@ -176,6 +182,108 @@ def dataloader_fixed(out: Path, device: str) -> None:
     _loader_loop(out, device, workers=4)
 
 
+def compiled_train(out: Path, device: str) -> None:
+    """(f) The conv net step of convnet_train under torch.compile (compiled in the first, unrecorded step)."""
+    model = SmallConvNet().to(device)
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(16, 3, 32, 32, device=device), torch.randint(0, 10, (16,), device=device)
+    with profile_steps(out, batch_size=16, device=device, **SCHEDULE) as prof:
+        for _ in range(_steps()):
+            loss = nn.functional.cross_entropy(compiled(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            prof.step()
+
+
+def cuda_graph_replay(out: Path, device: str) -> None:
+    """(g) Inference replayed from a CUDA graph: one graph launch a step. The graph's capture is profiled too
+    (graph_capture.pt.trace.json.gz beside the run's trace), which maps the replayed kernels to the ops that
+    launched them at capture time (`stepscope graphs`)."""
+    model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 2048), nn.GELU(), nn.LayerNorm(2048),
+                          nn.Linear(2048, 512)).to(device).eval()
+    static_x = torch.randn(32, 512, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up off the default stream, as torch.cuda.graph's docs say
+            for _ in range(3):
+                model(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        out.mkdir(parents=True, exist_ok=True)
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities, record_shapes=True, with_stack=True) as capture:
+            with torch.cuda.graph(graph):
+                static_y = model(static_x)
+        capture.export_chrome_trace(str(out / "graph_capture.pt.trace.json.gz"))
+        with profile_steps(out, batch_size=32, device=device, **SCHEDULE) as prof:
+            for _ in range(_steps()):
+                static_x.copy_(torch.randn(32, 512, device=device))
+                graph.replay()
+                static_y.argmax(dim=1).cpu()  # the answer back to the host, as a server would
+                prof.step()
+
+
+def oom_dump(out: Path, device: str) -> None:
+    """(h) A transformer training loop whose one over-long batch (the last recorded step, 8x the sequence
+    length) does not fit: the allocator is capped at twice a normal step's peak, torch.cuda.OutOfMemoryError
+    escapes the loop, and the capture writes the OOM memory snapshot and a manifest that says "failed"."""
+    layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=2).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train_step(seq: int) -> None:
+        model(torch.randn(16, seq, 256, device=device)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    train_step(256)
+    torch.cuda.synchronize()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, 2 * torch.cuda.max_memory_reserved() / total))
+    steps = _steps()
+    try:
+        with profile_steps(out, batch_size=16, device=device, **SCHEDULE) as prof:
+            for k in range(steps):
+                train_step(2048 if k == steps - 1 else 256)
+                prof.step()
+    except torch.cuda.OutOfMemoryError:
+        pass  # what this sample is about: the capture has written the snapshot and the failed manifest
+    else:
+        raise SystemExit("oom_dump: the long batch fit; raise its length")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+
+
+def gemm_bound(out: Path, device: str) -> None:
+    """(i) bf16 matrix products big enough to run near the GPU's peak: the FLOPs / roofline / MFU sample, with
+    with_flops on. torch's FlopCounterMode counts one step's FLOPs before the capture (the manifest's notes say
+    how many), an oracle for `stepscope flops`."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    width, tokens, layers = 8192, 8192, 4
+    model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)]).to(device, torch.bfloat16)
+    x = torch.randn(tokens, width, device=device, dtype=torch.bfloat16, requires_grad=True)
+
+    def train_step() -> None:
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+
+    with FlopCounterMode(display=False) as counter:
+        train_step()
+    counted = counter.get_total_flops()
+    by_hand = 6 * tokens * width * width * layers  # forward, input and weight gradients: 3 GEMMs a layer
+    notes = [f"FlopCounterMode: {counted} FLOPs per step ({by_hand} by hand: 6 x tokens x width^2 x layers)"]
+    with profile_steps(out, batch_size=tokens, device=device, with_flops=True, notes=notes, **SCHEDULE) as prof:
+        for _ in range(_steps()):
+            train_step()
+            prof.step()
+
+
 LATE_RANK_SCRIPT = """
 import os, time, torch, torch.distributed as dist
 cuda = os.environ["SAMPLE_DEVICE"] == "cuda"
@@ -219,8 +327,21 @@ def late_rank(out: Path, device: str) -> None:
 
 WORKLOADS: dict[str, Callable[[Path, str], None]] = {
     f.__name__: f for f in (convnet_train, item_in_forward, item_in_forward_fixed, transformer_memory,
-                            pageable_vs_pinned, dataloader_bound, dataloader_fixed, late_rank)
+                            pageable_vs_pinned, dataloader_bound, dataloader_fixed, late_rank, compiled_train,
+                            cuda_graph_replay, oom_dump, gemm_bound)
 }
+CUDA_ONLY = {"compiled_train", "cuda_graph_replay", "oom_dump", "gemm_bound"}  # the CPU samples stay the seed exercises
+
+
+def _runs(device: str, only: list[str] | None) -> list[str]:
+    """The workloads to run: those named, else all that suit the device (late_rank on CUDA needs 2 GPUs)."""
+    if only:
+        if device == "cpu" and CUDA_ONLY & set(only):
+            raise SystemExit(f"{', '.join(sorted(CUDA_ONLY & set(only)))}: CUDA only")
+        return only
+    if device == "cpu":
+        return [name for name in WORKLOADS if name not in CUDA_ONLY]
+    return [name for name in WORKLOADS if name != "late_rank" or torch.cuda.device_count() >= 2]
 
 
 def main() -> None:
@@ -230,7 +351,7 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(WORKLOADS), action="append")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    for name in args.only or list(WORKLOADS):
+    for name in _runs(args.device, args.only):
         torch.manual_seed(0)
         out = args.out / (name if args.device == "cpu" else f"{name}_{args.device}")
         shutil.rmtree(out, ignore_errors=True)

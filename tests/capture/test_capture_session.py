@@ -65,7 +65,7 @@ def test_repeat_exports_one_trace_per_active_cycle(tmp_path: Path) -> None:
 
 
 def test_manifest_is_complete_and_lists_every_file_with_its_size(tmp_path: Path) -> None:
-    _loop(tmp_path, 10, skip_first=1, baseline=3, wait=1, warmup=1, active=2, batch_size=4)
+    _loop(tmp_path, 10, skip_first=1, baseline=3, wait=1, warmup=1, active=2, batch_size=4, device="cpu")
     m = manifest(tmp_path)
     assert m["manifest_version"] == 1 and m["status"] == "ok" and m["error"] is None and m["error_traceback"] is None
     assert m["command"]["argv"] == sys.argv and m["command"]["started_at"] and m["command"]["host"]

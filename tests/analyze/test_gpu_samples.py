@@ -1,0 +1,96 @@
+"""The bundled GPU captures (sample_traces/*_cuda: an H200, torch 2.11, made by capture_samples.py through our
+own shim) against oracles recorded at capture time: the shim's CUDA-event step timings, torch's FlopCounterMode,
+the model's structure, and the OutOfMemoryError's own message."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from stepscope.cli import cli
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+GPU_RUNS = sorted(p.parent.name for p in SAMPLES.glob("*_cuda/manifest.json"))
+
+
+def _manifest(run: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((SAMPLES / run / "manifest.json").read_text())
+    return doc
+
+
+def _json(*args: str) -> Any:
+    res = CliRunner().invoke(cli, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_there_are_gpu_samples_of_every_kind() -> None:
+    assert {"gemm_bound_cuda", "cuda_graph_replay_cuda", "oom_dump_cuda", "compiled_train_cuda",
+            "item_in_forward_cuda", "pageable_vs_pinned_cuda", "dataloader_bound_cuda"} <= set(GPU_RUNS)
+    for run in GPU_RUNS:
+        assert _manifest(run)["device"]["type"] == "cuda"
+
+
+@pytest.mark.parametrize("run", GPU_RUNS)
+def test_step_times_agree_with_the_cuda_events_the_shim_recorded(run: str) -> None:
+    # The shim records a CUDA event at every step boundary; its elapsed times are the steps as the GPU saw them.
+    # The first recorded step's events also hold the profiler's own start (about 0.5 ms): the rest are compared.
+    # Each boundary's event is recorded just before torch.profiler's step(), whose own work (up to ~0.15 ms
+    # here) lies outside the ProfilerStep span: within 3% or 0.2 ms.
+    timed = _manifest(run)["profiled"]["durations_ns"]
+    walls = [s["wall_ns"] for s in _json("steps", str(SAMPLES / run))["steps"]]
+    assert len(walls) == 3 and len(timed) >= 2
+    for ours, events in list(zip(walls, timed, strict=False))[1:]:
+        assert ours == pytest.approx(events, rel=0.03, abs=200_000), (run, walls, timed)
+
+
+def test_a_gpu_bound_loop_whose_cpu_runs_ahead_is_timed_and_counted_per_step() -> None:
+    # GIVEN bf16 GEMMs at ~78% of an H200's peak: the CPU launches a step in ~2 ms, the GPU runs it in ~17 ms
+    m = _manifest("gemm_bound_cuda")
+    (note,) = [n for n in m["notes"] if n.startswith("FlopCounterMode")]
+    counted = int(re.search(r"FlopCounterMode: (\d+) FLOPs per step", note).group(1))  # type: ignore[union-attr]
+    # THEN each step is its own GPU time, as the CUDA events timed it (the CPU spans are ~2 ms)
+    walls = [s["wall_ns"] for s in _json("steps", str(SAMPLES / "gemm_bound_cuda"))["steps"]]
+    assert walls == pytest.approx(m["profiled"]["durations_ns"], rel=0.01)
+    # AND each step holds exactly the FLOPs torch's FlopCounterMode counted, at the MFU they imply
+    flops = _json("flops", str(SAMPLES / "gemm_bound_cuda"))
+    assert [s["flops"] for s in flops["steps"]] == [counted] * 3
+    peak = flops["peak_tflops"] * 1e12
+    for s in flops["steps"]:
+        assert s["mfu_fraction"] == pytest.approx(counted / (s["wall_ns"] / 1e9) / peak)
+        assert 0.6 < s["mfu_fraction"] < 0.9
+    assert flops["mfu_fraction"] == pytest.approx(3 * counted / (sum(walls) / 1e9) / peak)
+    summary = _json("summary", str(SAMPLES / "gemm_bound_cuda"))
+    assert summary["verdict"] == "gpu_bound"
+
+
+def test_a_cuda_graph_replay_maps_every_kernel_to_its_op_through_the_capture_profile() -> None:
+    # GIVEN a capture run directory holding the replay's trace and graph_capture.pt.trace.json.gz, whose CUDA
+    # launch calls name no kernel (a launch during capture runs nothing)
+    run = SAMPLES / "cuda_graph_replay_cuda"
+    # THEN the directory is one run (the capture profile is not a second rank) ...
+    assert len(_json("steps", str(run))["steps"]) == 3
+    # ... and every replayed kernel maps, in launch order, to the op that launched it: per replay the model's
+    # 3 Linear (addmm), 2 GELU and 1 LayerNorm, over 3 replays
+    g = _json("graphs", str(run))
+    assert g["graph_launches"] == 3 and g["mapped_kernels"] == g["replayed_kernels"] == 39
+    calls = {row["op_name"]: row["calls"] for row in g["ops"]}
+    assert calls == {"aten::addmm": 9, "aten::gelu": 6, "aten::native_layer_norm": 3}
+
+
+def test_the_oom_snapshot_says_what_torch_said() -> None:
+    m = _manifest("oom_dump_cuda")
+    assert m["status"] == "failed" and m["error"].startswith("OutOfMemoryError")
+    tried = re.search(r"Tried to allocate ([\d.]+) MiB", m["error"])
+    held = re.search(r"([\d.]+) MiB is allocated by PyTorch", m["error"])
+    assert tried and held
+    (snapshot,) = (SAMPLES / "oom_dump_cuda").glob("*.oom.memory_snapshot.pickle")
+    (oom,) = _json("snapshot", str(snapshot))["ooms"]
+    assert oom["requested_bytes"] == float(tried.group(1)) * 2**20
+    # torch's message is the allocator's figure rounded to 0.01 MiB
+    assert abs(oom["allocated_bytes"] - float(held.group(1)) * 2**20) <= 0.005 * 2**20 + 1
