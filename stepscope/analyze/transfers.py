@@ -1,13 +1,17 @@
 """Host/device copies: bandwidth, pageable vs pinned, sync vs async, and how much of each stalled the GPU.
 
 Per copy (a memcpy event): direction from its name (`Memcpy HtoD (Pageable -> Device)` -> HtoD, pageable),
-bytes, duration, achieved GB/s, whether the runtime call that issued it was synchronous (cudaMemcpy /
-hipMemcpy rather than the …Async variants), `exposed_ns` — the part of the copy not overlapped by any
-kernel on the same device (the GPU had nothing else to do) — and `cpu_blocked_ns`, the issuing call's
-duration for synchronous copies (the host waited that long). The Python line is the innermost Python frame
+bytes, duration, achieved GB/s, whether the host waited for it (`sync`: the call that issued it was
+synchronous, cudaMemcpy / hipMemcpy rather than the …Async variants, or the issuing thread's next runtime
+call is a synchronize that ends after the copy does: what torch's `.to(device)` / `.cpu()` without
+`non_blocking` does, cudaMemcpyAsync then cudaStreamSynchronize), `exposed_ns` — the part of the copy not
+overlapped by any kernel on the same device (the GPU had nothing else to do) — and `cpu_blocked_ns`, for a
+copy the host waited for, the issuing call's duration plus that synchronize's (the host waited that long;
+from pageable memory the issuing call itself stages the data). The Python line is the innermost Python frame
 on the launching thread around the issuing call (with_stack), else the op that issued it.
 
     kernels [0, 10] [20, 30] µs; copy [5, 25] µs  ->  exposed 10 µs (the [10, 20] stretch)
+    cudaMemcpyAsync [0, 35] µs, copy [35, 40], cudaStreamSynchronize [36, 48]  ->  sync, cpu_blocked 47 µs
 """
 
 from __future__ import annotations
@@ -62,6 +66,28 @@ def covered_ns(spans: pl.DataFrame, busy: pl.DataFrame) -> pl.Series:
     return (f("end_ns") - f("start_ns")).alias("covered_ns")
 
 
+def _waited_for(copies: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
+    """`copies` (launches rows with start_ns / end_ns) plus `sync` (null without an issuing call) and
+    `cpu_blocked_ns` (module docstring): a synchronous issuing call, or a synchronize that is the issuing
+    thread's next runtime call and ends after the copy."""
+    after = pl.col("launch_ts_ns") + pl.col("launch_dur_ns")
+    following = runtime.select(launch_pid="pid", launch_tid="tid", _next_ts="ts_ns", _next_dur="dur_ns",
+                               _next="name").sort("_next_ts")
+    joined = (copies.with_row_index("_row").with_columns(_after=after).sort("_after")
+              .join_asof(following, left_on="_after", right_on="_next_ts", by=["launch_pid", "launch_tid"],
+                         strategy="forward", check_sortedness=False)
+              .sort("_row"))
+    issued_sync = is_sync_runtime(pl.col("runtime_name"))
+    waited = (~issued_sync & is_sync_runtime(pl.col("_next"))
+              & (pl.col("_next_ts") + pl.col("_next_dur") >= pl.col("end_ns"))).fill_null(False)
+    return joined.with_columns(
+        sync=pl.when(pl.col("runtime_name").is_not_null()).then(issued_sync | waited),
+        cpu_blocked_ns=pl.when(pl.col("runtime_name").is_not_null() & issued_sync).then(pl.col("launch_dur_ns"))
+        .when(pl.col("runtime_name").is_not_null() & waited).then(pl.col("launch_dur_ns") + pl.col("_next_dur"))
+        .otherwise(pl.lit(0, pl.Int64)),
+    ).drop("_row", "_after", "_next_ts", "_next_dur", "_next")
+
+
 def transfers(source: Source, *, top: int = 10) -> TransfersResult:
     """All copies with bandwidth, pinned/pageable, sync/async, exposed stall and CPU time blocked."""
     frames = frames_of(source)
@@ -80,9 +106,10 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
         # null where the name does not say (AMD: "Memcpy HtoD (Host -> Device)")
         pageable=pl.when(pl.col("name").str.contains("Pageable|Pinned")).then(pl.col("name").str.contains("Pageable")),
         pinned=pl.when(pl.col("name").str.contains("Pageable|Pinned")).then(pl.col("name").str.contains("Pinned")),
-        sync=pl.when(pl.col("runtime_name").is_not_null()).then(is_sync_runtime(pl.col("runtime_name"))),
         start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
     )
+    copies = _waited_for(copies, trace.runtime.filter(pl.col("dur_ns").is_not_null()).select(
+        "pid", "tid", "ts_ns", "dur_ns", "name").collect())
     copies = copies.with_columns(covered_ns(copies.select("device", "start_ns", "end_ns"), busy))
     points = copies.select(pid=pl.col("launch_pid").fill_null(""), tid=pl.col("launch_tid").fill_null(""),
                            ts_ns=pl.col("launch_ts_ns").fill_null(0))
@@ -95,7 +122,7 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
         name="name",
         pageable="pageable", pinned="pinned", sync="sync",
         exposed_ns=pl.col("dur_ns") - pl.col("covered_ns"),
-        cpu_blocked_ns=pl.when(pl.col("sync")).then(pl.col("launch_dur_ns")).otherwise(pl.lit(0, pl.Int64)),
+        cpu_blocked_ns="cpu_blocked_ns",
         runtime="runtime_name", op="op_name", python_line="python_line", start_ns="start_ns",
     )
     by_direction = table.group_by("direction").agg(

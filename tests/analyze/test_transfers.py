@@ -33,6 +33,28 @@ def test_pageable_sync_copy_and_pinned_async_copy(tmp_path: Path) -> None:
     assert (r.copies_total, r.pageable_copies, r.sync_copies, r.copied_bytes) == (2, 1, 1, 3_000_000)
 
 
+def test_an_async_copy_the_host_then_synchronizes_on_is_a_sync_copy(tmp_path: Path) -> None:
+    # GIVEN what torch's .to(device) without non_blocking records (an H200 trace, torch 2.11): cudaMemcpyAsync from
+    # pageable memory (the call stages the data: 35 µs), the copy, then cudaStreamSynchronize on the same thread;
+    # a pinned non-blocking copy followed by a kernel launch; and one whose next call is a sync ending before it
+    doc = trace(
+        step(1, ts=0, dur=300),
+        runtime("cudaMemcpyAsync", ts=4, dur=35, correlation=1),
+        memcpy("HtoD", ts=39, dur=5, nbytes=65_536, correlation=1),
+        runtime("cudaStreamSynchronize", ts=40, dur=12),
+        runtime("cudaMemcpyAsync", ts=100, dur=4, correlation=2),
+        memcpy("HtoD", ts=110, dur=5, nbytes=65_536, correlation=2, src="Pinned"),
+        runtime("cudaLaunchKernel", ts=106, dur=4, correlation=3), kernel("k", ts=116, dur=5, correlation=3),
+        runtime("cudaMemcpyAsync", ts=200, dur=4, correlation=4),
+        memcpy("HtoD", ts=230, dur=5, nbytes=65_536, correlation=4, src="Pinned"),
+        runtime("cudaStreamSynchronize", ts=205, dur=3),
+    )
+    r = transfers(load_events(tmp_path, doc))
+    # THEN the host waited for the first (issuing call and sync: 47 µs), not for the other two
+    assert r.copies.select("sync", "cpu_blocked_ns").rows() == [(True, 47_000), (False, 0), (False, 0)]
+    assert (r.sync_copies, r.cpu_blocked_ns) == (1, 47_000)
+
+
 @pytest.mark.parametrize("rel", ["kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
                                  "tracelens/b200/eager_trace.json.gz"])
 def test_htod_figures_match_the_reference_script(corpus: Path, rel: str) -> None:
