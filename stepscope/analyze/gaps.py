@@ -29,8 +29,9 @@ see `blame.python_lines`) and runtime call (`blamed_runtime`) enclosing the midp
     communication_wait  the next GPU event is a collective (nccl/rccl kernel) or the op is a
                         c10d:: / nccl: / record_param_comms op
     memcpy_wait         the gap ends with a host copy (HtoD / DtoH …, not DtoD / PtoP, which are device
-                        work like a kernel), or the op is a copy that issued an HtoD memcpy (the copy waits
-                        for host data)
+                        work like a kernel) issued before the gap began (a copy issued later was the CPU
+                        being late: launch_overhead), or the op is a copy that issued an HtoD memcpy (the
+                        copy waits for host data)
     launch_overhead     the next GPU event's launch call started after the gap began (the CPU was late),
                         or the gap is shorter than BACK_TO_BACK_NS (2 µs) between back-to-back launches
     other               none of the above (e.g. the launch came early but the stream waited on another)
@@ -187,7 +188,8 @@ def _blame(frames: TraceFrames, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.Dat
         .when(pl.col("next_kernel").fill_null("").str.contains(COMMUNICATION)
               | pl.col("blamed_op").fill_null("").str.contains(COMMUNICATION))
         .then(pl.lit(GapCause.COMMUNICATION_WAIT.value))
-        .when(((pl.col("next_kind") == Kind.MEMCPY.value) & ~pl.col("next_kernel").str.contains("DtoD|PtoP"))
+        .when(((pl.col("next_kind") == Kind.MEMCPY.value) & ~pl.col("next_kernel").str.contains("DtoD|PtoP")
+               & ~(pl.col("next_launch_ts_ns") > pl.col("start_ns")).fill_null(False))
               | (a_copy & pl.col("blamed_op_id").is_in(htod_ops)))
         .then(pl.lit(GapCause.MEMCPY_WAIT.value))
         .when((pl.col("next_launch_ts_ns") > pl.col("start_ns")) | (pl.col("dur_ns") < BACK_TO_BACK_NS))

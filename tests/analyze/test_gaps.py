@@ -106,16 +106,18 @@ def test_library_frames() -> None:
     assert dict(frame.iter_rows()) == names
 
 
-@pytest.mark.parametrize(("extra", "next_kind", "cause"), [
-    ([annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", ts=105, dur=70)], "kernel",
+@pytest.mark.parametrize(("extra", "next_kind", "issued_at", "cause"), [
+    ([annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", ts=105, dur=70)], "kernel", 180,
      "data_loading"),
-    ([], "memcpy", "memcpy_wait"),
-    ([], "kernel", "launch_overhead"),
+    ([], "memcpy", 50, "memcpy_wait"),  # the copy was asked for before the GPU ran dry: the GPU waits for it
+    ([], "memcpy", 180, "launch_overhead"),  # asked for after the gap began: the CPU was late (an H200 loader loop)
+    ([], "kernel", 180, "launch_overhead"),
 ])
-def test_each_cause_rule(tmp_path: Path, extra: list[dict[str, Any]], next_kind: str, cause: str) -> None:
+def test_each_cause_rule(tmp_path: Path, extra: list[dict[str, Any]], next_kind: str, issued_at: float,
+                         cause: str) -> None:
     doc = trace(step(1, ts=-5, dur=190), *_launched("A", at=-4, gpu_at=0, dur=100, corr=1), *extra,
-                *_launched("ncclKernel_x" if cause == "communication_wait" else "B", at=180, gpu_at=185, dur=10,
-                           corr=2, kind=next_kind))
+                *_launched("ncclKernel_x" if cause == "communication_wait" else "B", at=issued_at, gpu_at=185,
+                           dur=10, corr=2, kind=next_kind))
     gaps = gpu_gaps(load_events(tmp_path, doc)).gaps
     assert gaps.filter(pl.col("dur_ns") > 10_000)["cause"].to_list() == [cause]
 
