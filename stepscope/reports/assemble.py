@@ -157,6 +157,10 @@ def index_page(rows: list[dict[str, Any]], *, run: bool, lead: Member | None, st
 
     sections: list[Section] = list(first)
     problems = list(problems)
+    if run and facts is not None and facts.status == "failed":  # first: whatever else the page says, it ended so
+        oom = [f.path.name for f in side if ".oom." in f.path.name]
+        problems.insert(0, f"the capture failed: {(facts.error or 'see its manifest').splitlines()[0]}"
+                           + (f" (the allocator's state then: {oom[0]}, in its section below)" if oom else ""))
     if not run and sum(map(reported, rows)) >= 2:
         sections.append(fleet_section(fleet_stats(rows, worst=worst), rows, source=source))
     if lead is not None and lead.bundle is not None:

@@ -97,3 +97,14 @@ def test_the_oom_snapshot_says_what_torch_said() -> None:
     assert oom["requested_bytes"] == float(tried.group(1)) * 2**20
     # torch's message is the allocator's figure rounded to 0.01 MiB
     assert abs(oom["allocated_bytes"] - float(held.group(1)) * 2**20) <= 0.005 * 2**20 + 1
+
+
+def test_the_report_of_a_run_that_ran_out_of_memory_says_so_first(tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["report", str(SAMPLES / "oom_dump_cuda"), "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "r" / "index.html").read_text()
+    problems = page[page.index('<section id="problems">'):]
+    assert problems.index("the capture failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 MiB") \
+        < problems.index("</section>")
+    assert "vm_895.oom.memory_snapshot.pickle, in its section below" in problems
+    assert page.index('<section id="problems">') < page.index('<section id="verdict"')
