@@ -23,7 +23,9 @@ see `blame.python_lines`) and runtime call (`blamed_runtime`) enclosing the midp
                         event (Stream/Event/Context Sync, not Stream Wait Event) on the device covers the
                         midpoint, or the op reads a value back (aten::item, aten::_local_scalar_dense,
                         aten::nonzero, aten::is_nonzero), or the op is a copy that issued a DtoH memcpy
-                        (`.cpu()` / `.to("cpu")` -> aten::copy_)
+                        (`.cpu()` / `.to("cpu")` -> aten::copy_); and, after data_loading and
+                        communication_wait, a gap during which a synchronizing call on the blamed thread
+                        returned (the host waited for the GPU to run dry, then had to launch again)
     data_loading        the thread is inside an event named like a DataLoader (enumerate(DataLoader)…,
                         _next_data, dataloader.py … __next__)
     communication_wait  the next GPU event is a collective (nccl/rccl kernel) or the op is a
@@ -62,6 +64,7 @@ from stepscope.analyze.blame import innermost, is_sync_runtime, python_lines, sh
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.loading import exposed_data_loading, exposed_in_window
 from stepscope.analyze.schema import Kind
+from stepscope.analyze.trace import Trace
 from stepscope.analyze.window import WindowKind, with_step
 
 
@@ -174,6 +177,7 @@ def _blame(frames: TraceFrames, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.Dat
         return found.filter(pl.col("mid_ns") <= pl.col("e_end"))["gap"]
 
     loading = gaps_inside(trace.events.filter(pl.col("name").str.contains(DATA_LOADING)), ["pid", "tid"])
+    after_sync = _after_a_sync(trace, g)
     syncing = gaps_inside(trace.syncs.filter(~pl.col("name").str.contains("(?i)wait")), ["device"])
     copy_ops = gpu.filter(pl.col("kind") == Kind.MEMCPY.value).select(
         "op_event_id", dtoh=pl.col("name").str.contains("DtoH"), htod=pl.col("name").str.contains("HtoD"))
@@ -188,6 +192,7 @@ def _blame(frames: TraceFrames, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.Dat
         .when(pl.col("next_kernel").fill_null("").str.contains(COMMUNICATION)
               | pl.col("blamed_op").fill_null("").str.contains(COMMUNICATION))
         .then(pl.lit(GapCause.COMMUNICATION_WAIT.value))
+        .when(pl.col("gap").is_in(after_sync.implode())).then(pl.lit(GapCause.HOST_SYNC.value))
         .when(((pl.col("next_kind") == Kind.MEMCPY.value) & ~pl.col("next_kernel").str.contains("DtoD|PtoP")
                & ~(pl.col("next_launch_ts_ns") > pl.col("start_ns")).fill_null(False))
               | (a_copy & pl.col("blamed_op_id").is_in(htod_ops)))
@@ -197,6 +202,20 @@ def _blame(frames: TraceFrames, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.Dat
         .otherwise(pl.lit(GapCause.OTHER.value))
     )
     return g.with_columns(cause=cause).drop("gap", "mid_ns", "next_launch_ts_ns", "next_kind", "blamed_op_id")
+
+
+def _after_a_sync(trace: Trace, g: pl.DataFrame) -> pl.Series:
+    """Gap rows during which a synchronizing call on the blamed thread returned: the host sat waiting for the
+    GPU when it ran dry, and only then went on to launch the next work (an `.item()` per layer on a GPU: without
+    the sync the CPU would have queued that work long before)."""
+    syncs = trace.runtime.filter(is_sync_runtime(pl.col("name")) & pl.col("dur_ns").is_not_null()).select(
+        "pid", "tid", sync_end=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+    if syncs.height == 0:
+        return pl.Series("gap", [], dtype=pl.UInt32)
+    found = (g.select("gap", "pid", "tid", "start_ns", "end_ns").drop_nulls(["pid", "tid"]).sort("end_ns")
+             .join_asof(syncs.sort("sync_end"), left_on="end_ns", right_on="sync_end", by=["pid", "tid"],
+                        strategy="backward", check_sortedness=False))
+    return found.filter(pl.col("sync_end") >= pl.col("start_ns"))["gap"]
 
 
 def _histogram(dur_ns: pl.Series) -> pl.DataFrame:

@@ -112,6 +112,8 @@ def test_library_frames() -> None:
     ([], "memcpy", 50, "memcpy_wait"),  # the copy was asked for before the GPU ran dry: the GPU waits for it
     ([], "memcpy", 180, "launch_overhead"),  # asked for after the gap began: the CPU was late (an H200 loader loop)
     ([], "kernel", 180, "launch_overhead"),
+    # the host sat in a sync (an .item()) when the GPU ran dry at 100 and launched again only after it returned
+    ([runtime("cudaStreamSynchronize", ts=50, dur=52)], "kernel", 180, "host_sync"),
 ])
 def test_each_cause_rule(tmp_path: Path, extra: list[dict[str, Any]], next_kind: str, issued_at: float,
                          cause: str) -> None:
