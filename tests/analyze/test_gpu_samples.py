@@ -108,3 +108,13 @@ def test_the_report_of_a_run_that_ran_out_of_memory_says_so_first(tmp_path: Path
         < problems.index("</section>")
     assert "vm_895.oom.memory_snapshot.pickle, in its section below" in problems
     assert page.index('<section id="problems">') < page.index('<section id="verdict"')
+
+
+def test_the_item_sync_bug_is_sync_bound_on_the_gpu_and_its_fix_is_not() -> None:
+    # GIVEN the same 6-layer MLP on an H200, with an .item() after every layer and with torch.where instead
+    bug = _json("summary", str(SAMPLES / "item_in_forward_cuda"))
+    fix = _json("summary", str(SAMPLES / "item_in_forward_fixed_cuda"))
+    # THEN the GPU idles behind the syncs (it runs dry while the host waits, then waits for the next launch)
+    assert bug["verdict"] == "sync_bound" and fix["verdict"] == "launch_bound"
+    assert bug["sync_calls"] == 6 * 3 and fix["sync_calls"] == 0  # one per layer, over the 3 recorded steps
+    assert bug["sync_idle_fraction"] > 0.1 > fix["sync_idle_fraction"]
