@@ -23,6 +23,7 @@ from typing import Any
 import polars as pl
 
 from stepscope.analyze.bundle import TraceAnalysis
+from stepscope.analyze.graphs import with_graph_capture
 from stepscope.analyze.inputs import Dataset, RunDir, TraceBatch, traces_of
 from stepscope.analyze.memory_categories import MemoryCategoriesResult, memory_categories
 from stepscope.analyze.snapshot import SnapshotResult, analyze_snapshot
@@ -100,11 +101,17 @@ def _unique(named: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
     return out
 
 
-def members(named: Sequence[tuple[Path, str]], *, cache_dir: Path | None = None) -> Iterator[Member]:
-    """Each (path, page name) opened and its index row computed, in order; a failure is a member too."""
+def members(named: Sequence[tuple[Path, str]], *, cache_dir: Path | None = None,
+            captures: dict[Path, Path] | None = None) -> Iterator[Member]:
+    """Each (path, page name) opened and its index row computed, in order; a failure is a member too.
+    `captures`: a trace's graph-capture profile (`RunDir.graph_captures`), which maps its replayed kernels to
+    the ops that launched them (`graphs.with_graph_capture`)."""
     for path, name in named:
         try:
-            bundle = TraceAnalysis.of(load(path, cache_dir=cache_dir))
+            trace = load(path, cache_dir=cache_dir)
+            capture = (captures or {}).get(path)
+            bundle = TraceAnalysis.of(trace if capture is None else
+                                      with_graph_capture(trace, load(capture, cache_dir=cache_dir)))
             row = trace_row(bundle)
         except Exception as exc:  # noqa: BLE001 - one bad trace is reported; the rest go on
             yield Member(name=name, path=path, bundle=None, row={"trace": path.name, "error": f"{type(exc).__name__}: "

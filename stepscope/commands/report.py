@@ -67,7 +67,9 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
     check_engine(engine, address)
     if batch and graph_capture is not None:
         raise UsageError("--graph-capture maps one trace's replayed kernels: leave out --batch", path=input_path)
-    with_capture = not batch and (graph_capture is not None or locate_capture(input_path).capture is not None)
+    captures = _run_captures(input_path) if not batch and graph_capture is None else {}
+    with_capture = not batch and not captures and (graph_capture is not None
+                                                   or locate_capture(input_path).capture is not None)
     inp = resolve(input_path, batch=batch) if not with_capture else None
     if isinstance(inp, Snapshot | MemoryTimeline):
         raise UsageError(f"is {describe(inp)}, not a trace: use `stepscope "
@@ -78,7 +80,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
     if isinstance(inp, RunDir | Dataset | TraceBatch):
         with atomic_dir(out, create_parents=False) as tmp:
             kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step, perfetto=perfetto,
-                                                    engine=engine, address=address)
+                                                    engine=engine, address=address, captures=captures)
     else:
         if engine == "ray":
             click.echo("note: one trace is reported here; --engine ray maps the traces of a batch", err=True)
@@ -100,6 +102,23 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
     click.echo(f"wrote {out / 'index.html'} ({kind}, {total - len(failed)} report(s), {len(failed)} failed) "
                f"in {time.perf_counter() - start:.1f} s")
     end_batch(failed, total)
+
+
+def _run_captures(input_path: Path) -> dict[Path, Path]:
+    """A capture run of one trace whose directory also holds a graph-capture profile: {trace: profile}, so the
+    run's report (its facts, snapshot and memory files) maps the replayed kernels too; else {}."""
+    from stepscope.analyze.inputs import RunDir, resolve
+    from stepscope.errors import StepscopeError
+
+    if not input_path.is_dir():
+        return {}
+    try:
+        run = resolve(input_path)
+    except StepscopeError:
+        return {}  # (said again, properly, where the input is resolved for the report)
+    if not isinstance(run, RunDir) or len(run.traces) != 1 or not run.graph_captures:
+        return {}
+    return {run.traces[0]: sorted(run.graph_captures)[0]}
 
 
 def _check_step(bundle: TraceAnalysis, step: int) -> None:
@@ -126,7 +145,8 @@ def _export(write: Callable[[Path], ExportResult], directory: Path, name: str, h
 
 
 def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bool, step: int | None,
-                      perfetto: bool, engine: str = "local", address: str | None = None) -> tuple[str, list[str], int]:
+                      perfetto: bool, engine: str = "local", address: str | None = None,
+                      captures: dict[Path, Path] | None = None) -> tuple[str, list[str], int]:
     """Each member's page as it is analysed (one bundle alive at a time; with `engine` ray, a batch's members each
     in a Ray task at `address`), then the index; returns the mode, the failed files' lines and the number of traces.
     With `perfetto`, a capture run's ranks in one exported file that the index and every rank's page link; in a
@@ -149,7 +169,7 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
         written = _members_on_ray(named, tmp, step=step, perfetto=perfetto, address=address)
     else:
         written = _members_here(named, tmp, run=run, step=step, perfetto=perfetto, run_link=run_link,
-                                verdicts=verdicts)
+                                verdicts=verdicts, captures=captures)
     order = {name: i for i, (_path, name) in enumerate(named)}
     results = sorted(_progress(written, len(named)), key=lambda w: order[w[0].name])  # (Ray's come as they finish)
     done = [m for m, _row, _steps in results]
@@ -183,7 +203,8 @@ Written = tuple["Member", dict[str, Any], list[int]]
 
 
 def _members_here(named: list[tuple[Path, str]], tmp: Path, *, run: bool, step: int | None, perfetto: bool,
-                  run_link: PerfettoLink | None, verdicts: dict[Path, SummaryResult]) -> Iterator[Written]:
+                  run_link: PerfettoLink | None, verdicts: dict[Path, SummaryResult],
+                  captures: dict[Path, Path] | None = None) -> Iterator[Written]:
     """Each member analysed and its page written in this process, in order, its figures drawn by workers; each
     verdict its page computed goes into `verdicts` by the trace's ingested directory (the run's verdict reads the
     ranks' own, not computed twice)."""
@@ -191,7 +212,7 @@ def _members_here(named: list[tuple[Path, str]], tmp: Path, *, run: bool, step: 
     from stepscope.reports._render import FigureWorkers
 
     with FigureWorkers() as renderer:  # a member's figures are drawn while its sections are built
-        for m in members(named):
+        for m in members(named, captures=captures):
             if m.bundle is not None and "verdict" in m.bundle.__dict__:  # (computed, not raised: cached_property)
                 verdicts[m.bundle.trace.directory] = m.bundle.verdict
             yield _write_member(m, tmp, run=run, step=step, perfetto=perfetto, run_link=run_link, renderer=renderer,

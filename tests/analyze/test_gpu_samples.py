@@ -118,3 +118,16 @@ def test_the_item_sync_bug_is_sync_bound_on_the_gpu_and_its_fix_is_not() -> None
     assert bug["verdict"] == "sync_bound" and fix["verdict"] == "launch_bound"
     assert bug["sync_calls"] == 6 * 3 and fix["sync_calls"] == 0  # one per layer, over the 3 recorded steps
     assert bug["sync_idle_fraction"] > 0.1 > fix["sync_idle_fraction"]
+
+
+def test_the_report_of_a_graph_replay_run_is_the_run_s_with_the_replays_mapped(tmp_path: Path) -> None:
+    # GIVEN a capture run directory: the replay's trace, its memory snapshot, and the graph capture's profile
+    res = CliRunner().invoke(cli, ["report", str(SAMPLES / "cuda_graph_replay_cuda"), "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0 and "(run, 1 report(s), 0 failed)" in res.output, res.output
+    page = (tmp_path / "r" / "index.html").read_text()
+    # THEN it is the run's report (its capture facts and snapshot) and the op table holds the replayed kernels'
+    # ops, mapped through the capture profile (without it a replayed kernel has no op)
+    assert '<section id="run"' in page and '<section id="snapshot"' in page
+    ops = page[page.index('<section id="ops"'):]
+    ops = ops[:ops.index("</section>")]
+    assert "aten::addmm" in ops and "aten::native_layer_norm" in ops
