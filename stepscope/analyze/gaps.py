@@ -24,8 +24,9 @@ see `blame.python_lines`) and runtime call (`blamed_runtime`) enclosing the midp
                         midpoint, or the op reads a value back (aten::item, aten::_local_scalar_dense,
                         aten::nonzero, aten::is_nonzero), or the op is a copy that issued a DtoH memcpy
                         (`.cpu()` / `.to("cpu")` -> aten::copy_); and, after data_loading and
-                        communication_wait, a gap during which a synchronizing call on the blamed thread
-                        returned (the host waited for the GPU to run dry, then had to launch again)
+                        communication_wait, a gap that began while the blamed thread sat in a synchronizing
+                        call, which returned during it (the host waited for the GPU to run dry, then had to
+                        launch again)
     data_loading        the thread is inside an event named like a DataLoader (enumerate(DataLoader)…,
                         _next_data, dataloader.py … __next__)
     communication_wait  the next GPU event is a collective (nccl/rccl kernel) or the op is a
@@ -205,17 +206,19 @@ def _blame(frames: TraceFrames, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.Dat
 
 
 def _after_a_sync(trace: Trace, g: pl.DataFrame) -> pl.Series:
-    """Gap rows during which a synchronizing call on the blamed thread returned: the host sat waiting for the
-    GPU when it ran dry, and only then went on to launch the next work (an `.item()` per layer on a GPU: without
-    the sync the CPU would have queued that work long before)."""
+    """Gap rows that began while the blamed thread sat in a synchronizing call, which returned during the gap:
+    the host was waiting for the GPU when it ran dry, and only then went on to launch the next work (an `.item()`
+    per layer on a GPU: without the sync the CPU would have queued that work long before). A sync that began
+    after the GPU ran dry (one at the end of a failed step, say) did not keep the work from it."""
     syncs = trace.runtime.filter(is_sync_runtime(pl.col("name")) & pl.col("dur_ns").is_not_null()).select(
-        "pid", "tid", sync_end=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+        "pid", "tid", sync_start="ts_ns", sync_end=pl.col("ts_ns") + pl.col("dur_ns")).collect()
     if syncs.height == 0:
         return pl.Series("gap", [], dtype=pl.UInt32)
     found = (g.select("gap", "pid", "tid", "start_ns", "end_ns").drop_nulls(["pid", "tid"]).sort("end_ns")
              .join_asof(syncs.sort("sync_end"), left_on="end_ns", right_on="sync_end", by=["pid", "tid"],
                         strategy="backward", check_sortedness=False))
-    return found.filter(pl.col("sync_end") >= pl.col("start_ns"))["gap"]
+    return found.filter((pl.col("sync_start") <= pl.col("start_ns")) & (pl.col("sync_end") >= pl.col("start_ns")))[
+        "gap"]
 
 
 def _histogram(dur_ns: pl.Series) -> pl.DataFrame:

@@ -114,6 +114,8 @@ def test_library_frames() -> None:
     ([], "kernel", 180, "launch_overhead"),
     # the host sat in a sync (an .item()) when the GPU ran dry at 100 and launched again only after it returned
     ([runtime("cudaStreamSynchronize", ts=50, dur=52)], "kernel", 180, "host_sync"),
+    # a sync that began after the GPU ran dry (the end of a failed step) kept nothing from it
+    ([runtime("cudaDeviceSynchronize", ts=110, dur=20)], "kernel", 180, "launch_overhead"),
 ])
 def test_each_cause_rule(tmp_path: Path, extra: list[dict[str, Any]], next_kind: str, issued_at: float,
                          cause: str) -> None:
