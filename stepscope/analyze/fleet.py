@@ -8,7 +8,9 @@ The figures are the trace's own: `verdict`, `gpu_busy_fraction`, `exposed_comm_f
 what `stepscope summary` says of it, step times the wall times of `stepscope steps`, the idle cause the one
 with the largest share of the analysis window (`stepscope gaps`), the peak memory that of `stepscope memory`.
 `run` is the capture run's directory, else the directory that holds the trace file (a `rank<N>` directory is
-skipped: it is the run's). A trace that cannot be read or analysed is a row with its one-line `error`.
+skipped: it is the run's). A trace that cannot be read or analysed is a row with its one-line `error`. A
+profile of a CUDA/HIP graph capture under a directory (`capture_traces/`, `*graph_capture*`:
+`inputs.is_capture_file`) is no row: it profiles the capture, not the workload.
 
 `--where` filters (`where`) are a closed little language parsed here, never evaluated as code:
 
@@ -29,7 +31,7 @@ import polars as pl
 
 from stepscope.analyze._workers import surviving_map, usable_cores
 from stepscope.analyze.engines import Engine, import_ray, ray_map
-from stepscope.analyze.inputs import Input, RunDir, resolve, traces_of
+from stepscope.analyze.inputs import Dataset, Input, RunDir, TraceBatch, is_capture_file, resolve, traces_of
 from stepscope.errors import StepscopeError, UsageError, failure_line
 
 FLEET_SCHEMA: dict[str, type[pl.DataType]] = {
@@ -161,7 +163,12 @@ class _Job:
 
 
 def _jobs(inp: Input) -> list[_Job]:
-    paths = traces_of(inp)
+    paths = traces_of(inp)  # (a run's own RunDir.traces leave its graph-capture profiles out already)
+    if isinstance(inp, TraceBatch):
+        paths = tuple(p for p in paths if not is_capture_file(p.relative_to(inp.path)
+                                                              if p.is_relative_to(inp.path) else Path(p.name)))
+    elif isinstance(inp, Dataset):  # a partition is trace=<id>/rank=<r>: the id keeps the source file's name
+        paths = tuple(t.path for t in inp.traces if not is_capture_file(Path(t.trace_id)))
     if isinstance(inp, RunDir):
         hosts = _manifest_hosts(inp.manifests)
         return [_Job(path=str(p), run=inp.path.name, host=hosts.get(p.resolve())) for p in paths]

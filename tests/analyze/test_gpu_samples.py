@@ -131,3 +131,11 @@ def test_the_report_of_a_graph_replay_run_is_the_run_s_with_the_replays_mapped(t
     ops = page[page.index('<section id="ops"'):]
     ops = ops[:ops.index("</section>")]
     assert "aten::addmm" in ops and "aten::native_layer_norm" in ops
+
+
+def test_a_graph_capture_profile_is_no_fleet_row() -> None:
+    # the samples directory holds 20 captured traces and one profile of a CUDA graph's capture, which profiles
+    # the capture and not the workload
+    rows = _json("fleet", str(SAMPLES))["fleet"]
+    assert len(rows) == 20 and not [r for r in rows if "graph_capture" in r["trace"]]
+    assert {r["run"] for r in rows} >= {"cuda_graph_replay_cuda", "gemm_bound_cuda"}
