@@ -24,7 +24,7 @@ import polars as pl
 
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.graphs import with_graph_capture
-from stepscope.analyze.inputs import Dataset, RunDir, TraceBatch, traces_of
+from stepscope.analyze.inputs import Dataset, RunDir, TraceBatch, workload_traces
 from stepscope.analyze.memory_categories import MemoryCategoriesResult, memory_categories
 from stepscope.analyze.snapshot import SnapshotResult, analyze_snapshot
 from stepscope.analyze.snapshot_read import read_snapshot
@@ -81,8 +81,9 @@ def page_names(inp: Collection) -> list[tuple[Path, str]]:
             named += [(w, label if len(rank.windows) == 1 else f"{label}_w{k}") for k, w in enumerate(rank.windows, 1)]
         return _unique(named)
     if isinstance(inp, Dataset):
-        return _unique([(t.path, _slug(f"{t.trace_id}_rank={t.rank}")) for t in inp.traces])
-    return _unique([(p, _slug(p.name.removesuffix(".gz").removesuffix(".json"))) for p in traces_of(inp)])
+        kept = set(workload_traces(inp))
+        return _unique([(t.path, _slug(f"{t.trace_id}_rank={t.rank}")) for t in inp.traces if t.path in kept])
+    return _unique([(p, _slug(p.name.removesuffix(".gz").removesuffix(".json"))) for p in workload_traces(inp)])
 
 
 def _slug(text: str) -> str:

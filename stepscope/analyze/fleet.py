@@ -31,7 +31,7 @@ import polars as pl
 
 from stepscope.analyze._workers import surviving_map, usable_cores
 from stepscope.analyze.engines import Engine, import_ray, ray_map
-from stepscope.analyze.inputs import Dataset, Input, RunDir, TraceBatch, is_capture_file, resolve, traces_of
+from stepscope.analyze.inputs import Input, RunDir, resolve, workload_traces
 from stepscope.errors import StepscopeError, UsageError, failure_line
 
 FLEET_SCHEMA: dict[str, type[pl.DataType]] = {
@@ -163,12 +163,7 @@ class _Job:
 
 
 def _jobs(inp: Input) -> list[_Job]:
-    paths = traces_of(inp)  # (a run's own RunDir.traces leave its graph-capture profiles out already)
-    if isinstance(inp, TraceBatch):
-        paths = tuple(p for p in paths if not is_capture_file(p.relative_to(inp.path)
-                                                              if p.is_relative_to(inp.path) else Path(p.name)))
-    elif isinstance(inp, Dataset):  # a partition is trace=<id>/rank=<r>: the id keeps the source file's name
-        paths = tuple(t.path for t in inp.traces if not is_capture_file(Path(t.trace_id)))
+    paths = workload_traces(inp)
     if isinstance(inp, RunDir):
         hosts = _manifest_hosts(inp.manifests)
         return [_Job(path=str(p), run=inp.path.name, host=hosts.get(p.resolve())) for p in paths]

@@ -490,6 +490,21 @@ def traces_of(inp: Input) -> tuple[Path, ...]:
     return ()
 
 
+def workload_traces(inp: Input) -> tuple[Path, ...]:
+    """`traces_of(inp)` without the profiles of a CUDA/HIP graph capture found in a directory or a dataset
+    (`is_capture_file`; a dataset partition is trace=<id>/rank=<r>, and the id keeps the source file's name):
+    they profile the capture, not the workload. A capture run's own traces leave them out already; an input
+    that holds nothing but capture profiles keeps them (it was named for them)."""
+    if isinstance(inp, TraceBatch):
+        kept = tuple(p for p in inp.traces if not is_capture_file(
+            p.relative_to(inp.path) if p.is_relative_to(inp.path) else Path(p.name)))
+    elif isinstance(inp, Dataset):
+        kept = tuple(t.path for t in inp.traces if not is_capture_file(Path(t.trace_id)))
+    else:
+        return traces_of(inp)
+    return kept or traces_of(inp)
+
+
 def expect_trace(inp: Input) -> OneTrace:
     """The one trace an input holds (a run, dataset or directory with exactly one is accepted), else a
     UsageError that says what the input is and which command reads it."""

@@ -139,3 +139,11 @@ def test_a_graph_capture_profile_is_no_fleet_row() -> None:
     rows = _json("fleet", str(SAMPLES))["fleet"]
     assert len(rows) == 20 and not [r for r in rows if "graph_capture" in r["trace"]]
     assert {r["run"] for r in rows} >= {"cuda_graph_replay_cuda", "gemm_bound_cuda"}
+    # nor a page of `report --batch`; named by itself, it is what was asked for
+    from stepscope.analyze.collection import page_names
+    from stepscope.analyze.inputs import resolve, workload_traces
+
+    batch = resolve(SAMPLES, batch=True)
+    assert len(page_names(batch)) == 20  # type: ignore[arg-type]
+    alone = resolve(SAMPLES / "cuda_graph_replay_cuda" / "graph_capture.pt.trace.json.gz")
+    assert len(workload_traces(alone)) == 1
