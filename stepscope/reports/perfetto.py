@@ -80,9 +80,14 @@ class ExportResult:
 
 def export(paths: Sequence[Path], output: Path, options: ExportOptions, *,
            cache_dir: Path | None = None) -> ExportResult:
-    """Export one trace, or a run (a run directory, a directory of several traces, a dataset, several paths)."""
-    if len(paths) == 1 and not isinstance(resolve(paths[0]), RunDir | Dataset | TraceBatch):
-        return export_trace(paths[0], output, options, cache_dir=cache_dir)
+    """Export one trace, or a run (a run directory, a directory of several traces, a dataset, several paths). A
+    capture run of one trace is that trace: no clocks to align, no collectives to link across ranks."""
+    if len(paths) == 1:
+        inp = resolve(paths[0])
+        if isinstance(inp, RunDir) and len(inp.traces) == 1:
+            return export_trace(inp.traces[0], output, options, cache_dir=cache_dir)
+        if not isinstance(inp, RunDir | Dataset | TraceBatch):
+            return export_trace(paths[0], output, options, cache_dir=cache_dir)
     return export_run(paths, output, options, cache_dir=cache_dir)
 
 

@@ -180,3 +180,12 @@ def test_report_perfetto_that_cannot_be_written_is_said_on_the_page(tmp_path: Pa
     page = next((tmp_path / "r").glob("*/index.html")).read_text()
     assert "The report could not write it:" in page and "is not there" in page
     assert not list((tmp_path / "r").glob("**/*.perfetto.json.gz"))
+
+
+def test_a_capture_run_of_one_trace_is_exported_as_that_trace(tmp_path: Path) -> None:
+    # GIVEN a capture run directory of one rank (manifest, trace, memory timeline)
+    run = Path(__file__).resolve().parents[2] / "sample_traces" / "convnet_train"
+    res = CliRunner().invoke(cli, ["export", str(run), "-o", str(tmp_path / "one.json.gz")])
+    # THEN it is that trace's export: no warning that no collective matched across ranks (there is one rank)
+    assert res.exit_code == 0 and "warning" not in res.stderr and "rank(s)" not in res.stderr, res.stderr
+    assert any(e.get("name", "").startswith("ProfilerStep#") for e in _events(tmp_path / "one.json.gz"))
