@@ -129,7 +129,8 @@ def test_every_sample_trace_reports_cleanly(tmp_path: Path) -> None:
     assert code == 0, out
     assert ", 0 failed)" in out
     pages = list((tmp_path / "out").glob("*/index.html"))
-    assert len(pages) == len(list(samples.glob("*/*.pt.trace.json*")))
+    # every trace but a graph capture's profile, which profiles the capture, not the workload
+    assert len(pages) == len([t for t in samples.glob("*/*.pt.trace.json*") if "graph_capture" not in t.name])
     for page in pages:
         text = page.read_text()
         assert "could not be built" not in text, page  # every section of every sample renders
