@@ -37,13 +37,13 @@ explains the start wins; we add helper-thread wake edges and attribute every seg
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
 from stepscope.analyze.blame import python_lines, short_name
-from stepscope.analyze.depgraph import DependencyGraph, PathKind, Replay, build_graph, replay
+from stepscope.analyze.depgraph import DependencyGraph, PathKind, Replay, build_graph, launch_notes, replay
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.trace import Trace
 
@@ -77,11 +77,12 @@ class CriticalPathResult:
     graph_nodes: int
     graph_edges: dict[str, int]
     dropped_edges: int
-    typical_launch_latency_ns: int
+    typical_launch_latency_ns: int | None  # None: no launch found its stream idle (see depgraph)
     steps: pl.DataFrame
     attribution: pl.DataFrame
     top: pl.DataFrame
     segments: pl.DataFrame
+    notes: list[str] = field(default_factory=list)
 
 
 def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
@@ -355,6 +356,7 @@ def critical_path(source: Source, *, top: int = 15, annotation: str | None = Non
         attribution=table.attribution,
         top=table.top,
         segments=table.segments,
+        notes=launch_notes(graph),
     )
 
 

@@ -23,12 +23,13 @@ and the start and end of every kernel, memcpy and memset.
     comm_wait     (runs only, `run_graph`) a CPU-side collective's end -> the waiting main thread's resumption
 
 **Weights.** Each edge has a *natural* weight: the work it stands for (a slice's or a GPU event's duration),
-the typical launch latency, 0 for a pure dependency (stream order, cross-stream, an idle helper thread), the
-return latency of a sync (its end after the GPU work, or after its own start where the work was done before).
-A blocking call's own slice counts only its part after the GPU work ended (the rest was waiting, explained by
-the sync edge). The *measured* weight is the natural one, no more than the measured gap, and for each node the
-edge that explains its time best (latest `t + natural`) is raised to the gap. So replaying the graph (each node
-at the latest of its in-edges, `replay`) reproduces every measured time; changing weights (what-if) re-times it.
+the typical launch latency (0 where no launch found its stream idle), 0 for a pure dependency (stream order,
+cross-stream, an idle helper thread), the return latency of a sync (its end after the GPU work, or after its own
+start where the work was done before). A blocking call's own slice counts only its part after the GPU work ended
+(the rest was waiting, explained by the sync edge). The *measured* weight is the natural one, no more than the
+measured gap, and for each node the edge that explains its time best (latest `t + natural`) is raised to the gap.
+So replaying the graph (each node at the latest of its in-edges, `replay`) reproduces every measured time;
+changing weights (what-if) re-times it.
 
     kernel A on stream 7 ends at 100; kernel B launched at 90 (typical latency 5) starts at 103
     -> launch edge natural 5, stream edge natural 0; `t + natural`: 95 vs 100: the stream edge explains B
@@ -129,7 +130,7 @@ class DependencyGraph:
     order: IntArray
     dropped_edges: int
     window_kind: str
-    launch_latency_ns: int
+    launch_latency_ns: int | None
 
     def measured_weights(self) -> IntArray:
         """The measured weight of every edge (ns), in `edges` order."""
@@ -147,6 +148,17 @@ class Replay:
 
     t_ns: IntArray
     via_edge: IntArray
+
+
+#: why a graph with GPU work has no typical launch latency
+QUEUED_NOTE = ("no launch found its stream idle: every kernel and copy queued behind earlier GPU work (a CPU running "
+               "ahead of a GPU-bound loop), so no launch latency was measured and launch edges weigh 0")
+
+
+def launch_notes(graph: DependencyGraph) -> list[str]:
+    """[QUEUED_NOTE] where the graph holds GPU work but no launch latency was measured, else []."""
+    gpu_work = graph.nodes["lane"].str.starts_with("gpu ").any()
+    return [QUEUED_NOTE] if graph.launch_latency_ns is None and gpu_work else []
 
 
 def replay(graph: DependencyGraph, weights: IntArray, *, enabled: npt.NDArray[np.bool_] | None = None) -> Replay:
@@ -267,18 +279,20 @@ def _main_thread(frames: TraceFrames) -> tuple[str, str] | None:
 
 
 def _gpu_events(frames: TraceFrames, lo: int, hi: int) -> pl.DataFrame:
-    """GPU events overlapping [lo, hi) with their launch, category, copy facts; ordered by device, stream, start."""
+    """GPU events overlapping [lo, hi) with their launch, category, copy facts and the end of the event before
+    each on its stream (`prev_end_ns`, found over the whole trace: the first event in the window has one too,
+    null only for a stream's first event in the trace); ordered by device, stream, start."""
     trace = frames.trace
     copies = trace.gpu.select(gpu_event_id="event_id", copy_bytes="bytes")
     return (
         frames.launches.lazy()
-        .filter(pl.col("dur_ns").is_not_null() & pl.col("ts_ns").is_not_null()
-                & (pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
-        .join(copies, on="gpu_event_id", how="left", maintain_order="left")
-        .with_columns(category=category_expr(), device=pl.col("device").fill_null(-1),
-                      stream=pl.col("stream").fill_null(-1))
-        .with_columns(key_ns=pl.coalesce("launch_ts_ns", "ts_ns"))
+        .filter(pl.col("dur_ns").is_not_null() & pl.col("ts_ns").is_not_null())
+        .with_columns(device=pl.col("device").fill_null(-1), stream=pl.col("stream").fill_null(-1))
         .sort("device", "stream", "ts_ns", "gpu_event_id")
+        .with_columns(prev_end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).shift(1).over("device", "stream"))
+        .filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
+        .join(copies, on="gpu_event_id", how="left", maintain_order="left")
+        .with_columns(category=category_expr(), key_ns=pl.coalesce("launch_ts_ns", "ts_ns"))
         .collect()
     )
 
@@ -313,13 +327,14 @@ def _innermost(events: pl.DataFrame, slices: pl.DataFrame) -> pl.Series:
         pl.when(rows.is_not_null()).then(pl.col("row"))).to_series().alias("ev_row")
 
 
-def _launch_latency(gpu: pl.DataFrame) -> int:
-    """Typical launch latency (median of launch -> start where the stream was idle at launch), 0 where none."""
-    idle = gpu.with_columns(prev_end=(pl.col("ts_ns") + pl.col("dur_ns")).shift(1).over("device", "stream")).filter(
-        pl.col("launch_ts_ns").is_not_null()
-        & (pl.col("prev_end").is_null() | (pl.col("prev_end") <= pl.col("launch_ts_ns"))))
+def _launch_latency(gpu: pl.DataFrame) -> int | None:
+    """Typical launch latency: the median of launch -> start over the launches that found their stream idle
+    (`_gpu_events`' prev_end_ns at or before the launch); None where every launch queued behind earlier work, as
+    in a GPU-bound loop whose CPU runs ahead (there launch -> start is the queue's wait, not the launch's cost)."""
+    idle = gpu.filter(pl.col("launch_ts_ns").is_not_null()
+                      & (pl.col("prev_end_ns").is_null() | (pl.col("prev_end_ns") <= pl.col("launch_ts_ns"))))
     lat = (idle["ts_ns"] - idle["launch_ts_ns"]).clip(lower_bound=0)
-    return int(lat.median() or 0) if lat.len() else 0  # type: ignore[arg-type]
+    return int(lat.median()) if lat.len() else None  # type: ignore[arg-type]
 
 
 def _last_launched(gpu: pl.DataFrame, queries: pl.DataFrame, *, at: str, by_stream: bool) -> pl.DataFrame:
@@ -472,7 +487,7 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
         bounds.select(launch_pid="pid", launch_tid="tid", launch_ts_ns="t", launch_node="node"),
         on=["launch_pid", "launch_tid", "launch_ts_ns"], how="inner")
     parts.append(_edges(launch_src, src="launch_node", dst="start_node", type=EdgeType.LAUNCH,
-                       kind=PathKind.LAUNCH_OVERHEAD, natural_ns=latency, event_id="runtime_event_id",
+                       kind=PathKind.LAUNCH_OVERHEAD, natural_ns=latency or 0, event_id="runtime_event_id",
                        name=pl.lit("(launch latency)"), lane=gpu_lane, pid="launch_pid", tid="launch_tid",
                        point_ns="launch_ts_ns"))
     parts.append(_sync_edges(frames, cpu, bounds, gpu))
@@ -616,7 +631,7 @@ def _wake_edges(slices: pl.DataFrame, bounds: pl.DataFrame, threads: pl.DataFram
 
 def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu: pl.DataFrame,
             by_step: pl.DataFrame | None, main: tuple[str, str], n_cpu: int, bounds: pl.DataFrame, window_kind: str,
-            latency: int) -> DependencyGraph:
+            latency: int | None) -> DependencyGraph:
     """Order the nodes, drop edges against the order, set the measured weights, index the step windows."""
     t = nodes["t_ns"].to_numpy()
     sync_dst = edges.filter(pl.col("type") == EdgeType.SYNC.value)["dst"].unique().to_numpy()
@@ -683,7 +698,7 @@ def _empty(window_kind: str) -> DependencyGraph:
                                      "cpu_start_ns": pl.Int64, "cpu_end_ns": pl.Int64, "cpu_start_node": pl.Int64,
                                      "cpu_end_node": pl.Int64}),
         gpu_ends=pl.DataFrame(schema={"step": pl.Int64, "node": pl.Int64}),
-        order=np.zeros(0, dtype=np.int64), dropped_edges=0, window_kind=window_kind, launch_latency_ns=0)
+        order=np.zeros(0, dtype=np.int64), dropped_edges=0, window_kind=window_kind, launch_latency_ns=None)
 
 
 def step_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:

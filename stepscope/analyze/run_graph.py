@@ -49,6 +49,7 @@ from stepscope.analyze.depgraph import (
     EdgeType,
     PathKind,
     build_graph,
+    launch_notes,
     ordered_edges,
 )
 from stepscope.analyze.kernels import KernelCategory
@@ -99,7 +100,7 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     base = 0
     dropped = 0
     kinds: set[str] = set()
-    latency_ns: list[int] = []
+    latency_ns: list[int] = []  # each trace's typical launch latency, where one was measured
     # each trace's own graph, by worker processes in a large run (they pickle back: frames and arrays)
     graphs = iter(parallel_map(_trace_graph, [(t.directory, annotation) for r in run.ranks for t in r.traces]))
     for r in run.ranks:
@@ -108,7 +109,7 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
             g = next(graphs)
             kinds.add(g.window_kind)
             dropped += g.dropped_edges
-            latency_ns.append(g.launch_latency_ns)
+            latency_ns += [g.launch_latency_ns] if g.launch_latency_ns is not None else []
             part = _shifted(g, r.rank, base, by_rank[r.rank])
             base += g.nodes.height
             comm, extra_nodes, extra_edges, extra_ends = _comm_events(trace, g, part, calls, base)
@@ -126,8 +127,8 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     ends = pl.concat(gpu_ends, how="vertical")
     win, ends, step_note = _common_steps(win, ends)
     notes += [step_note] if step_note else []
-    graph, backwards = _ordered(all_nodes, all_edges, win, ends, kinds, int(np.median(latency_ns) if latency_ns
-                                                                               else 0), dropped)
+    graph, backwards = _ordered(all_nodes, all_edges, win, ends, kinds,
+                                int(np.median(latency_ns)) if latency_ns else None, dropped)
     if backwards:
         notes.append(f"{backwards} collective or comm-wait edge(s) ran backwards on the aligned clocks (a rank's end "
                      "before another's arrival: the alignment's residual) and were dropped")
@@ -306,7 +307,7 @@ def _common_steps(windows: pl.DataFrame, ends: pl.DataFrame) -> tuple[pl.DataFra
 
 
 def _ordered(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, ends: pl.DataFrame, kinds: set[str],
-             latency: int, dropped: int) -> tuple[DependencyGraph, int]:
+             latency: int | None, dropped: int) -> tuple[DependencyGraph, int]:
     """Order the run's nodes, drop edges against the order (counting the collective ones), set measured weights."""
     t = nodes["t_ns"].to_numpy()
     tie = nodes["tie"].to_numpy().copy()
@@ -340,7 +341,7 @@ class RunCriticalPathResult:
     graph_nodes: int
     graph_edges: dict[str, int]
     dropped_edges: int
-    typical_launch_latency_ns: int
+    typical_launch_latency_ns: int | None  # None: no launch found its stream idle (see depgraph)
     notes: list[str] = field(default_factory=list)
     steps: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
     attribution: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
@@ -363,7 +364,7 @@ def run_critical_path(run: RunGraph, *, top: int = 15) -> RunCriticalPathResult:
         window_kind=graph.window_kind, steps_found=table.steps.height, mean_wall_ns=table.mean_wall_ns,
         bound_by=table.bound_by, path_share=table.path_share, rank_path_share=by_rank, graph_nodes=graph.nodes.height,
         graph_edges=graph.edge_counts(), dropped_edges=graph.dropped_edges,
-        typical_launch_latency_ns=graph.launch_latency_ns, notes=list(run.notes), steps=table.steps,
+        typical_launch_latency_ns=graph.launch_latency_ns, notes=[*run.notes, *launch_notes(graph)], steps=table.steps,
         attribution=table.attribution, top=table.top, segments=seg)
 
 

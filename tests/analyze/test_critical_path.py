@@ -344,3 +344,73 @@ def test_paths_tile_the_step_and_speedups_never_slow_it(ops: list[tuple[int, int
         assert faster.replay_residual_fraction == 0.0
         assert faster.predicted_mean_ns is not None and faster.measured_mean_ns is not None
         assert faster.predicted_mean_ns <= faster.measured_mean_ns
+
+
+# ------------------------------------------------------------------------------------------ typical launch latency
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def slow_launch_latency(path: Path, lo: int, hi: int) -> int | None:
+    """The typical launch latency from the raw JSON (exact decimal µs -> ns), one event at a time: for each GPU
+    event overlapping [lo, hi) whose launch call is in the trace, the stream was idle at launch if the event before
+    it on its stream (over the whole trace) had ended by then; the median of start - launch over those (of an even
+    count, the mean of the middle two rounded down), None where there are none."""
+    import gzip
+    import json
+    from decimal import Decimal
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        doc = json.load(fh, parse_float=Decimal)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+
+    def ns(v: Any) -> int:
+        return int(Decimal(v) * 1000)
+
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS and "dur" in e]
+    launch = {e["args"]["correlation"]: ns(e["ts"]) for e in events
+              if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+              and "correlation" in (e.get("args") or {})}
+    by_stream: dict[tuple[Any, Any], list[tuple[int, int, Any]]] = {}
+    for e in gpu:
+        args = e.get("args") or {}
+        by_stream.setdefault((args.get("device"), args.get("stream")), []).append(
+            (ns(e["ts"]), ns(e["dur"]), args.get("correlation")))
+    latencies = []
+    for stream_events in by_stream.values():
+        stream_events.sort(key=lambda x: (x[0], x[1]))
+        prev_end = None
+        for start, dur, corr in stream_events:
+            launched = launch.get(corr)
+            if start < hi and start + dur > lo and launched is not None and (prev_end is None or prev_end <= launched):
+                latencies.append(max(0, start - launched))
+            prev_end = start + dur
+    if not latencies:
+        return None
+    latencies.sort()
+    n = len(latencies)
+    return latencies[n // 2] if n % 2 else (latencies[n // 2 - 1] + latencies[n // 2]) // 2
+
+
+@pytest.mark.parametrize("run", ["gemm_bound_cuda", "convnet_train_cuda", "item_in_forward_cuda",
+                                 "pageable_vs_pinned_cuda"])
+def test_typical_launch_latency_counts_only_launches_onto_an_idle_stream(run: str) -> None:
+    # GIVEN a GPU capture WHEN its graph is built THEN the typical launch latency is the median over the launches
+    # that found their stream idle, the stream's previous event looked up over the whole trace (a window's first
+    # kernel queued behind the previous step's work is not one): on the GPU-bound GEMM loop, whose CPU runs 10 to
+    # 50 ms ahead, there is none, and critical-path says why instead of calling that queue a launch latency
+    from stepscope.analyze import load
+    from stepscope.analyze.depgraph import QUEUED_NOTE
+
+    path = next((SAMPLES / run).glob("*.pt.trace.json.gz"))
+    graph = build_graph(load(path))
+    lo, hi = int(graph.windows["start_ns"].min()), int(graph.windows["end_ns"].max())  # type: ignore[arg-type]
+    expected = slow_launch_latency(path, lo, hi)
+    assert graph.launch_latency_ns == expected
+    result = critical_path(load(path))
+    if run == "gemm_bound_cuda":
+        assert expected is None and result.notes == [QUEUED_NOTE]
+    else:
+        assert expected is not None and 0 < expected < 100 * US and result.notes == []
