@@ -1,4 +1,5 @@
-"""Distributed analyses at scale: `stepscope comm` and `stepscope ranks` on synthetic runs of 64 to 1,024 ranks.
+"""Distributed analyses at scale: `stepscope comm`, `ranks` and `critical-path` on synthetic runs of 64 to 1,024
+ranks.
 
     python benchmarks/comm_scale.py                      # 64, 256 and 1024 ranks, 3 steps, 100 ops a step
     python benchmarks/comm_scale.py --ranks 64 256 -n 2
@@ -9,7 +10,8 @@ step's first all-reduce). Each command runs as a whole CLI process (`--json -o F
   cold   a fresh cache: every trace is ingested first (in parallel workers)
   warm   the cache holds every trace
 Prints seconds, ms per rank and peak RSS per size, so growth is visible: linear in ranks, memory bounded by
-one rank per worker (not the run), and checks the answer (the straggler is rank 7) every time.
+one rank per worker (not the run), and checks the answer every time: the straggler is rank 7 (comm, ranks); the
+run graph joins each collective's n ranks in 3n - 1 edges (critical-path).
 """
 
 from __future__ import annotations
@@ -46,10 +48,10 @@ def bench(ranks: int, tmp: Path, repeat: int) -> None:
     size = sum(p.stat().st_size for p in run.iterdir())
     print(f"\n{ranks} ranks: {events:,} events, {size / 2**20:.0f} MiB of JSON "
           f"(generated in {time.perf_counter() - started:.0f} s)")
-    print(f"{'command':<12} {'cache':<6} {'seconds':>8} {'ms/rank':>8} {'peak RSS MiB':>13}")
-    for command in ("comm", "ranks"):
+    print(f"{'command':<14} {'cache':<6} {'seconds':>8} {'ms/rank':>8} {'peak RSS MiB':>13}")
+    for command in ("comm", "ranks", "critical-path"):
         for state in ("cold", "warm"):
-            if command == "ranks" and state == "cold":
+            if command != "comm" and state == "cold":
                 continue  # ingest is the same as comm's: shown once
             best: tuple[float, float] | None = None
             for i in range(repeat):
@@ -60,10 +62,14 @@ def bench(ranks: int, tmp: Path, repeat: int) -> None:
                 took = run_cli([command, str(run), "--json", "-o", str(out)], cache)
                 best = took if best is None or took[0] < best[0] else best
                 answer = json.loads(out.read_text())
+                if command == "critical-path":  # each call joins its ranks in 3n - 1 edges, not n (n - 1)
+                    calls, edges = answer["collectives_joined"], answer["graph_edges"]
+                    assert (edges["collective"], edges["arrival"]) == (calls * ranks, calls * (2 * ranks - 1)), edges
+                    continue
                 straggler = answer.get("straggler_rank", answer.get("straggler"))
                 assert straggler == 7, f"{command}: straggler {straggler}, not 7"
             assert best is not None
-            print(f"{command:<12} {state:<6} {best[0]:>8.2f} {best[0] / ranks * 1e3:>8.1f} {best[1]:>13.0f}")
+            print(f"{command:<14} {state:<6} {best[0]:>8.2f} {best[0] / ranks * 1e3:>8.1f} {best[1]:>13.0f}")
 
 
 def main() -> None:

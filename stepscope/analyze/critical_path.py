@@ -43,7 +43,17 @@ import numpy as np
 import polars as pl
 
 from stepscope.analyze.blame import python_lines, short_name
-from stepscope.analyze.depgraph import DependencyGraph, PathKind, Replay, build_graph, launch_notes, replay
+from stepscope.analyze.depgraph import (
+    ARRIVAL_LANE,
+    DependencyGraph,
+    EdgeType,
+    PathKind,
+    Replay,
+    build_graph,
+    launch_notes,
+    replay,
+    waited_rank,
+)
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.trace import Trace
 
@@ -167,6 +177,7 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     picked = graph.edges[at[first]].select("name", "kind", "category", "lane", "event_id", edge_type="type")
     if ranked:
         picked = picked.with_columns(rank=pl.Series(rank_of[keep][first]))
+        picked = _name_waits(graph, picked, at[first], on_edge[first], src, via)
     head = pl.Series(~on_edge[first])
     head_name = pl.when(pl.Series(late[first])).then(pl.lit(LATE_START)).otherwise(pl.lit(NO_DEPENDENCY))
     schema = {**SEGMENT_SCHEMA, "rank": pl.Int64()} if ranked else SEGMENT_SCHEMA
@@ -184,6 +195,22 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
         .cast(schema)
     )
     return segments
+
+
+def _name_waits(graph: DependencyGraph, picked: pl.DataFrame, rows: np.ndarray, on_edge: np.ndarray,
+                src: list[int], via: list[int]) -> pl.DataFrame:
+    """A run's `collective` segments named for the rank they wait for: "wait for rank N (all_reduce)", N the rank
+    whose arrival the edge's arrival node holds under this replay (`depgraph.waited_rank`)."""
+    arrival = (graph.nodes["lane"] == ARRIVAL_LANE).to_numpy()
+    edge_src = graph.edges["src"].to_numpy()
+    waits = on_edge & (picked["edge_type"] == EdgeType.COLLECTIVE.value).to_numpy() & arrival[edge_src[rows]]
+    if not waits.any():
+        return picked
+    rank = graph.nodes["rank"].to_numpy()
+    waited = np.full(len(rows), -1, dtype=np.int64)
+    waited[waits] = [waited_rank(arrival, rank, src, via, int(edge_src[r])) for r in rows[waits]]
+    return picked.with_columns(name=pl.when(pl.Series(waits)).then(
+        pl.format("wait for rank {} ({})", pl.Series(waited), "name")).otherwise("name"))
 
 
 def _end_nodes(graph: DependencyGraph, t: np.ndarray) -> pl.DataFrame:

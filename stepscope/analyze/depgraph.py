@@ -19,7 +19,9 @@ and the start and end of every kernel, memcpy and memset.
                   before the event's record; a synchronous cudaMemcpy or a DtoH copy to pageable memory: the
                   copy); `.item()` / `.cpu()` block through these calls
     wake          a helper thread (autograd, …) resumes after idling: from the main thread's last boundary
-    collective    (runs only, `run_graph`) one rank's arrival at a collective -> another rank's end of it
+    arrival       (runs only, `run_graph`) each rank's arrival at a collective -> the call's arrival node of its
+                  place in arrival order, and each such node -> the next: the nodes hold the latest arrival so far
+    collective    (runs only, `run_graph`) a call's latest arrival before a rank's end of it -> that end
     comm_wait     (runs only, `run_graph`) a CPU-side collective's end -> the waiting main thread's resumption
 
 **Weights.** Each edge has a *natural* weight: the work it stands for (a slice's or a GPU event's duration),
@@ -77,6 +79,7 @@ class EdgeType(str, enum.Enum):
     SYNC = "sync"
     WAKE = "wake"
     COLLECTIVE = "collective"
+    ARRIVAL = "arrival"
     COMM_WAIT = "comm_wait"
 
 
@@ -97,7 +100,7 @@ class PathKind(str, enum.Enum):
 #: another rank's arrival
 PRIORITY: dict[EdgeType, int] = {EdgeType.SYNC: 0, EdgeType.COMM_WAIT: 0, EdgeType.CROSS_STREAM: 1,
                                  EdgeType.LAUNCH: 2, EdgeType.WAKE: 3, EdgeType.GPU: 4, EdgeType.COLLECTIVE: 5,
-                                 EdgeType.CPU: 6, EdgeType.STREAM: 7}
+                                 EdgeType.ARRIVAL: 5, EdgeType.CPU: 6, EdgeType.STREAM: 7}
 #: edges that say a blocking wait: the CPU slice ending where one lands counts only its part after the wait ended
 WAIT_TYPES = (EdgeType.SYNC.value, EdgeType.COMM_WAIT.value)
 
@@ -148,6 +151,19 @@ class Replay:
 
     t_ns: IntArray
     via_edge: IntArray
+
+
+#: the lane of a run's arrival nodes (`run_graph`: each holds the latest arrival so far at one collective)
+ARRIVAL_LANE = "arrivals"
+
+
+def waited_rank(arrival: npt.NDArray[np.bool_], rank: IntArray, src: list[int], via_edge: list[int], node: int) -> int:
+    """The rank whose arrival the arrival node `node` holds under a replay (`via_edge`: the edge that set each
+    node): down the chain of arrival nodes along those edges, to the node its own rank's arrival set (or that
+    nothing set). `arrival`: which nodes are arrival nodes; `rank`: each node's rank."""
+    while (e := via_edge[node]) >= 0 and arrival[src[e]]:
+        node = src[e]
+    return int(rank[node])
 
 
 #: why a graph with GPU work has no typical launch latency

@@ -9,8 +9,12 @@ together, DESIGN.md "Distributed runs"), then the ranks are joined through their
                  node joined by a `gpu` edge (kind cpu, category communication); the worker starts after the main
                  thread issued it (`wake`), and the main thread, where it was waiting (in no op of its own), resumes
                  after it ends (`comm_wait`, a blocking wait like `sync`)
-    collective   rank q's comm start -> rank r's comm end, for every other rank q of the call: r's collective cannot
-                 end before q arrived plus the call's latency (the shortest duration across ranks: the transfer)
+    collective   r's collective cannot end before every rank q that arrived before that end (measured) did, plus
+                 the call's latency (the shortest duration across ranks: the transfer). Not an edge from every q to
+                 every r (n² per call): the call's ranks in arrival order each get an *arrival node*, which waits
+                 for its rank's comm start and for the node before it (`arrival` edges, weight 0), so it holds the
+                 latest arrival so far; each r's end waits for the last arrival node before it (`collective`, the
+                 latency): the same constraint in 3n edges, and the path still names the rank it waits for
 
 A comm event's own start -> end weighs the latency, not its measured duration: its waiting is explained by the
 `collective` edge from the last rank to arrive, so a replay with no change still reproduces every rank's times
@@ -18,8 +22,10 @@ A comm event's own start -> end weighs the latency, not its measured duration: i
 a rank's end a little before last arrival + latency, the clock alignment's residual, keeps its time too).
 
     rank 0 arrives at an all_reduce at 100, rank 1 at 130; latency 10; both end at 140
-    -> rank 0's end: own start 100 + 10 = 110, rank 1's arrival 130 + 10 = 140: the collective edge explains it,
-       and the critical path of rank 0 runs through rank 1's work before 130
+    -> arrival nodes: A0 = 100 (rank 0), A1 = max(A0, 130) = 130 (rank 1)
+    -> rank 0's end: own start 100 + 10 = 110, A1 + 10 = 140: the collective edge explains it, and the critical
+       path of rank 0 runs through A1 to rank 1's arrival ("wait for rank 1 (all_reduce)"), and rank 1's work
+       before 130
 
 Steps: step N of the run is ProfilerStep#N on every rank, from the earliest rank's start to the latest rank's end
 (`depgraph.step_times`); only the steps every rank holds are kept (a note says which were left out).
@@ -43,6 +49,7 @@ from stepscope.analyze._comm_run import RunCalls, parallel_map, run_calls
 from stepscope.analyze.collectives import clock_offsets, match
 from stepscope.analyze.critical_path import path_table
 from stepscope.analyze.depgraph import (
+    ARRIVAL_LANE,
     EDGE_SCHEMA,
     WAIT_TYPES,
     DependencyGraph,
@@ -121,7 +128,9 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
             events.append(comm)
     all_nodes = pl.concat(nodes, how="vertical").sort("node")
     comm = pl.concat(events, how="vertical")
-    all_edges = pl.concat([*edges, _collective_edges(comm)], how="vertical")
+    arrival_nodes, collective_edges = _collective_edges(comm, all_nodes["t_ns"].to_numpy(), base)
+    all_nodes = pl.concat([all_nodes, arrival_nodes], how="vertical")
+    all_edges = pl.concat([*edges, collective_edges], how="vertical")
     all_edges = _latency_weights(all_edges, comm)
     win = pl.concat(windows, how="vertical")
     ends = pl.concat(gpu_ends, how="vertical")
@@ -261,22 +270,48 @@ def _cpu_comm_edges(hit: pl.DataFrame, part: DependencyGraph, rank: int) -> tupl
     return edges, ends
 
 
-def _collective_edges(comm: pl.DataFrame) -> pl.DataFrame:
-    """Rank q's comm start -> rank r's comm end, for every two ranks q != r of a call, weighing the call's latency
-    (the shortest duration across its ranks)."""
-    calls = comm.filter(pl.col("key").is_not_null()).with_columns(latency_ns=pl.col("dur_ns").min().over("key"))
-    pairs = (calls.select("key", q="rank", src="start_node")
-             .join(calls.select("key", "rank", "collective", "latency_ns", "end_node", "event_id", "lane", "cpu"),
-                   on="key")
-             .filter(pl.col("q") != pl.col("rank"))
-             .sort("key", "rank", "q"))  # (a join's rows come in any order: equal arrivals would tie by it)
-    out = pairs.select(
-        src="src", dst="end_node", type=pl.lit(EdgeType.COLLECTIVE.value),
-        kind=pl.when(pl.col("cpu")).then(pl.lit(PathKind.CPU.value)).otherwise(pl.lit(PathKind.KERNEL.value)),
-        category=pl.lit(COMM), natural_ns="latency_ns", event_id="event_id",
-        name=pl.format("wait for rank {} ({})", "q", "collective"), lane="lane", rank="rank")
-    return out.select([pl.col(c).cast(t) if c in out.columns else pl.lit(None, t).alias(c)
-                       for c, t in _EDGES.items()])
+#: an arrival node's tie (`depgraph.topological_order`): after every rank node at its time (their ties are 0 to 2),
+#: then the call's arrival nodes in arrival order
+_ARRIVAL_TIE = 3
+
+
+def _collective_edges(comm: pl.DataFrame, t_ns: np.ndarray, base: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The arrival nodes (ids from `base`) and the arrival and collective edges of every matched call (see the
+    module docstring), the collective edges weighing the call's latency (the shortest duration across its ranks).
+
+    A call's ranks by measured arrival (comm start), then rank: arrival node k holds the k-th arrival (rank
+    column: that rank) and waits for it and for node k - 1. Rank r's end waits for the last node whose arrival
+    came before that end: a rank that arrived after it (the clock alignment's residual) does not hold it up."""
+    calls = comm.filter(pl.col("key").is_not_null())
+    if calls.height == 0:
+        return pl.DataFrame(schema=_NODE_SCHEMA), pl.DataFrame(schema=_EDGES)
+    calls = (calls.with_columns(latency_ns=pl.col("dur_ns").min().over("key"),
+                                a=pl.Series(t_ns[calls["start_node"].to_numpy()]),
+                                e=pl.Series(t_ns[calls["end_node"].to_numpy()]))
+             .sort("key", "a", "rank")
+             .with_columns(node=pl.int_range(pl.len(), dtype=pl.Int64) + base,
+                           k=pl.int_range(pl.len(), dtype=pl.Int64).over("key"))
+             .with_columns(kind=pl.when(pl.col("cpu")).then(pl.lit(PathKind.CPU.value))
+                           .otherwise(pl.lit(PathKind.KERNEL.value))))
+    nodes = calls.select("node", t_ns="a", lane=pl.lit(ARRIVAL_LANE), rank="rank", tie=pl.col("k") + _ARRIVAL_TIE)
+    arrival: dict[str, pl.Expr | str] = dict(
+        type=pl.lit(EdgeType.ARRIVAL.value), kind="kind", category=pl.lit(COMM), natural_ns=pl.lit(0),
+        event_id="event_id", name=pl.lit("(arrival)"), lane="lane", rank="rank")
+    entries = calls.select(src="start_node", dst="node", **arrival)
+    chain = calls.filter(pl.col("k") > 0).select(src=pl.col("node") - 1, dst="node", **arrival)
+    latest = (calls.select("key", "rank", "collective", "latency_ns", "end_node", "event_id", "lane", "kind", "e")
+              .sort("e")
+              .join_asof(calls.select("key", "a", last="node").sort("a"), left_on="e", right_on="a", by="key",
+                         strategy="backward", allow_exact_matches=False, check_sortedness=False)
+              .filter(pl.col("last").is_not_null())
+              .sort("end_node"))
+    waits = latest.select(src="last", dst="end_node", type=pl.lit(EdgeType.COLLECTIVE.value), kind="kind",
+                          category=pl.lit(COMM), natural_ns="latency_ns", event_id="event_id", name="collective",
+                          lane="lane", rank="rank")
+    edges = pl.concat([entries, chain, waits], how="vertical_relaxed")
+    return (nodes.cast(_NODE_SCHEMA),  # type: ignore[arg-type]
+            edges.select([pl.col(c).cast(t) if c in edges.columns else pl.lit(None, t).alias(c)
+                          for c, t in _EDGES.items()]))
 
 
 def _latency_weights(edges: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:

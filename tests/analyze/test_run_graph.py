@@ -3,14 +3,16 @@ hand in `critical_path_traces.late_rank_run`, the bundled gloo sample, and the r
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import critical_path_traces as cp
+import numpy as np
 import polars as pl
 import pytest
 from builders import load_events, slow_before_trace, write_trace
 
-from stepscope.analyze.depgraph import EdgeType, build_graph
+from stepscope.analyze.depgraph import ARRIVAL_LANE, DependencyGraph, EdgeType, build_graph, measured_weights
 from stepscope.analyze.run_graph import RunGraph, load_run, run_critical_path, run_what_if
 from stepscope.analyze.whatif import WhatIf, what_if
 from stepscope.errors import UsageError
@@ -40,7 +42,9 @@ def test_no_change_replays_every_rank_and_the_run(tmp_path: Path, late_by: str) 
     # GIVEN two ranks whose all_reduce rank 1 reaches late WHEN replayed unchanged THEN the step is measured exactly
     run = graph_of(tmp_path, late_by)
     assert run.ranks == (0, 1) and run.collectives_joined == 1 and run.graph.dropped_edges == 0
-    assert run.graph.edge_counts()["collective"] == 2
+    # one all_reduce of two ranks: each end waits for the last arrival before it (2 edges); two arrival nodes, each
+    # waiting for its rank's arrival, the second for the first too (3 edges)
+    assert (run.graph.edge_counts()["collective"], run.graph.edge_counts()["arrival"]) == (2, 3)
     result = run_what_if(run, WhatIf())
     assert result.replay_residual_fraction == 0.0
     assert result.steps.select("measured_ns", "replay_ns", "predicted_ns").row(0) == (300 * US,) * 3
@@ -195,3 +199,79 @@ def test_a_large_run_s_graphs_built_by_workers_are_the_serial_ones(tmp_path: Pat
     assert parallel.graph.nodes.equals(serial.graph.nodes) and parallel.graph.edges.equals(serial.graph.edges)
     assert parallel.graph.order.tolist() == serial.graph.order.tolist()
     assert run_critical_path(parallel).segments.equals(run_critical_path(serial).segments)
+
+
+# ------------------------------------------------------------------- the arrival chain against every pair of ranks
+
+
+def quadratic(run: RunGraph) -> RunGraph:
+    """The run's graph as the obvious definition joins ranks: an edge from every rank q's arrival at a call to every
+    other rank r's end of it, weighing the call's latency, named "wait for rank q (…)"; arrival nodes gone, the
+    other edges, node order and measured-weight rule (depgraph.measured_weights) as they are."""
+    g = run.graph
+    edges = g.edges.drop("weight_ns")
+    arrival = g.nodes.filter(pl.col("lane") == ARRIVAL_LANE)["node"]
+    from_arrival = pl.col("src").is_in(arrival.implode())
+    chain = edges.filter((pl.col("type") == EdgeType.ARRIVAL.value) & from_arrival)
+    # a call's arrival nodes have consecutive ids, its chain starting at the one no chain edge leads to
+    heads = arrival.filter(~arrival.is_in(chain["dst"].implode()))
+    call = (pl.DataFrame({"node": arrival}).sort("node")
+            .join_asof(pl.DataFrame({"node": heads, "call": heads}).sort("node"), on="node", strategy="backward"))
+    entries = (edges.filter((pl.col("type") == EdgeType.ARRIVAL.value) & ~from_arrival)
+               .join(call, left_on="dst", right_on="node").select("call", q="rank", q_src="src"))
+    exits = edges.filter(pl.col("type") == EdgeType.COLLECTIVE.value).join(call, left_on="src", right_on="node")
+    pairs = (exits.join(entries, on="call").filter(pl.col("q") != pl.col("rank"))
+             .with_columns(src="q_src", name=pl.format("wait for rank {} ({})", "q", "name"))
+             .select(edges.columns))
+    others = edges.filter(~pl.col("type").is_in([EdgeType.ARRIVAL.value, EdgeType.COLLECTIVE.value]))
+    all_edges = pl.concat([others, pairs])
+    nodes = g.nodes.filter(pl.col("lane") != ARRIVAL_LANE)
+    order = g.order[~np.isin(g.order, arrival.to_numpy())]
+    position = np.empty(nodes.height, dtype=np.int64)
+    position[order] = np.arange(nodes.height)
+    forward = all_edges.filter(pl.Series(position[all_edges["src"].to_numpy()] < position[all_edges["dst"].to_numpy()]))
+    t = nodes["t_ns"].to_numpy()
+    graph = DependencyGraph(nodes=nodes, edges=forward.with_columns(weight_ns=measured_weights(forward, t)),
+                            windows=g.windows, gpu_ends=g.gpu_ends, order=order, dropped_edges=g.dropped_edges,
+                            window_kind=g.window_kind, launch_latency_ns=g.launch_latency_ns)
+    return dataclasses.replace(run, graph=graph)
+
+
+CHANGES = [WhatIf(), WhatIf(no_data_loading=True), WhatIf(rank=1, speedups=(("communication", 2.0),)),
+           WhatIf(overlap_comm=True), WhatIf(rank=0, speedups=(("gemm", 3.0),))]
+
+
+def _same_answers(run: RunGraph) -> None:
+    slow = quadratic(run)
+    assert slow.graph.edge_counts()["collective"] > run.graph.edge_counts()["collective"] or len(run.ranks) <= 2
+    assert run_critical_path(run).segments.equals(run_critical_path(slow).segments)
+    for change in CHANGES:
+        fast, reference = run_what_if(run, change), run_what_if(slow, change)
+        assert fast.steps.equals(reference.steps), change
+        assert fast.replay_residual_fraction == reference.replay_residual_fraction
+
+
+@pytest.mark.parametrize("late_by", ["data_loading", "gemm"])
+def test_the_arrival_chain_answers_as_every_pair_of_ranks_does(tmp_path: Path, late_by: str) -> None:
+    # GIVEN a run WHEN its collectives join the ranks through arrival nodes (3n - 1 edges a call) THEN every path
+    # (the names of its waits included) and every what-if are those of an edge from each rank's arrival to each
+    # other rank's end (n (n - 1) edges)
+    _same_answers(graph_of(tmp_path, late_by))
+
+
+def test_the_arrival_chain_on_the_gloo_sample_and_a_synthetic_16_rank_run(tmp_path: Path) -> None:
+    import sys
+
+    if SAMPLE.is_dir():
+        _same_answers(load_run(SAMPLE))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from make_run import write_run as write_synthetic_run
+
+    write_synthetic_run(tmp_path / "run", ranks=16, steps=2, ops=6, late=3)
+    run = load_run(tmp_path / "run", cache_dir=tmp_path / "cache")
+    assert run.graph.edge_counts()["collective"] == 16 * run.collectives_joined
+    _same_answers(run)
+
+
+def test_the_arrival_chain_on_dlrm(corpus: Path) -> None:
+    _same_answers(load_run(corpus / "traces" / "param" / "dlrm_kineto"))
