@@ -51,3 +51,26 @@ def test_every_analysis_gives_the_same_answer_each_run(corpus: Path, name: str) 
         again = TraceAnalysis.of(trace)
         found = [d for a in ANALYSES for d in _differences(getattr(first, a), getattr(again, a), a)]
         assert found == [], f"{name}: differs from run to run in {found}"
+
+
+def test_one_polars_thread_gives_the_answer_of_many(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN a trace analysed in a process whose polars runs one thread, and here (a thread per core, joins and
+    # group-bys partitioned differently) THEN every analysis writes the same JSON, row order included
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from stepscope.reports.text import render_json
+
+    path = corpus / "traces" / TRACES[-1]
+    script = ("import json, sys; from stepscope.analyze import load; from stepscope.analyze.bundle import "
+              "TraceAnalysis; from stepscope.reports.text import render_json; b = TraceAnalysis.of(load(sys.argv[1])); "
+              f"print(json.dumps({{a: render_json(getattr(b, a), max_rows=None) for a in {ANALYSES!r}}}))")
+    env = {**os.environ, "POLARS_MAX_THREADS": "1"}
+    one = json.loads(subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True,
+                                    capture_output=True, text=True).stdout)
+    from stepscope.analyze import load
+
+    here = TraceAnalysis.of(load(path))
+    assert {a: render_json(getattr(here, a), max_rows=None) for a in ANALYSES} == one
