@@ -23,7 +23,9 @@ from stepscope.analyze._read import Document, iter_chunks, release, split_docume
 from stepscope.errors import FileChanged, TraceFormatError
 
 # Spans of about a quarter of a core's share of the array (threads stay balanced, the Parquet writer starts
-# early), within these bounds (each span costs a few ms of fixed work).
+# early), within these bounds (each span costs a few ms of fixed work). The spans in memory at once grow with the
+# cores (up to four a core: decoding, decoded and waiting for the writer), so with more cores they are shorter:
+# at most 2 x DEFAULT_CHUNK_BYTES / jobs, which holds those spans' memory to what two cores' hold.
 MIN_CHUNK_BYTES = 4 * 1024 * 1024
 DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
 
@@ -31,8 +33,10 @@ _Outcome: TypeAlias = ChunkTables | None | TraceFormatError  # a span's tables, 
 
 
 def span_bytes(array_bytes: int, jobs: int) -> int:
-    """How long a span to cut: about four per core, MIN_CHUNK_BYTES to DEFAULT_CHUNK_BYTES."""
-    return min(DEFAULT_CHUNK_BYTES, max(MIN_CHUNK_BYTES, array_bytes // (4 * jobs)))
+    """How long a span to cut: about four per core, MIN_CHUNK_BYTES to DEFAULT_CHUNK_BYTES (and at most
+    2 x DEFAULT_CHUNK_BYTES / jobs)."""
+    longest = max(MIN_CHUNK_BYTES, min(DEFAULT_CHUNK_BYTES, 2 * DEFAULT_CHUNK_BYTES // max(jobs, 1)))
+    return min(longest, max(MIN_CHUNK_BYTES, array_bytes // (4 * jobs)))
 
 
 def decode_file_span(source: str, a: int, b: int, path: str) -> ChunkTables | None:

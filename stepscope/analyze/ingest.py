@@ -53,6 +53,12 @@ from stepscope.errors import FileChanged, InputError, StepscopeError, TraceForma
 # than it saves.
 PARALLEL_MIN_BYTES = 128 * 1024 * 1024
 
+# The most cores one trace's spans are decoded on. The Parquet writer is one thread (pyarrow encodes a file's
+# columns in turn): four decoders outrun it, and each decoder beyond them only adds spans waiting for it, up to
+# four each (on a 16-core machine a 3.5 GB trace's ingest peaked at 2.5 GiB with 16, 1.4 GiB for a 600 MB one;
+# benchmarks/bounded_memory.py). More cores go to more files at once (a batch), not to more spans of one.
+MAX_SPAN_JOBS = 4
+
 
 @dataclass(frozen=True, kw_only=True)
 class IngestResult:
@@ -70,13 +76,13 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
                  sha256: str | None = None, spare_core: bool = True, drop_added: bool = False) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
 
-    `jobs` > 1 decodes the spans on that many cores: this thread and jobs - 1 threads that read their spans
-    in place, with the compiled scanner; without it, for a large trace only (>= PARALLEL_MIN_BYTES of JSON),
-    this process and jobs - 1 worker processes, which read their spans from the file (a gzip trace's JSON is
-    first written to a temporary file beside out_dir). This thread also validates, writes Parquet and keeps
-    the order. With `spare_core`, helper threads take work off this one: Parquet is written in the
-    background while the next spans are decoded, and reading the file faults its memory in ahead and hashes
-    it as it goes (see _read.read_trace). Without it (where every core already runs an ingest of its own, as
+    `jobs` > 1 decodes the spans on that many cores (MAX_SPAN_JOBS at most): this thread and jobs - 1 threads that
+    read their spans in place, with the compiled scanner; without it, for a large trace only (>=
+    PARALLEL_MIN_BYTES of JSON), this process and jobs - 1 worker processes, which read their spans from the
+    file (a gzip trace's JSON is first written to a temporary file beside out_dir). This thread also validates,
+    writes Parquet and keeps the order. With `spare_core`, helper threads take work off this one: Parquet is
+    written in the background while the next spans are decoded, and reading the file faults its memory in ahead
+    and hashes it as it goes (see _read.read_trace). Without it (where every core already runs an ingest of its own, as
     in a batch), all is done in turn, which saves the switching and the work helpers would duplicate.
 
     `drop_added`: leave out the events `stepscope export` added (`_columns.without_added`), so an exported
@@ -90,6 +96,7 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
     started = time.perf_counter()
     path = Path(path)
     out_dir = Path(out_dir)
+    jobs = min(jobs, MAX_SPAN_JOBS)
     if not path.exists():
         raise InputError("not found", path=path)
     with ExitStack() as stack:

@@ -49,7 +49,7 @@ def mapped(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("gz", [False, True])
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("jobs", [1, 2, 16])
 def test_a_mapped_trace_gives_the_tables_of_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gz: bool,
                                                      jobs: int) -> None:
     # GIVEN a trace read into memory (the usual size) and the same trace mapped (as from MAP_MIN_BYTES)
