@@ -94,7 +94,7 @@ class TraceAnalysis:
     @cached_property
     def activations(self) -> ActivationMemory:
         """`stepscope memory --activations`: activations by layer at the memory peak."""
-        return activation_memory(self.frames)
+        return activation_memory(self.frames, timeline=self.memory)
 
     @cached_property
     def roofline(self) -> RooflineResult:
@@ -108,9 +108,10 @@ class TraceAnalysis:
 
     @cached_property
     def verdict(self) -> SummaryResult:
-        """`stepscope summary`, from this bundle's gaps, steps, kernels, roofline and serving iterations."""
+        """`stepscope summary`, from this bundle's gaps, steps, kernels, roofline, serving iterations and the
+        trace's warnings (`info`'s)."""
         return verdict(self.frames, gaps=self.gaps, steps=self.steps, kernels=self.kernels, limits=self.roofline,
-                       serving=self.serving)
+                       serving=self.serving, warnings=self.info.warnings)
 
     @cached_property
     def graph(self) -> DependencyGraph:

@@ -247,7 +247,7 @@ class ActivationMemory:
     layers: pl.DataFrame
 
 
-def activation_memory(source: Source) -> ActivationMemory:
+def activation_memory(source: Source, *, timeline: MemoryTimeline | None = None) -> ActivationMemory:
     """Activations by layer at the memory peak (needs with_stack + with_modules: `nn.Module: X_n` frames).
 
     An activation is a block allocated inside an nn.Module frame that is still live at the peak of the
@@ -258,10 +258,12 @@ def activation_memory(source: Source) -> ActivationMemory:
 
         Linear_0 2 MiB, Linear_1 4 MiB live at the peak  ->  activations 6 MiB, largest Linear_1,
                                                              checkpointing saves at most 2 MiB
+
+    `timeline`: the trace's `memory_timeline`, where the caller has it (its peak is read; any buckets and top).
     """
     frames = frames_of(source)
     trace = frames.trace
-    tl = memory_timeline(frames, top=1)
+    tl = timeline if timeline is not None else memory_timeline(frames, top=1)
     device = tl.peak_device
     series = memory_series(trace)
     on_device = series.filter(pl.col("device_name") == device) if device is not None else series.clear()

@@ -541,7 +541,7 @@ def _idle(frame: pl.DataFrame) -> dict[str, int]:
 
 def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResult | None = None,
             kernels: KernelsResult | None = None, limits: RooflineResult | None = None,
-            serving: ServingResult | None = None) -> SummaryResult:
+            serving: ServingResult | None = None, warnings: pl.DataFrame | None = None) -> SummaryResult:
     """The overall and per-step verdict (rule table `RULES`), its evidence, the top three places, and the
     trace's warnings (`info.trace_warnings`), so a damaged trace never gets an unqualified verdict.
 
@@ -552,8 +552,8 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     `profile_next` the command that looks deeper where this verdict points (`profile_next_command`);
     `serving` the one-line phase summary of an inference server's engine iterations (None for other traces).
     `gaps` (`gpu_gaps`, every gap), `steps` (`step_breakdown`), `kernels` (`kernel_summary`), `limits`
-    (`roofline`) and `serving` (`serving_iterations`) save recomputing them where the caller (the bundle,
-    `stepscope.analyze.bundle`) already has them.
+    (`roofline`), `serving` (`serving_iterations`) and `warnings` (`trace_warnings`) save recomputing them where
+    the caller (the bundle, `stepscope.analyze.bundle`) already has them.
     """
     frames = frames_of(source)
     trace = frames.trace
@@ -621,7 +621,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         memcpy_idle_fraction=ev["memcpy_idle_fraction"], launch_idle_fraction=ev["launch_idle_fraction"],
         tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
         places=_places(frames, rule.verdict, syncs, gaps, kernels, (colls, split)), rules=rules,
-        warnings=trace_warnings(frames), mfu_fraction=limits.mfu_fraction,
+        warnings=trace_warnings(frames) if warnings is None else warnings, mfu_fraction=limits.mfu_fraction,
         profile_next=profile_next_command(rule.verdict, limits), exposed_comm_fraction=ev["exposed_comm_fraction"],
         comm_excess_fraction=excess / wall if wall and colls.height else None,
         comm_note=_comm_note(colls, excess, wall),
