@@ -14,7 +14,7 @@ together, DESIGN.md "Distributed runs"), then the ranks are joined through their
                  every r (n² per call): the call's ranks in arrival order each get an *arrival node*, which waits
                  for its rank's comm start and for the node before it (`arrival` edges, weight 0), so it holds the
                  latest arrival so far; each r's end waits for the last arrival node before it (`collective`, the
-                 latency): the same constraint in 3n edges, and the path still names the rank it waits for
+                 latency): the same constraint in 3n - 1 edges, and the path still names the rank it waits for
 
 A comm event's own start -> end weighs the latency, not its measured duration: its waiting is explained by the
 `collective` edge from the last rank to arrive, so a replay with no change still reproduces every rank's times
@@ -128,7 +128,7 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
             events.append(comm)
     all_nodes = pl.concat(nodes, how="vertical").sort("node")
     comm = pl.concat(events, how="vertical")
-    arrival_nodes, collective_edges = _collective_edges(comm, all_nodes["t_ns"].to_numpy(), base)
+    arrival_nodes, collective_edges, late = _collective_edges(comm, all_nodes["t_ns"].to_numpy(), base)
     all_nodes = pl.concat([all_nodes, arrival_nodes], how="vertical")
     all_edges = pl.concat([*edges, collective_edges], how="vertical")
     all_edges = _latency_weights(all_edges, comm)
@@ -137,7 +137,8 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     win, ends, step_note = _common_steps(win, ends)
     notes += [step_note] if step_note else []
     graph, backwards = _ordered(all_nodes, all_edges, win, ends, kinds,
-                                int(np.median(latency_ns)) if latency_ns else None, dropped)
+                                int(np.median(latency_ns)) if latency_ns else None, dropped + late)
+    backwards += late
     if backwards:
         notes.append(f"{backwards} collective or comm-wait edge(s) ran backwards on the aligned clocks (a rank's end "
                      "before another's arrival: the alignment's residual) and were dropped")
@@ -275,16 +276,18 @@ def _cpu_comm_edges(hit: pl.DataFrame, part: DependencyGraph, rank: int) -> tupl
 _ARRIVAL_TIE = 3
 
 
-def _collective_edges(comm: pl.DataFrame, t_ns: np.ndarray, base: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _collective_edges(comm: pl.DataFrame, t_ns: np.ndarray, base: int) -> tuple[pl.DataFrame, pl.DataFrame, int]:
     """The arrival nodes (ids from `base`) and the arrival and collective edges of every matched call (see the
-    module docstring), the collective edges weighing the call's latency (the shortest duration across its ranks).
+    module docstring), the collective edges weighing the call's latency (the shortest duration across its ranks);
+    and how many (rank q, rank r) pairs of a call had q arrive at or after r's end.
 
     A call's ranks by measured arrival (comm start), then rank: arrival node k holds the k-th arrival (rank
     column: that rank) and waits for it and for node k - 1. Rank r's end waits for the last node whose arrival
-    came before that end: a rank that arrived after it (the clock alignment's residual) does not hold it up."""
+    came before that end: a rank that arrived after it (the clock alignment's residual) does not hold it up (as
+    an edge from it would run backwards, those pairs are counted with the edges dropped so)."""
     calls = comm.filter(pl.col("key").is_not_null())
     if calls.height == 0:
-        return pl.DataFrame(schema=_NODE_SCHEMA), pl.DataFrame(schema=_EDGES)
+        return pl.DataFrame(schema=_NODE_SCHEMA), pl.DataFrame(schema=_EDGES), 0
     calls = (calls.with_columns(latency_ns=pl.col("dur_ns").min().over("key"),
                                 a=pl.Series(t_ns[calls["start_node"].to_numpy()]),
                                 e=pl.Series(t_ns[calls["end_node"].to_numpy()]))
@@ -299,19 +302,22 @@ def _collective_edges(comm: pl.DataFrame, t_ns: np.ndarray, base: int) -> tuple[
         event_id="event_id", name=pl.lit("(arrival)"), lane="lane", rank="rank")
     entries = calls.select(src="start_node", dst="node", **arrival)
     chain = calls.filter(pl.col("k") > 0).select(src=pl.col("node") - 1, dst="node", **arrival)
-    latest = (calls.select("key", "rank", "collective", "latency_ns", "end_node", "event_id", "lane", "kind", "e")
+    joined = (calls.select("key", "rank", "collective", "latency_ns", "end_node", "event_id", "lane", "kind", "e",
+                           own_a="a", n=pl.len().over("key"))
               .sort("e")
-              .join_asof(calls.select("key", "a", last="node").sort("a"), left_on="e", right_on="a", by="key",
-                         strategy="backward", allow_exact_matches=False, check_sortedness=False)
-              .filter(pl.col("last").is_not_null())
-              .sort("end_node"))
+              .join_asof(calls.select("key", "a", "k", last="node").sort("a"), left_on="e", right_on="a", by="key",
+                         strategy="backward", allow_exact_matches=False, check_sortedness=False))
+    # arrivals at or after r's end, r's own left out
+    late = int(joined.select((pl.col("n") - (pl.col("k") + 1).fill_null(0) - (pl.col("own_a") >= pl.col("e"))
+                              .cast(pl.Int64)).sum()).item())
+    latest = joined.filter(pl.col("last").is_not_null()).sort("end_node")
     waits = latest.select(src="last", dst="end_node", type=pl.lit(EdgeType.COLLECTIVE.value), kind="kind",
                           category=pl.lit(COMM), natural_ns="latency_ns", event_id="event_id", name="collective",
                           lane="lane", rank="rank")
     edges = pl.concat([entries, chain, waits], how="vertical_relaxed")
     return (nodes.cast(_NODE_SCHEMA),  # type: ignore[arg-type]
             edges.select([pl.col(c).cast(t) if c in edges.columns else pl.lit(None, t).alias(c)
-                          for c, t in _EDGES.items()]))
+                          for c, t in _EDGES.items()]), late)
 
 
 def _latency_weights(edges: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:
