@@ -134,6 +134,8 @@ class DependencyGraph:
     dropped_edges: int
     window_kind: str
     launch_latency_ns: int | None
+    #: the GPU work had launch calls but none found its stream idle (launch_latency_ns None: see launch_notes)
+    launches_queued: bool = False
 
     def measured_weights(self) -> IntArray:
         """The measured weight of every edge (ns), in `edges` order."""
@@ -172,9 +174,9 @@ QUEUED_NOTE = ("no launch found its stream idle: every kernel and copy queued be
 
 
 def launch_notes(graph: DependencyGraph) -> list[str]:
-    """[QUEUED_NOTE] where the graph holds GPU work but no launch latency was measured, else []."""
-    gpu_work = graph.nodes["lane"].str.starts_with("gpu ").any()
-    return [QUEUED_NOTE] if graph.launch_latency_ns is None and gpu_work else []
+    """[QUEUED_NOTE] where the graph's GPU work had launch calls but none found its stream idle, else [] (also where
+    no launch call was recorded at all: then there is nothing to explain)."""
+    return [QUEUED_NOTE] if graph.launch_latency_ns is None and graph.launches_queued else []
 
 
 def replay(graph: DependencyGraph, weights: IntArray, *, enabled: npt.NDArray[np.bool_] | None = None) -> Replay:
@@ -670,7 +672,8 @@ def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu
         gpu_ends = by_step.select("gpu_event_id", "step").join(
             gpu.select("gpu_event_id", node="end_node"), on="gpu_event_id").select("step", "node")
     return DependencyGraph(nodes=nodes, edges=edges, windows=win, gpu_ends=gpu_ends, order=order,
-                           dropped_edges=dropped, window_kind=window_kind, launch_latency_ns=latency)
+                           dropped_edges=dropped, window_kind=window_kind, launch_latency_ns=latency,
+                           launches_queued=latency is None and gpu["launch_ts_ns"].is_not_null().any())
 
 
 def measured_weights(edges: pl.DataFrame, t: IntArray) -> pl.Series:

@@ -414,3 +414,16 @@ def test_typical_launch_latency_counts_only_launches_onto_an_idle_stream(run: st
         assert expected is None and result.notes == [QUEUED_NOTE]
     else:
         assert expected is not None and 0 < expected < 100 * US and result.notes == []
+
+
+def test_gpu_work_without_launch_calls_has_no_latency_and_no_queue_note(corpus: Path) -> None:
+    # GIVEN a trace whose GPU work has no launch call recorded (HTA's large_integer_trace: kernels only) THEN no
+    # launch latency is measured, and critical-path does not claim the launches queued
+    from stepscope.analyze import load
+
+    trace = load(next((corpus / "traces/hta/large_integer_trace").glob("*.json.gz")))
+    assert trace.launches().filter(pl.col("launch_ts_ns").is_not_null()).collect().height == 0
+    graph = build_graph(trace)
+    assert graph.nodes["lane"].str.starts_with("gpu ").any()
+    result = critical_path(trace)
+    assert result.typical_launch_latency_ns is None and result.notes == []

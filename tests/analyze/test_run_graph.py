@@ -233,7 +233,8 @@ def quadratic(run: RunGraph) -> RunGraph:
     t = nodes["t_ns"].to_numpy()
     graph = DependencyGraph(nodes=nodes, edges=forward.with_columns(weight_ns=measured_weights(forward, t)),
                             windows=g.windows, gpu_ends=g.gpu_ends, order=order, dropped_edges=g.dropped_edges,
-                            window_kind=g.window_kind, launch_latency_ns=g.launch_latency_ns)
+                            window_kind=g.window_kind, launch_latency_ns=g.launch_latency_ns,
+                            launches_queued=g.launches_queued)
     return dataclasses.replace(run, graph=graph)
 
 
