@@ -134,8 +134,9 @@ class DependencyGraph:
     dropped_edges: int
     window_kind: str
     launch_latency_ns: int | None
-    #: the GPU work had launch calls but none found its stream idle (launch_latency_ns None: see launch_notes)
-    launches_queued: bool = False
+    #: how many launches found their stream idle (the typical latency's samples); None where the GPU work had no
+    #: launch call at all (see launch_notes)
+    launch_samples: int | None = None
 
     def measured_weights(self) -> IntArray:
         """The measured weight of every edge (ns), in `edges` order."""
@@ -168,15 +169,27 @@ def waited_rank(arrival: npt.NDArray[np.bool_], rank: IntArray, src: list[int], 
     return int(rank[node])
 
 
-#: why a graph with GPU work has no typical launch latency
+#: launches onto an idle stream needed for a typical launch latency: fewer say nothing typical (one copy on a
+#: serving trace's default stream waited 149 ms behind the device's other work, and as the only sample it made every
+#: launch edge weigh 149 ms, so queued kernels read as launch overhead)
+MIN_LATENCY_SAMPLES = 3
+
+#: why a graph with launched GPU work has no typical launch latency: none of its launches found the stream idle
 QUEUED_NOTE = ("no launch found its stream idle: every kernel and copy queued behind earlier GPU work (a CPU running "
                "ahead of a GPU-bound loop), so no launch latency was measured and launch edges weigh 0")
 
 
 def launch_notes(graph: DependencyGraph) -> list[str]:
-    """[QUEUED_NOTE] where the graph's GPU work had launch calls but none found its stream idle, else [] (also where
-    no launch call was recorded at all: then there is nothing to explain)."""
-    return [QUEUED_NOTE] if graph.launch_latency_ns is None and graph.launches_queued else []
+    """Why the graph has no typical launch latency though its GPU work had launch calls: none found its stream idle
+    (QUEUED_NOTE), or too few did (under MIN_LATENCY_SAMPLES); [] where it has one, or where no launch call was
+    recorded at all (nothing to explain)."""
+    n = graph.launch_samples
+    if graph.launch_latency_ns is not None or n is None:
+        return []
+    if n == 0:
+        return [QUEUED_NOTE]
+    return [f"only {n} launch(es) found their stream idle, fewer than {MIN_LATENCY_SAMPLES}: too few to say what a "
+            "typical launch latency is, so launch edges weigh 0"]
 
 
 def replay(graph: DependencyGraph, weights: IntArray, *, enabled: npt.NDArray[np.bool_] | None = None) -> Replay:
@@ -345,14 +358,18 @@ def _innermost(events: pl.DataFrame, slices: pl.DataFrame) -> pl.Series:
         pl.when(rows.is_not_null()).then(pl.col("row"))).to_series().alias("ev_row")
 
 
-def _launch_latency(gpu: pl.DataFrame) -> int | None:
+def _launch_latency(gpu: pl.DataFrame) -> tuple[int | None, int | None]:
     """Typical launch latency: the median of launch -> start over the launches that found their stream idle
-    (`_gpu_events`' prev_end_ns at or before the launch); None where every launch queued behind earlier work, as
-    in a GPU-bound loop whose CPU runs ahead (there launch -> start is the queue's wait, not the launch's cost)."""
+    (`_gpu_events`' prev_end_ns at or before the launch), and how many did (None: no GPU event had a launch call).
+    The latency is None where fewer than MIN_LATENCY_SAMPLES did: where every launch queued behind earlier work, as
+    in a GPU-bound loop whose CPU runs ahead (there launch -> start is the queue's wait, not the launch's cost),
+    or where one or two samples cannot say what is typical."""
+    if not gpu["launch_ts_ns"].is_not_null().any():
+        return None, None
     idle = gpu.filter(pl.col("launch_ts_ns").is_not_null()
                       & (pl.col("prev_end_ns").is_null() | (pl.col("prev_end_ns") <= pl.col("launch_ts_ns"))))
     lat = (idle["ts_ns"] - idle["launch_ts_ns"]).clip(lower_bound=0)
-    return int(lat.median()) if lat.len() else None  # type: ignore[arg-type]
+    return (int(lat.median()) if lat.len() >= MIN_LATENCY_SAMPLES else None), lat.len()  # type: ignore[arg-type]
 
 
 def _last_launched(gpu: pl.DataFrame, queries: pl.DataFrame, *, at: str, by_stream: bool) -> pl.DataFrame:
@@ -469,7 +486,7 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
         gpu.select(node="start_node", t_ns="ts_ns", lane=gpu_lane),
         gpu.select(node="end_node", t_ns=pl.col("ts_ns") + pl.col("dur_ns"), lane=gpu_lane),
     ]).sort("node")
-    latency = _launch_latency(gpu)
+    latency, samples = _launch_latency(gpu)
 
     copy_dir = pl.col("name").str.extract(r"(HtoD|DtoH|DtoD|HtoH|PtoP)")
     cpu_kind = (
@@ -512,7 +529,7 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     parts.append(_cross_stream_edges(frames, gpu, lo, hi))
     parts.append(_wake_edges(slices, bounds, threads, main))
     all_edges = pl.concat(parts).filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
-    return _finish(nodes, all_edges, windows, gpu, by_step, main, n_cpu, bounds, window_kind, latency)
+    return _finish(nodes, all_edges, windows, gpu, by_step, main, n_cpu, bounds, window_kind, latency, samples)
 
 
 def _sync_edges(frames: TraceFrames, cpu: pl.DataFrame, bounds: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
@@ -649,7 +666,7 @@ def _wake_edges(slices: pl.DataFrame, bounds: pl.DataFrame, threads: pl.DataFram
 
 def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu: pl.DataFrame,
             by_step: pl.DataFrame | None, main: tuple[str, str], n_cpu: int, bounds: pl.DataFrame, window_kind: str,
-            latency: int | None) -> DependencyGraph:
+            latency: int | None, samples: int | None) -> DependencyGraph:
     """Order the nodes, drop edges against the order, set the measured weights, index the step windows."""
     t = nodes["t_ns"].to_numpy()
     sync_dst = edges.filter(pl.col("type") == EdgeType.SYNC.value)["dst"].unique().to_numpy()
@@ -673,7 +690,7 @@ def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu
             gpu.select("gpu_event_id", node="end_node"), on="gpu_event_id").select("step", "node")
     return DependencyGraph(nodes=nodes, edges=edges, windows=win, gpu_ends=gpu_ends, order=order,
                            dropped_edges=dropped, window_kind=window_kind, launch_latency_ns=latency,
-                           launches_queued=latency is None and gpu["launch_ts_ns"].is_not_null().any())
+                           launch_samples=samples)
 
 
 def measured_weights(edges: pl.DataFrame, t: IntArray) -> pl.Series:

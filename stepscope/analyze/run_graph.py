@@ -108,7 +108,7 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     dropped = 0
     kinds: set[str] = set()
     latency_ns: list[int] = []  # each trace's typical launch latency, where one was measured
-    queued = False  # a trace's launches all queued behind earlier work (depgraph.launch_notes)
+    samples: int | None = None  # launches onto an idle stream over the traces (None: no trace had a launch call)
     # each trace's own graph, by worker processes in a large run (they pickle back: frames and arrays)
     graphs = iter(parallel_map(_trace_graph, [(t.directory, annotation) for r in run.ranks for t in r.traces]))
     for r in run.ranks:
@@ -118,7 +118,7 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
             kinds.add(g.window_kind)
             dropped += g.dropped_edges
             latency_ns += [g.launch_latency_ns] if g.launch_latency_ns is not None else []
-            queued = queued or g.launches_queued
+            samples = g.launch_samples if samples is None else samples + (g.launch_samples or 0)
             part = _shifted(g, r.rank, base, by_rank[r.rank])
             base += g.nodes.height
             comm, extra_nodes, extra_edges, extra_ends = _comm_events(trace, g, part, calls, base)
@@ -140,7 +140,7 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     notes += [step_note] if step_note else []
     graph, backwards = _ordered(all_nodes, all_edges, win, ends, kinds,
                                 int(np.median(latency_ns)) if latency_ns else None, dropped + late,
-                                queued=queued and not latency_ns)
+                                samples=samples)
     backwards += late
     if backwards:
         notes.append(f"{backwards} collective or comm-wait edge(s) ran backwards on the aligned clocks (a rank's end "
@@ -176,7 +176,7 @@ def _shifted(g: DependencyGraph, rank: int, base: int, offset: int) -> Dependenc
     return DependencyGraph(nodes=nodes, edges=edges.cast(_EDGES).select(list(_EDGES)), windows=windows,  # type: ignore[arg-type]
                            gpu_ends=gpu_ends, order=g.order + base, dropped_edges=g.dropped_edges,
                            window_kind=g.window_kind, launch_latency_ns=g.launch_latency_ns,
-                           launches_queued=g.launches_queued)
+                           launch_samples=g.launch_samples)
 
 
 _COMM_SCHEMA: dict[str, pl.DataType] = {"key": pl.String(), "rank": pl.Int64(), "collective": pl.String(),
@@ -352,7 +352,7 @@ def _common_steps(windows: pl.DataFrame, ends: pl.DataFrame) -> tuple[pl.DataFra
 
 
 def _ordered(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, ends: pl.DataFrame, kinds: set[str],
-             latency: int | None, dropped: int, *, queued: bool) -> tuple[DependencyGraph, int]:
+             latency: int | None, dropped: int, *, samples: int | None) -> tuple[DependencyGraph, int]:
     """Order the run's nodes, drop edges against the order (counting the collective ones), set measured weights."""
     t = nodes["t_ns"].to_numpy()
     tie = nodes["tie"].to_numpy().copy()
@@ -362,7 +362,7 @@ def _ordered(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, en
     kind = kinds.pop() if len(kinds) == 1 else " / ".join(sorted(kinds))
     graph = DependencyGraph(nodes=nodes.drop("tie"), edges=edges, windows=windows, gpu_ends=ends, order=order,
                             dropped_edges=dropped + backwards, window_kind=kind, launch_latency_ns=latency,
-                            launches_queued=queued)
+                            launch_samples=samples)
     return graph, backwards
 
 

@@ -356,7 +356,7 @@ def slow_launch_latency(path: Path, lo: int, hi: int) -> int | None:
     """The typical launch latency from the raw JSON (exact decimal µs -> ns), one event at a time: for each GPU
     event overlapping [lo, hi) whose launch call is in the trace, the stream was idle at launch if the event before
     it on its stream (over the whole trace) had ended by then; the median of start - launch over those (of an even
-    count, the mean of the middle two rounded down), None where there are none."""
+    count, the mean of the middle two rounded down), None where there are fewer than three."""
     import gzip
     import json
     from decimal import Decimal
@@ -387,7 +387,7 @@ def slow_launch_latency(path: Path, lo: int, hi: int) -> int | None:
             if start < hi and start + dur > lo and launched is not None and (prev_end is None or prev_end <= launched):
                 latencies.append(max(0, start - launched))
             prev_end = start + dur
-    if not latencies:
+    if len(latencies) < 3:
         return None
     latencies.sort()
     n = len(latencies)
@@ -427,3 +427,16 @@ def test_gpu_work_without_launch_calls_has_no_latency_and_no_queue_note(corpus: 
     assert graph.nodes["lane"].str.starts_with("gpu ").any()
     result = critical_path(trace)
     assert result.typical_launch_latency_ns is None and result.notes == []
+
+
+def test_one_launch_onto_an_idle_stream_is_too_few_for_a_typical_latency(corpus: Path) -> None:
+    # GIVEN HTA's triton example, whose one launch found its stream idle (45 µs to start) THEN no typical latency is
+    # made of it (a serving trace's one such copy had waited 149 ms and every launch edge weighed that), and
+    # critical-path says why
+    from stepscope.analyze import load
+
+    trace = load(next((corpus / "traces/hta/triton_example").glob("*.json.gz")))
+    graph = build_graph(trace)
+    assert (graph.launch_latency_ns, graph.launch_samples) == (None, 1)
+    assert critical_path(trace).notes == ["only 1 launch(es) found their stream idle, fewer than 3: too few to say "
+                                          "what a typical launch latency is, so launch edges weigh 0"]

@@ -234,7 +234,7 @@ def quadratic(run: RunGraph) -> RunGraph:
     graph = DependencyGraph(nodes=nodes, edges=forward.with_columns(weight_ns=measured_weights(forward, t)),
                             windows=g.windows, gpu_ends=g.gpu_ends, order=order, dropped_edges=g.dropped_edges,
                             window_kind=g.window_kind, launch_latency_ns=g.launch_latency_ns,
-                            launches_queued=g.launches_queued)
+                            launch_samples=g.launch_samples)
     return dataclasses.replace(run, graph=graph)
 
 
