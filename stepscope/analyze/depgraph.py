@@ -25,7 +25,7 @@ and the start and end of every kernel, memcpy and memset.
     comm_wait     (runs only, `run_graph`) a CPU-side collective's end -> the waiting main thread's resumption
 
 **Weights.** Each edge has a *natural* weight: the work it stands for (a slice's or a GPU event's duration),
-the typical launch latency (0 where no launch found its stream idle), 0 for a pure dependency (stream order,
+the typical launch latency (0 where too few launches found their stream idle), 0 for a pure dependency (stream order,
 cross-stream, an idle helper thread), the return latency of a sync (its end after the GPU work, or after its own
 start where the work was done before). A blocking call's own slice counts only its part after the GPU work ended
 (the rest was waiting, explained by the sync edge). The *measured* weight is the natural one, no more than the
@@ -169,9 +169,9 @@ def waited_rank(arrival: npt.NDArray[np.bool_], rank: IntArray, src: list[int], 
     return int(rank[node])
 
 
-#: launches onto an idle stream needed for a typical launch latency: fewer say nothing typical (one copy on a
-#: serving trace's default stream waited 149 ms behind the device's other work, and as the only sample it made every
-#: launch edge weigh 149 ms, so queued kernels read as launch overhead)
+#: launches onto an idle stream needed for a typical launch latency: fewer say nothing typical (on a serving trace
+#: the only one was a copy that started 149 ms after its launch, nothing having run on its GPU until then, and as the
+#: only sample it made every launch edge weigh 149 ms)
 MIN_LATENCY_SAMPLES = 3
 
 #: why a graph with launched GPU work has no typical launch latency: none of its launches found the stream idle

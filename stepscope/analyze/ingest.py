@@ -55,7 +55,7 @@ PARALLEL_MIN_BYTES = 128 * 1024 * 1024
 
 # The most cores one trace's spans are decoded on. The Parquet writer is one thread (pyarrow encodes a file's
 # columns in turn): four decoders outrun it, and each decoder beyond them only adds spans waiting for it, up to
-# four each (on a 16-core machine a 3.5 GB trace's ingest peaked at 2.5 GiB with 16, 1.4 GiB for a 600 MB one;
+# four each (on a 16-core machine a 3.5 GB trace's ingest peaked at 2.5 GiB with 16, 1.4 GiB for a 591 MB one;
 # benchmarks/bounded_memory.py). More cores go to more files at once (a batch), not to more spans of one.
 MAX_SPAN_JOBS = 4
 

@@ -108,7 +108,7 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     dropped = 0
     kinds: set[str] = set()
     latency_ns: list[int] = []  # each trace's typical launch latency, where one was measured
-    samples: int | None = None  # launches onto an idle stream over the traces (None: no trace had a launch call)
+    samples: int | None = None  # most launches onto an idle stream in one trace (None: no trace had a launch call)
     # each trace's own graph, by worker processes in a large run (they pickle back: frames and arrays)
     graphs = iter(parallel_map(_trace_graph, [(t.directory, annotation) for r in run.ranks for t in r.traces]))
     for r in run.ranks:
@@ -118,7 +118,7 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
             kinds.add(g.window_kind)
             dropped += g.dropped_edges
             latency_ns += [g.launch_latency_ns] if g.launch_latency_ns is not None else []
-            samples = g.launch_samples if samples is None else samples + (g.launch_samples or 0)
+            samples = g.launch_samples if samples is None else max(samples, g.launch_samples or 0)
             part = _shifted(g, r.rank, base, by_rank[r.rank])
             base += g.nodes.height
             comm, extra_nodes, extra_edges, extra_ends = _comm_events(trace, g, part, calls, base)
