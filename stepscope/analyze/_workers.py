@@ -78,16 +78,24 @@ def surviving_map(fn: Callable[..., R], jobs: Sequence[A], *, processes: int, lo
     queue: deque[A] = deque(jobs)
     while queue:
         suspects: list[A] = []
+        broken = False  # the pool broke before a job could be handed to it (a worker died meanwhile)
         with worker_pool(processes, fork_if_fresh=fork_if_fresh) as pool:
             pending: dict[Future[R], A] = {}
             while queue or pending:
-                while not suspects and queue and len(pending) < ahead * processes:
+                while not suspects and not broken and queue and len(pending) < ahead * processes:
                     args = queue.popleft()
-                    pending[pool.submit(fn, *args)] = args
-                if here is not None and queue and not suspects:
+                    try:
+                        pending[pool.submit(fn, *args)] = args
+                    except BrokenProcessPool:  # not started: it goes to the next pool, with the rest
+                        queue.appendleft(args)
+                        broken = True
+                taking = here is not None and bool(queue) and not suspects and not broken
+                if taking:
+                    assert here is not None
                     yield here(queue.popleft())
-                done, _ = wait(pending, timeout=0 if here is not None and queue and not suspects else None,
-                               return_when=FIRST_COMPLETED)
+                if not pending:  # (broken with nothing in flight: on to a new pool)
+                    break
+                done, _ = wait(pending, timeout=0 if taking and queue else None, return_when=FIRST_COMPLETED)
                 for fut in done:
                     args = pending.pop(fut)
                     try:

@@ -3,6 +3,9 @@ other job gives its result, as a plain map would."""
 
 from __future__ import annotations
 
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
 import pytest
 from dying_jobs import die_on_seven, square_or_die
 
@@ -57,3 +60,33 @@ def test_a_run_s_worker_that_dies_is_one_error(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(StepscopeError, match=r"^the run's traces could not all be analysed: a worker process was "
                                              r"killed by SIGKILL \(what the out-of-memory killer sends"):
         _comm_run.parallel_map(die_on_seven, range(_comm_run.PARALLEL_FROM + 4))
+
+
+def test_a_pool_that_breaks_while_jobs_are_handed_to_it_runs_them_in_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a pool that breaks as the third job is handed to it (a worker killed between two submits: CI once saw
+    # the kill test's pool break there and the whole map raise) THEN that job and the rest run in a new pool, the
+    # jobs already in flight give their results, and none is lost or run twice
+    from stepscope.analyze import _workers
+
+    real = _workers.worker_pool
+    pools: list[int] = []
+
+    def flaky(processes: int, **kwargs: Any) -> Any:
+        pool = real(processes, **kwargs)
+        pools.append(processes)
+        if len(pools) == 1:
+            submit, calls = pool.submit, [0]
+
+            def breaks_at_third(*args: Any, **kw: Any) -> Any:
+                calls[0] += 1
+                if calls[0] == 3:
+                    raise BrokenProcessPool("a worker died")
+                return submit(*args, **kw)
+
+            pool.submit = breaks_at_third  # type: ignore[method-assign]
+        return pool
+
+    monkeypatch.setattr(_workers, "worker_pool", flaky)
+    results = list(surviving_map(square_or_die, [(i, 100) for i in range(8)], processes=2, lost=_lost))
+    assert sorted(results) == [i * i for i in range(8)]  # type: ignore[type-var]
+    assert len(pools) == 2
