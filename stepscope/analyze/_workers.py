@@ -57,6 +57,19 @@ def worker_context(*, fork_if_fresh: bool = False, preload: Sequence[str] = ()) 
     return context
 
 
+def start_fork_server(preload: Sequence[str] = ()) -> None:
+    """Start the fork server now, with `preload` (see worker_context), so that its imports run beside this
+    process's own work instead of before the first worker this process asks for. Starting it runs no thread
+    here (a process is spawned, which then imports on its own), so a process that may still fork its workers
+    stays fresh. Nothing where the fork server runs already or is unavailable (the pools then start as before)."""
+    context = worker_context(preload=preload)
+    if context.get_start_method() != "forkserver":  # pragma: no cover - Windows
+        return
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
 def worker_pool(max_workers: int, *, fork_if_fresh: bool = False, preload: Sequence[str] = ()) -> ProcessPoolExecutor:
     """A pool of ingest worker processes (see worker_context) whose malloc is tuned as this process's is: a
     worker forked from the fork server does not inherit it (see stepscope.keep_freed_memory)."""

@@ -55,6 +55,10 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
     any failed. With --perfetto, a trace file that cannot be written is said on its page, and the report is
     still written. With --engine ray, each trace of a batch is analysed and its page written by a Ray task (the
     output directory must be on storage the workers see); the index is built here."""
+    from stepscope.reports._render import start_early
+
+    if engine != "ray":  # (a batch on Ray draws its figures on the cluster)
+        start_early()  # the figure workers' fork server imports matplotlib while this process loads the trace
     from stepscope._io import atomic_dir, check_output_path
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.graphs import capture_line, load_replayed, locate_capture

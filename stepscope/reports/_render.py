@@ -81,6 +81,15 @@ class FigureRenderer:
 INLINE = FigureRenderer()
 
 
+def start_early() -> None:
+    """Start the fork server the figure workers come from, with matplotlib and the figure modules, before this
+    process loads the trace: about a second of imports that would else be waited for where the workers start
+    (FigureWorkers' `__enter__`) runs meanwhile on another core."""
+    from stepscope.analyze._workers import start_fork_server
+
+    start_fork_server(PRELOAD)
+
+
 def default_workers() -> int:
     """Figure workers for this machine: two where there are two cores or more, else one. Drawing takes about
     as long as analysing, and most figures can only start near the end of the analyses: on two cores, two

@@ -4,6 +4,8 @@ figure that fails loses its section with the same problem line; a dead worker's 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from concurrent.futures import wait
 from pathlib import Path
@@ -84,3 +86,23 @@ def test_leaving_on_an_error_does_not_wait_for_the_workers() -> None:
     assert pending.future.done()
 
 
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are listed from /proc (Linux)")
+def test_the_fork_server_starts_early_without_a_thread_or_matplotlib_here() -> None:
+    # GIVEN a fresh process (the CLI's) that has not loaded a trace yet
+    code = ("import os, sys\n"
+            "from multiprocessing import forkserver\n"
+            "from stepscope.reports._render import start_early\n"
+            "threads = sorted(os.listdir('/proc/self/task'))\n"
+            "start_early()\n"
+            "assert forkserver._forkserver._forkserver_pid is not None, 'no fork server'\n"
+            "assert sorted(os.listdir('/proc/self/task')) == threads, 'a thread started here'\n"
+            "assert 'matplotlib' not in sys.modules, 'matplotlib imported here'\n"
+            "from stepscope.reports._render import FigureWorkers\n"
+            "with FigureWorkers(1) as w:\n"
+            "    assert w.submit('figures.gaps_figure', None).future is not None\n")
+    # WHEN it starts the figure workers' fork server early, then the workers
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # THEN the server runs, this process has the same threads and no matplotlib, and the workers come from it
+    assert done.returncode == 0, done.stderr
