@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from stepscope.analyze._text import duration
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import STEP_NAME_PATTERN, Trace
 
@@ -117,8 +118,8 @@ class Warmup:
     def text(self) -> str:
         """One line: "first iteration: 4.4 s of set-up, excluded (4.6 s against a median of 210 ms; cudnnFind… ×12)"."""
         calls = ", ".join(f"{n} ×{c}" for n, c in self.setup_calls.select("name", "calls").head(3).iter_rows())
-        return (f"first iteration: {_seconds(self.setup_ns)} of set-up, excluded ({_seconds(self.wall_ns)} against "
-                f"a median of {_seconds(self.median_ns)}{'; ' + calls if calls else ''})")
+        return (f"first iteration: {duration(self.setup_ns)} of set-up, excluded ({duration(self.wall_ns)} against "
+                f"a median of {duration(self.median_ns)}{'; ' + calls if calls else ''})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,13 +154,6 @@ class Iterations:
         if self.signal is Signal.PROFILER_STEP:
             return "ProfilerStep"
         return f"inferred from {_DESCRIPTION[self.signal]} ({self.marker})"
-
-
-def _seconds(ns: int) -> str:
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns} ns"
 
 
 def main_thread(trace: Trace) -> tuple[str, str] | None:

@@ -52,6 +52,7 @@ import polars as pl
 
 from stepscope.analyze import intervals
 from stepscope.analyze import window as _window
+from stepscope.analyze._text import duration
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
@@ -340,7 +341,7 @@ class ServingResult:
         if not self.iterations_found or self.engine is None:
             return None
         kinds = self.phases.filter(pl.col("kind") != "all")
-        parts = ", ".join(f"{r['iterations']:,} {r['kind']} (p50 {_duration(r['p50_ns'])})"
+        parts = ", ".join(f"{r['iterations']:,} {r['kind']} (p50 {duration(r['p50_ns'])})"
                           for r in kinds.iter_rows(named=True))
         noun = "iteration" if self.iterations_found == 1 else "iterations"
         text = f"{_ENGINE_LABEL[self.engine]}, {self.iterations_found:,} {noun}: {parts}"
@@ -351,19 +352,11 @@ class ServingResult:
         if self.gpu_busy_fraction is not None:
             text += f"; GPU busy {100 * self.gpu_busy_fraction:.1f}% of their wall"
             if self.gpu_wait_ns:  # (why it can be far below a GPU-span figure beside it)
-                text += (f", {_duration(self.gpu_wait_ns)} of it before the GPU started their work (queued work or "
+                text += (f", {duration(self.gpu_wait_ns)} of it before the GPU started their work (queued work or "
                          "a clock offset)")
         if self.mixed_iterations:
             text += "; mixed = prefill and decode in one batch"
         return text
-
-
-def _duration(ns: float) -> str:
-    """A latency in the unit that reads best: 26.4 ms, 812 µs, 1.2 s."""
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"
 
 
 def _empty(trace: Trace) -> ServingResult:
@@ -443,8 +436,8 @@ def _note(family: _Family, its: pl.DataFrame) -> str:
     if waited.height:
         top = waited.row(0, named=True)
         notes.append(f"{waited.height:,} iteration(s) wait long for the GPU to start their work (step "
-                     f"{top['step']}: {_duration(top['gpu_wait_ns'])} from its first launch to its first GPU work, "
-                     f"of a {_duration(top['wall_ns'])} wall): work queued before it (an earlier iteration's, or "
+                     f"{top['step']}: {duration(top['gpu_wait_ns'])} from its first launch to its first GPU work, "
+                     f"of a {duration(top['wall_ns'])} wall): work queued before it (an earlier iteration's, or "
                      "work outside the profile), or a GPU clock offset")
     if family.from_frames:
         notes.append(f"iterations from {family.source} only: batch sizes and tokens are not recorded (enable the "
