@@ -99,6 +99,44 @@ def gpu_bound() -> dict[str, Any]:
     return trace(*events)
 
 
+def graph_replay() -> dict[str, Any]:
+    """One cudaGraphLaunch replays three kernels on stream 7 whose branches overlap: k2 starts before k1 ends, and
+    k3 before k2 ends (it waited for k1 only).
+
+        CPU  step 0-15: replay 5-14 > cudaGraphLaunch 10-12
+        GPU  stream 7: k1 20-50, k2 30-60, k3 55-70
+    -> path: step 0-5, replay 5-10, launch latency 10-20, k1 20-50, stream gap 50-55, k3 55-70: the stream
+       edge into k3 comes from k1 (the latest end at or before its start), not from k2, which ends after it starts
+    """
+    return trace(
+        step(1, ts=0, dur=15),
+        cpu_op("replay", ts=5, dur=9, external_id=1),
+        runtime("cudaGraphLaunch", ts=10, dur=2, correlation=1, external_id=1),
+        *(kernel(name, ts=ts, dur=dur, correlation=1) for name, ts, dur in
+          (("k1", 20, 30), ("k2", 30, 30), ("k3", 55, 15))),
+    )
+
+
+def held_start(wait: float = 205, launches: int = 3, call: float = 2) -> dict[str, Any]:
+    """`launches` adds whose kernels start 5 µs after their launch on an idle stream (the typical latency where
+    there are three or more), then a matmul whose kernel starts `wait` µs after its launch call (of `call` µs), the
+    stream idle.
+
+        CPU  step 0-100: aten::add 10+20i .. +10 > launch 12+20i .. +2 (i < launches); aten::mm 70-80 > launch 72-74
+        GPU  add_i 17+20i .. +3; sgemm 72+wait .. +13
+    -> path (wait 205, typical 5): ..., aten::mm 70-72, launch latency 72-77, start held 77-277, sgemm 277-290
+    """
+    events = [step(1, ts=0, dur=max(100, 76 + call))]
+    for i in range(launches):
+        events += [cpu_op("aten::add", ts=10 + 20 * i, dur=10, external_id=i + 1),
+                   runtime("cudaLaunchKernel", ts=12 + 20 * i, dur=2, correlation=i + 1, external_id=i + 1),
+                   kernel(f"add_{i}", ts=17 + 20 * i, dur=3, correlation=i + 1)]
+    events += [cpu_op("aten::mm", ts=70, dur=max(10, call + 4), external_id=50),
+               runtime("cudaLaunchKernel", ts=72, dur=call, correlation=50, external_id=50),
+               kernel("sgemm", ts=72 + wait, dur=13, correlation=50)]
+    return trace(*events)
+
+
 def data_loading() -> dict[str, Any]:
     """A 30 µs DataLoader fetch, then an add: CPU-bound.
 

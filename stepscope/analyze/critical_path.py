@@ -17,7 +17,11 @@ Each segment is attributed to one kind (`depgraph.PathKind`):
     data_loading     CPU time inside a DataLoader __next__
     idle             a gap with only an order to explain it: between work on a stream, a stream waiting on
                      another, a helper thread waiting for the main thread, no recorded dependency at all;
-                     in a run, a rank that began the step after the earliest rank ("(began the step late)")
+                     in a run, a rank that began the step after the earliest rank ("(began the step late)");
+                     GPU work that started more than HELD_FACTOR typical launch latencies after its launch onto an
+                     idle stream: past the launch's own part (its typical latency, or its call's time), "(start held
+                     after launch)", by something the trace does not record (an event wait without its record, work
+                     outside the trace, a clock offset between CPU and GPU; `depgraph.held_ns`)
 
 Before/after, a step of one launch-bound loop (every time in µs):
 
@@ -42,14 +46,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from stepscope.analyze._text import duration
 from stepscope.analyze.blame import python_lines, short_name
 from stepscope.analyze.depgraph import (
     ARRIVAL_LANE,
+    HELD_FACTOR,
+    NO_TYPICAL_BOUND_NS,
     DependencyGraph,
     EdgeType,
     PathKind,
     Replay,
     build_graph,
+    held_ns,
     launch_notes,
     replay,
     waited_rank,
@@ -66,6 +74,10 @@ _KINDS = [k.value for k in PathKind]
 #: a run, where that node is the rank's own step start, the rank began the step after the earliest rank did
 NO_DEPENDENCY = "(no recorded dependency)"
 LATE_START = "(began the step late)"
+#: the name of the part of a launch's wait past its bound (see `_split_held`): the GPU work started far later than a
+#: launch takes, on a stream with nothing before it, so something the trace does not record held its start (an event
+#: wait whose record is missing, work outside the trace, a clock offset between CPU and GPU)
+HELD_START = "(start held after launch)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +159,8 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     s_ns[on_edge] = t[graph.edges["src"].to_numpy()[edge[on_edge]]]
     e_ns[on_edge] = t[graph.edges["dst"].to_numpy()[edge[on_edge]]]
     s_ns[~on_edge], e_ns[~on_edge] = head_s, head_e
+    edge, on_edge, at, window, w_start, s_ns, e_ns, held = _split_held(graph, edge, on_edge, at, window, w_start,
+                                                                       s_ns, e_ns)
     s_ns = np.maximum(s_ns, w_start)
     e_ns = np.minimum(e_ns, ends["end_ns"].to_numpy()[window])
     ranked = "rank" in graph.edges.columns  # a run's graph: segments say their rank
@@ -160,15 +174,15 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
         starts = set(graph.windows["cpu_start_node"].drop_nulls().to_list())
         late[~on_edge] = [v in starts for v in head_node]
     keep = e_ns > s_ns
-    edge, on_edge, at, window, s_ns, e_ns, w_start, late = (
-        x[keep] for x in (edge, on_edge, at, window, s_ns, e_ns, w_start, late))
+    edge, on_edge, at, window, s_ns, e_ns, w_start, late, held = (
+        x[keep] for x in (edge, on_edge, at, window, s_ns, e_ns, w_start, late, held))
     # consecutive rows of one event, kind and lane (an op's slices around a zero-length child) make one segment,
     # and so does a stretch of data loading (the DataLoader's own time and the ops under it)
     loading = pl.col("kind") == PathKind.DATA_LOADING.value
     codes = graph.edges.select(pl.when(loading).then(-5).otherwise(pl.col("event_id").fill_null(-1)).alias("ev"),
                                *(pl.col(c).cast(pl.Categorical).to_physical() for c in ("type", "kind", "lane")),
                                *([pl.col("rank").fill_null(-1)] if ranked else []))
-    key = np.column_stack([window, on_edge.astype(np.int64)] + [
+    key = np.column_stack([window, on_edge.astype(np.int64), held.astype(np.int64)] + [
         np.where(on_edge, codes[c].to_numpy().astype(np.int64)[at], -1) for c in codes.columns])
     new = np.ones(len(edge), dtype=bool)
     new[1:] = (key[1:] != key[:-1]).any(axis=1)
@@ -180,6 +194,8 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
         picked = _name_waits(graph, picked, at[first], on_edge[first], src, via)
     head = pl.Series(~on_edge[first])
     head_name = pl.when(pl.Series(late[first])).then(pl.lit(LATE_START)).otherwise(pl.lit(NO_DEPENDENCY))
+    picked = picked.with_columns(pl.when(pl.Series(held[first])).then(pl.lit(v)).otherwise(c).alias(c) for c, v in (
+        ("name", HELD_START), ("kind", PathKind.IDLE.value), ("category", None)))
     schema = {**SEGMENT_SCHEMA, "rank": pl.Int64()} if ranked else SEGMENT_SCHEMA
     columns = [*list(SEGMENT_SCHEMA)[:2], "rank", *list(SEGMENT_SCHEMA)[2:]] if ranked else list(SEGMENT_SCHEMA)
     segments: pl.DataFrame = (
@@ -195,6 +211,41 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
         .cast(schema)
     )
     return segments
+
+
+def _split_held(graph: DependencyGraph, edge: np.ndarray, on_edge: np.ndarray, at: np.ndarray, window: np.ndarray,
+                w_start: np.ndarray, s_ns: np.ndarray, e_ns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The path's rows (edge rows, their windows and spans) with each launch edge whose wait was partly held
+    (`depgraph.held_ns`) split in two: the launch's own part, then the held rest, flagged in the last array
+    returned (`held`)."""
+    held = np.zeros(len(edge), dtype=bool)
+    part = np.zeros(len(edge), dtype=np.int64)
+    if on_edge.any():
+        part[on_edge] = held_ns(graph.edges[at[on_edge]], (e_ns - s_ns)[on_edge])
+    long = part > 0
+    if not long.any():
+        return edge, on_edge, at, window, w_start, s_ns, e_ns, held
+    rows = np.repeat(np.arange(len(edge)), np.where(long, 2, 1))
+    second = np.zeros(len(rows), dtype=bool)
+    second[1:] = rows[1:] == rows[:-1]
+    cut = e_ns[rows] - part[rows]  # the launch's own part ends here; the rest held the start
+    s_out = np.where(second, cut, s_ns[rows])
+    e_out = np.where(long[rows] & ~second, cut, e_ns[rows])
+    return (edge[rows], on_edge[rows], at[rows], window[rows], w_start[rows], s_out, e_out, second)
+
+
+def held_notes(segments: pl.DataFrame) -> list[str]:
+    """What the path's HELD_START segments say, where it has any: how long and why they are not launch overhead."""
+    held = segments.filter(pl.col("name") == HELD_START)
+    if not held.height:
+        return []
+    total, longest = int(held["dur_ns"].sum()), int(held["dur_ns"].max())  # type: ignore[arg-type]
+    bound = duration(NO_TYPICAL_BOUND_NS)
+    return [f"{held.height:,} GPU start(s) on the path came more than {HELD_FACTOR}x the typical launch latency "
+            f"({bound} without one) after their launch onto an idle stream ({duration(total)} in all, the longest "
+            f"{duration(longest)}): the launch's own part (the typical latency, or its call's time) counts as launch "
+            f"overhead, the rest as idle {HELD_START}, held by something the trace does not record (an event wait "
+            "whose record is missing, work outside the trace, or a clock offset between CPU and GPU)"]
 
 
 def _name_waits(graph: DependencyGraph, picked: pl.DataFrame, rows: np.ndarray, on_edge: np.ndarray,
@@ -383,8 +434,9 @@ def critical_path(source: Source, *, top: int = 15, annotation: str | None = Non
         attribution=table.attribution,
         top=table.top,
         segments=table.segments,
-        notes=launch_notes(graph),
+        notes=[*launch_notes(graph), *held_notes(table.segments)],
     )
 
 
-__all__ = ["CriticalPathResult", "PathTable", "attribution", "critical_path", "path_segments", "path_table", "per_step"]
+__all__ = ["HELD_START", "CriticalPathResult", "PathTable", "attribution", "critical_path", "held_notes",
+           "path_segments", "path_table", "per_step"]

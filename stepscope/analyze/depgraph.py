@@ -174,6 +174,12 @@ def waited_rank(arrival: npt.NDArray[np.bool_], rank: IntArray, src: list[int], 
 #: only sample it made every launch edge weigh 149 ms)
 MIN_LATENCY_SAMPLES = 3
 
+#: a launch edge's wait beyond this many typical launch latencies is not the launch's own (`held_ns`)
+HELD_FACTOR = 10
+#: the same bound where the graph has no typical launch latency (MIN_LATENCY_SAMPLES): ten times the longest typical
+#: latency over the corpus's GPUs (6-32 µs, V100 to B200 and MI210 to MI300X); a wait up to it stays the launch's
+NO_TYPICAL_BOUND_NS = 320_000
+
 #: why a graph with launched GPU work has no typical launch latency: none of its launches found the stream idle
 QUEUED_NOTE = ("no launch found its stream idle: every kernel and copy queued behind earlier GPU work (a CPU running "
                "ahead of a GPU-bound loop), so no launch latency was measured and launch edges weigh 0")
@@ -190,6 +196,20 @@ def launch_notes(graph: DependencyGraph) -> list[str]:
         return [QUEUED_NOTE]
     return [f"only {n} launch(es) found their stream idle, fewer than {MIN_LATENCY_SAMPLES}: too few to say what a "
             "typical launch latency is, so launch edges weigh 0"]
+
+
+def held_ns(edges: pl.DataFrame, span: IntArray) -> IntArray:
+    """Per edge, where `span` is its length (its weight, or its time on a path): the part of a launch edge's wait
+    that is not the launch's own. The launch owns the typical latency (its natural weight), or its call's whole time
+    where the GPU work started before the call returned (a pageable copy is staged inside its call). A wait past
+    HELD_FACTOR typical latencies (NO_TYPICAL_BOUND_NS without one) and past that own part was held by something the
+    trace does not record (an event wait whose record is missing, work outside the trace, a clock offset between CPU
+    and GPU): the rest of it. 0 for every other edge."""
+    launch = (edges["type"] == EdgeType.LAUNCH.value).to_numpy()
+    natural = edges["natural_ns"].fill_null(0).to_numpy().astype(np.int64)
+    own = np.maximum(natural, edges["call_dur_ns"].fill_null(0).to_numpy().astype(np.int64))
+    bound = np.where(natural > 0, HELD_FACTOR * natural, NO_TYPICAL_BOUND_NS)
+    return np.where(launch & (span > np.maximum(bound, own)), span - own, 0).astype(np.int64)
 
 
 def replay(graph: DependencyGraph, weights: IntArray, *, enabled: npt.NDArray[np.bool_] | None = None) -> Replay:
@@ -389,6 +409,34 @@ def _last_launched(gpu: pl.DataFrame, queries: pl.DataFrame, *, at: str, by_stre
             .filter(pl.col("g").is_not_null()).select("q", "g"))
 
 
+def _stream_predecessors(gpu: pl.DataFrame) -> pl.DataFrame:
+    """`gpu` (ordered by device, stream, start; row g) with `prev`: the end node of the event its stream makes it
+    wait for. That is the event before it on its stream, or, where that one's recorded end falls after this one's
+    start, the earlier event on the stream that ended last at or before this start (null where none did).
+
+    A stream runs its work in order, yet recorded events on one stream can overlap: kernels replayed from a CUDA/HIP
+    graph run its branches side by side under the stream that launched it, and a kernel's recorded start can lead
+    its predecessor's end by a few ns. An edge from an end after the start would run backwards and be dropped,
+    leaving the event explained by its launch alone: a graph kernel launched 169 ms before the stream reached it
+    read as 169 ms of launch latency. The stream was free once what ran before had ended, which this edge says."""
+    end = pl.col("ts_ns") + pl.col("dur_ns")
+    gpu = gpu.with_columns(prev=pl.col("end_node").shift(1).over("device", "stream"),
+                           prev_end=end.shift(1).over("device", "stream"))
+    overlapped = gpu.filter(pl.col("prev_end") > pl.col("ts_ns"))
+    if not overlapped.height:
+        return gpu.drop("prev_end")
+    ended = (gpu.select("device", "stream", before="end_node", before_end=end, before_g="g")
+             .sort("before_end", "before_g"))
+    found = (overlapped.select("g", "device", "stream", "ts_ns").sort("ts_ns")
+             .join_asof(ended, left_on="ts_ns", right_on="before_end", by=["device", "stream"], strategy="backward",
+                        check_sortedness=False)
+             .select("g", before=pl.when(pl.col("before_g") < pl.col("g")).then(pl.col("before"))))
+    return (gpu.join(found, on="g", how="left", maintain_order="left")
+            .with_columns(prev=pl.when(pl.col("prev_end") > pl.col("ts_ns")).then(pl.col("before"))
+                          .otherwise(pl.col("prev")))
+            .drop("prev_end", "before"))
+
+
 def _edges(frame: pl.DataFrame, **cols: pl.Expr | str | int | enum.Enum) -> pl.DataFrame:
     """Edges in `EDGE_SCHEMA` from `frame`: each column an expression, a column name, an int or an enum (both
     constants); columns not given are null."""
@@ -513,8 +561,8 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
               category="category", natural_ns="dur_ns", event_id="gpu_event_id", name="name", lane=gpu_lane,
               pid="launch_pid", tid="launch_tid", point_ns="launch_ts_ns",
               pageable=pl.col("name").str.contains("Pageable"), copy_bytes="copy_bytes", direction=copy_dir),
-        _edges(gpu.with_columns(prev=pl.col("end_node").shift(1).over("device", "stream")).filter(
-            pl.col("prev").is_not_null()), src="prev", dst="start_node", type=EdgeType.STREAM,
+        _edges(_stream_predecessors(gpu).filter(pl.col("prev").is_not_null()), src="prev", dst="start_node",
+               type=EdgeType.STREAM,
               kind=PathKind.IDLE, natural_ns=0, event_id="gpu_event_id", name=pl.lit("(stream gap)"),
               lane=gpu_lane, pid="launch_pid", tid="launch_tid", point_ns="launch_ts_ns"),
     ]
@@ -524,7 +572,7 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     parts.append(_edges(launch_src, src="launch_node", dst="start_node", type=EdgeType.LAUNCH,
                        kind=PathKind.LAUNCH_OVERHEAD, natural_ns=latency or 0, event_id="runtime_event_id",
                        name=pl.lit("(launch latency)"), lane=gpu_lane, pid="launch_pid", tid="launch_tid",
-                       point_ns="launch_ts_ns"))
+                       point_ns="launch_ts_ns", call_dur_ns="launch_dur_ns"))
     parts.append(_sync_edges(frames, cpu, bounds, gpu))
     parts.append(_cross_stream_edges(frames, gpu, lo, hi))
     parts.append(_wake_edges(slices, bounds, threads, main))
@@ -826,5 +874,6 @@ def topological_order(t_ns: IntArray, tie: IntArray, src: IntArray, dst: IntArra
     return np.lexsort((np.arange(len(t_ns)), tie, t_ns)).astype(np.int64)
 
 
-__all__ = ["DependencyGraph", "EdgeType", "PathKind", "Replay", "build_graph", "measured_weights", "ordered_edges",
+__all__ = ["DependencyGraph", "EdgeType", "PathKind", "Replay", "build_graph", "held_ns", "measured_weights",
+           "ordered_edges",
            "replay", "step_times", "topological_order", "window_times"]

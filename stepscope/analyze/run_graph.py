@@ -47,7 +47,7 @@ import polars as pl
 from stepscope.analyze._comm_events import COMM_ANNOTATION, COMM_KERNEL, PARAM_COMMS
 from stepscope.analyze._comm_run import RunCalls, parallel_map, run_calls
 from stepscope.analyze.collectives import clock_offsets, match
-from stepscope.analyze.critical_path import path_table
+from stepscope.analyze.critical_path import held_notes, path_table
 from stepscope.analyze.depgraph import (
     ARRIVAL_LANE,
     EDGE_SCHEMA,
@@ -410,7 +410,8 @@ def run_critical_path(run: RunGraph, *, top: int = 15) -> RunCriticalPathResult:
         window_kind=graph.window_kind, steps_found=table.steps.height, mean_wall_ns=table.mean_wall_ns,
         bound_by=table.bound_by, path_share=table.path_share, rank_path_share=by_rank, graph_nodes=graph.nodes.height,
         graph_edges=graph.edge_counts(), dropped_edges=graph.dropped_edges,
-        typical_launch_latency_ns=graph.launch_latency_ns, notes=[*run.notes, *launch_notes(graph)], steps=table.steps,
+        typical_launch_latency_ns=graph.launch_latency_ns, notes=[*run.notes, *launch_notes(graph), *held_notes(seg)],
+        steps=table.steps,
         attribution=table.attribution, top=table.top, segments=seg)
 
 

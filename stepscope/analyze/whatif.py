@@ -48,7 +48,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analyze.critical_path import attribution, path_segments
-from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, replay, step_times
+from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, held_ns, replay, step_times
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.kernels import KernelCategory
 from stepscope.errors import UsageError
@@ -138,7 +138,8 @@ class WhatIfResult:
 def _weights(graph: DependencyGraph, change: WhatIf) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """The edges' weights and enabled mask under `change`, and notes on assumptions made."""
     e = graph.edges
-    w = graph.measured_weights().astype(np.float64)
+    measured = graph.measured_weights()
+    w = measured.astype(np.float64)
     enabled = np.ones(e.height, dtype=bool)
     notes: list[str] = []
     etype = e["type"].to_numpy()
@@ -162,7 +163,8 @@ def _weights(graph: DependencyGraph, change: WhatIf) -> tuple[np.ndarray, np.nda
         call_dur = e["call_dur_ns"].fill_null(0).to_numpy().astype(np.float64)
         share = np.divide(w, call_dur, out=np.ones_like(w), where=call_dur > 0)  # a call's slices share its cost
         w[calls] = fixed * np.minimum(share[calls], 1.0)
-        w[(etype == EdgeType.LAUNCH.value) & scope] = fixed
+        launches = (etype == EdgeType.LAUNCH.value) & scope
+        w[launches] = fixed + held_ns(e, measured)[launches]  # what held a start still does
     sync = (etype == EdgeType.SYNC.value) & scope
     if change.no_sync:
         enabled[sync] = False

@@ -62,7 +62,7 @@ def ops_figure(table: OpTable, n: int = 12) -> bytes | None:
 
 #: legend names of critical-path time off the GPU (`depgraph.PathKind`)
 _PATH_LABELS = {"cpu": "CPU work", "launch_overhead": "launch overhead", "sync_wait": "sync wait",
-                "data_loading": "data loading", "idle": "idle (waiting on order)"}
+                "data_loading": "data loading", "idle": "idle (order, unrecorded waits)"}
 
 
 def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:

@@ -16,7 +16,7 @@ from builders import load_events
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope.analyze.critical_path import critical_path
+from stepscope.analyze.critical_path import HELD_START, critical_path
 from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, replay, step_times
 
 US = 1_000
@@ -100,6 +100,44 @@ def test_data_loading_and_a_pageable_copy_are_attributed(tmp_path: Path) -> None
         ("ProfilerStep#1", "cpu", 0, 5), ("(launch latency)", "launch_overhead", 5, 5),
         ("Memcpy HtoD (Pageable -> Device)", "copy", 10, 40), ("vectorized_elementwise_kernel", "kernel", 50, 10),
     ]
+
+
+def test_a_graph_replay_s_overlapping_kernels_wait_for_what_ended_before_them(tmp_path: Path) -> None:
+    # GIVEN one graph launch whose kernels overlap on their stream (k3 starts before k2 ends, after k1 did)
+    # WHEN the path is walked THEN k3 waited for k1, not for its launch (the edge from k2's end would run backwards
+    # and be dropped, leaving 45 µs of "launch latency"), and no edge is dropped
+    assert segments(cp.graph_replay(), tmp_path) == [
+        ("ProfilerStep#1", "cpu", 0, 5), ("replay", "cpu", 5, 5), ("(launch latency)", "launch_overhead", 10, 10),
+        ("k1", "kernel", 20, 30), ("(stream gap)", "idle", 50, 5), ("k3", "kernel", 55, 15),
+    ]
+    graph = build_graph(load_events(tmp_path / "g", cp.graph_replay()))
+    assert graph.dropped_edges == 0
+    assert graph.edge_counts()[EdgeType.STREAM.value] == 1  # k1 -> k3 (k2 began before anything on it ended)
+
+
+def test_a_start_held_long_after_its_launch_is_not_launch_overhead(tmp_path: Path) -> None:
+    # GIVEN three launches that start 5 µs after their call, then one whose kernel starts 205 µs after it on an
+    # idle stream THEN 5 µs of it is the launch's and the other 200 µs idle, held by something the trace does not
+    # record, which a note says
+    result = critical_path(load_events(tmp_path / "a", cp.held_start()))
+    assert result.typical_launch_latency_ns == 5 * US
+    assert [(r["name"], r["kind"], r["start_ns"] // US, r["dur_ns"] // US)
+            for r in result.segments.iter_rows(named=True)][-4:] == [
+        ("aten::mm", "cpu", 70, 2), ("(launch latency)", "launch_overhead", 72, 5),
+        (HELD_START, "idle", 77, 200), ("sgemm", "kernel", 277, 13)]
+    assert result.path_share["idle"] == pytest.approx(200 / 290)
+    assert len(result.notes) == 1 and result.notes[0].startswith(
+        "1 GPU start(s) on the path came more than 10x the typical launch latency (320 µs without one) after their "
+        "launch onto an idle stream (200 µs in all, the longest 200 µs)")
+    # up to ten typical latencies it is the launch's
+    assert ("(launch latency)", "launch_overhead", 72, 40) in segments(cp.held_start(wait=40), tmp_path / "b")
+    # a start before the launch call returned (a pageable copy staged inside its call) is all the launch's
+    assert ("(launch latency)", "launch_overhead", 72, 205) in segments(cp.held_start(call=210), tmp_path / "e")
+    # without a typical latency (one sample), the bound is 320 µs, and past it the launch owns its call's 2 µs
+    assert segments(cp.held_start(wait=300, launches=0), tmp_path / "c")[-2:] == [
+        ("(launch latency)", "launch_overhead", 72, 300), ("sgemm", "kernel", 372, 13)]
+    assert segments(cp.held_start(wait=400, launches=0), tmp_path / "d")[-3:] == [
+        ("(launch latency)", "launch_overhead", 72, 2), (HELD_START, "idle", 74, 398), ("sgemm", "kernel", 472, 13)]
 
 
 def test_attribution_adds_up_to_the_step(tmp_path: Path) -> None:
@@ -440,3 +478,54 @@ def test_one_launch_onto_an_idle_stream_is_too_few_for_a_typical_latency(corpus:
     assert (graph.launch_latency_ns, graph.launch_samples) == (None, 1)
     assert critical_path(trace).notes == ["only 1 launch(es) found their stream idle, fewer than 3: too few to say "
                                           "what a typical launch latency is, so launch edges weigh 0"]
+
+
+def slow_stream_predecessors(graph: DependencyGraph) -> set[tuple[int, int]]:
+    """(end node, start node) of every stream edge, from the graph's GPU nodes alone: events by lane in node order
+    (start, end pairs), each waiting for the one before it if that ended by its start, else for the one before it
+    that ended last by then (the later one of equal ends), else for nothing."""
+    gpu = graph.nodes.filter(pl.col("lane").str.starts_with("gpu ")).sort("node")
+    nodes, times, lanes = gpu["node"].to_list(), gpu["t_ns"].to_list(), gpu["lane"].to_list()
+    by_lane: dict[str, list[tuple[int, int, int, int]]] = {}
+    for i in range(0, len(nodes), 2):
+        by_lane.setdefault(lanes[i], []).append((nodes[i], times[i], nodes[i + 1], times[i + 1]))
+    pairs = set()
+    for events in by_lane.values():
+        for k, (start_node, start, _, _) in enumerate(events):
+            if k == 0:
+                continue
+            if events[k - 1][3] <= start:
+                pairs.add((events[k - 1][2], start_node))
+                continue
+            ended = [(end, j) for j, (_, _, _, end) in enumerate(events[:k]) if end <= start]
+            if ended:
+                pairs.add((events[max(ended)[1]][2], start_node))
+    return pairs
+
+
+def test_stream_edges_come_from_what_ended_before_on_a_serving_trace(corpus: Path) -> None:
+    # GIVEN vLLM's piecewise CUDA-graph serving trace (MI300X), one of whose replayed kernels starts 112 ns before
+    # the one before it on its stream ends THEN every stream edge is the slow oracle's, none is dropped, and the
+    # path is not bound by a 169 ms "launch latency" into that kernel; the first copy, 149 ms after its launch
+    # on an idle GPU (a clock offset: the CPU's work all ends at 26 ms), is held, not launch overhead
+    from stepscope.analyze import load
+
+    trace = load(corpus / "traces/tracelens/inference/vllm_prefilldecode_piecewise/graph_execution.json.gz")
+    graph = build_graph(trace)
+    stream = graph.edges.filter(pl.col("type") == EdgeType.STREAM.value)
+    assert set(stream.select("src", "dst").iter_rows()) == slow_stream_predecessors(graph)
+    assert graph.dropped_edges == 0
+    result = critical_path(trace, graph=graph)
+    assert result.bound_by == "kernel"
+    assert result.path_share.get("launch_overhead", 0) < 1e-3  # the copy's 21 µs call
+    held = result.segments.filter(pl.col("name") == HELD_START)
+    assert held.height == 1 and 148 * 1000 * US < held["dur_ns"][0] < 150 * 1000 * US
+
+
+@pytest.mark.parametrize("run", ["gemm_bound_cuda", "convnet_train_cuda", "cuda_graph_replay_cuda"])
+def test_stream_edges_are_the_slow_oracle_s_on_gpu_captures(run: str) -> None:
+    from stepscope.analyze import load
+
+    graph = build_graph(load(next((SAMPLES / run).glob("*.pt.trace.json.gz"))))
+    stream = graph.edges.filter(pl.col("type") == EdgeType.STREAM.value)
+    assert set(stream.select("src", "dst").iter_rows()) == slow_stream_predecessors(graph)

@@ -50,6 +50,13 @@ def test_free_launches_shorten_a_launch_bound_loop(tmp_path: Path) -> None:
     assert predicted(cp.launch_bound(), tmp_path, WhatIf(launch_overhead_ns=0)) == 39
 
 
+def test_free_launches_keep_what_held_a_start(tmp_path: Path) -> None:
+    # the matmul's kernel started 205 µs after its launch, 200 µs past the typical 5 µs: free launches take the 2 µs
+    # calls off the CPU (4 of them: the launch comes at 66, the CPU ends at 92) and the launch's own 5 µs, but what
+    # held the start still does: the kernel starts at 66 + 200 and ends at 279 (without the held part it ended at 79)
+    assert predicted(cp.held_start(), tmp_path, WhatIf(launch_overhead_ns=0)) == 279
+
+
 def test_hiding_data_loading(tmp_path: Path) -> None:
     assert predicted(cp.data_loading(), tmp_path, WhatIf(no_data_loading=True)) == 30
 
