@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from stepscope.analyze._text import duration
 from stepscope.analyze.critical_path import attribution, path_segments
 from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, held_ns, replay, step_times
 from stepscope.analyze.frames import Source, frames_of
@@ -241,12 +242,11 @@ def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str
     if "rank" in w.columns:  # a run: step N from the earliest rank's start to the latest rank's end
         w = w.group_by("step").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort("start_ns", "step")
     measured = w.select("step", measured_ns=pl.col("end_ns") - pl.col("start_ns"))
+    base_times, after_times = step_times(graph, base.t_ns), step_times(graph, after.t_ns)
     table = (
-        measured.join(step_times(graph, base.t_ns).select("step", replay_ns="wall_ns"), on="step", how="left",
-                      maintain_order="left",
+        measured.join(base_times.select("step", replay_ns="wall_ns"), on="step", how="left", maintain_order="left",
                       nulls_equal=True)
-        .join(step_times(graph, after.t_ns).select("step", predicted_ns="wall_ns"), on="step", how="left",
-              maintain_order="left",
+        .join(after_times.select("step", predicted_ns="wall_ns"), on="step", how="left", maintain_order="left",
               nulls_equal=True)
         .with_columns(saving_ns=pl.col("measured_ns") - pl.col("predicted_ns"))
         .with_columns(saving_fraction=pl.when(pl.col("measured_ns") > 0)
@@ -271,11 +271,29 @@ def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str
         replay_residual_fraction=float(residual) if residual is not None else None,
         bound_by_measured=_bound_by(before_path),
         bound_by_predicted=_bound_by(after_path),
-        notes=[*notes, *change_notes] + ([f"{graph.dropped_edges} dependency edge(s) ran backwards in time (clock "
-                                          "skew) and were dropped"] if graph.dropped_edges else []),
+        notes=[*notes, *change_notes, *_moved_notes(table, base_times, after_times)]
+        + ([f"{graph.dropped_edges} dependency edge(s) ran backwards in time (clock skew) and were dropped"]
+           if graph.dropped_edges else []),
         steps=table,
         path=path,
     )
+
+
+def _moved_notes(table: pl.DataFrame, base_times: pl.DataFrame, after_times: pl.DataFrame) -> list[str]:
+    """Why a step is predicted longer than measured where it is because it starts earlier: a step starts where the
+    previous one ended when that is after its CPU start (the step-window rule), so the previous step's GPU work
+    ending sooner lengthens it, the time moving between the two steps."""
+    moved = (table.filter(pl.col("saving_ns") < 0)
+             .join(base_times.select("step", was="start_ns"), on="step", nulls_equal=True)
+             .join(after_times.select("step", now="start_ns"), on="step", nulls_equal=True)
+             .filter(pl.col("now") < pl.col("was")).sort("saving_ns"))
+    if not moved.height:
+        return []
+    top = moved.row(0, named=True)
+    return [f"{moved.height} step(s) predicted longer than measured, as each now starts earlier (step {top['step']}: "
+            f"{duration(-top['saving_ns'])} longer, starting {duration(top['was'] - top['now'])} earlier): a step "
+            "starts where the previous one ended when that is after its own CPU start, so the previous step's GPU "
+            "work ending sooner moves time into it; the mean counts that time once"]
 
 
 def _bound_by(segments: pl.DataFrame) -> str | None:

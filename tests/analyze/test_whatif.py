@@ -8,7 +8,7 @@ from typing import Any
 
 import critical_path_traces as cp
 import pytest
-from builders import load_events
+from builders import cpu_op, kernel, load_events, runtime, step, trace
 
 from stepscope.analyze.whatif import WhatIf, parse_speedup, what_if
 from stepscope.errors import UsageError
@@ -55,6 +55,27 @@ def test_free_launches_keep_what_held_a_start(tmp_path: Path) -> None:
     # calls off the CPU (4 of them: the launch comes at 66, the CPU ends at 92) and the launch's own 5 µs, but what
     # held the start still does: the kernel starts at 66 + 200 and ends at 279 (without the held part it ended at 79)
     assert predicted(cp.held_start(), tmp_path, WhatIf(launch_overhead_ns=0)) == 279
+
+
+def test_a_step_that_starts_earlier_is_predicted_longer_and_a_note_says_why(tmp_path: Path) -> None:
+    # GIVEN step 1's GEMM (20-80) running into step 2 (CPU 50-100), which therefore starts at 80
+    doc = trace(step(1, ts=0, dur=50), cpu_op("aten::mm", ts=5, dur=10, external_id=1),
+                runtime("cudaLaunchKernel", ts=10, dur=2, correlation=1, external_id=1),
+                kernel("sgemm", ts=20, dur=60, correlation=1),
+                step(2, ts=50, dur=50), cpu_op("aten::add", ts=55, dur=10, external_id=2),
+                runtime("cudaLaunchKernel", ts=60, dur=2, correlation=2, external_id=2),
+                kernel("elementwise", ts=80, dur=5, correlation=2))
+    # WHEN the GEMM is twice as fast
+    result = what_if(load_events(tmp_path, doc), WhatIf(speedups=(("gemm", 2.0),)))
+    # THEN step 1 ends at 50 and step 2 starts there, 30 µs earlier and 30 µs longer; the mean saves nothing, and
+    # a note says why step 2 grew
+    assert result.steps.select("step", "measured_ns", "predicted_ns").rows() == [(1, 80 * US, 50 * US),
+                                                                                  (2, 20 * US, 50 * US)]
+    assert result.saving_ns == 0
+    assert result.notes[-1].startswith("1 step(s) predicted longer than measured, as each now starts earlier (step 2: "
+                                       "30 µs longer, starting 30 µs earlier)")
+    # and without the change, no such note
+    assert what_if(load_events(tmp_path / "b", doc), WhatIf()).notes == []
 
 
 def test_hiding_data_loading(tmp_path: Path) -> None:
