@@ -239,6 +239,27 @@ def steps_section(ctx: ReportContext) -> Section | None:
                                           ctx.command("plot", "timeline", ctx.source, "-o", "timeline.png")])
 
 
+def critical_path_section(ctx: ReportContext) -> Section | None:
+    """The critical path of every step (critical_path.py): what kind of work set the step's time, its top
+    contributors with their Python lines, each step's split, and the notes on launch latency and held starts."""
+    result = ctx.bundle.critical_path
+    if not result.steps_found:
+        return None
+    path = ", ".join(f"{kind.replace('_', ' ')} {human_fraction(share)}" for kind, share in result.path_share.items())
+    headline = [("bound by", str(result.bound_by).replace("_", " ")), ("path", path)] + headline_items(
+        result, skip=("window_kind", "bound_by", "notes", "graph_nodes", "dropped_edges"))
+    if result.dropped_edges:
+        headline.append(("dropped edges", f"{result.dropped_edges:,} (ran backwards in time: clock skew)"))
+    tables = [frame_table(result.attribution, "Critical path by kind (mean per step)"),
+              frame_table(result.top, "Top contributors (all steps)")]
+    if result.steps.height > 1:
+        tables.append(frame_table(result.steps, "Per step"))
+    notes = [*result.notes, "What a fix would buy: the same graph replayed with the change (stepscope whatif, or "
+             "summary --predict for each verdict's fix)."]
+    return Section(id="critical_path", title="Critical path", headline=headline, tables=tables, notes=notes,
+                   commands=[ctx.command("critical-path", ctx.source), ctx.command("summary", ctx.source, "--predict")])
+
+
 def gaps_section(ctx: ReportContext) -> Section | None:
     """GPU idle gaps (gaps.py): utilization per device, idle by cause, histogram, the longest gaps and blame."""
     result = ctx.bundle.gaps
@@ -436,6 +457,7 @@ SECTIONS: list[tuple[str, SectionBuilder]] = [
     ("verdict", verdict_section),
     ("steps", steps_section),
     ("serving", serving_section),
+    ("critical_path", critical_path_section),
     ("gaps", gaps_section),
     ("overlap", overlap_section),
     ("transfers", transfers_section),

@@ -95,3 +95,26 @@ def test_verdict_box_shows_margin_runner_up_and_the_rule_table(tmp_path: Path) -
     pos = verdict_box.index("Rules, in order")
     for rule in RULES:
         pos = verdict_box.index(f'>{escape(rule.verdict.value)}</td><td data-v="{escape(rule.when)}">', pos)
+
+
+def test_critical_path_section(tmp_path: Path) -> None:
+    # GIVEN a GPU trace WHEN its report is written THEN the critical path has a section after the steps, with the
+    # analysis' verdict on what bounds the step, its split by kind and its top contributors
+    from stepscope.analyze.critical_path import critical_path
+
+    t = load_events(tmp_path / "a", gpu_doc())
+    page = report(t, "synthetic.json")
+    result = critical_path(t)
+    assert page.index('id="steps"') < page.index('id="critical_path"') < page.index('id="gaps"')
+    section = page[page.index('id="critical_path"'):page.index('id="gaps"')]
+    assert f"<dd>{str(result.bound_by).replace('_', ' ')}</dd>" in section
+    assert "Critical path by kind (mean per step)" in section and "Top contributors (all steps)" in section
+    for row in result.attribution.iter_rows(named=True):
+        assert f'data-v="{row["mean_ns"]}"' in section or f'data-v="{float(row["mean_ns"])}"' in section
+    assert "stepscope critical-path synthetic.json" in page  # (in "How to reproduce")
+    # AND a held start's note is on the page
+    import critical_path_traces as cp
+
+    held = report(load_events(tmp_path / "b", cp.held_start()), "held.json")
+    section = held[held.index('id="critical_path"'):held.index('id="info"')]
+    assert "(start held after launch)" in section and "1 GPU start(s) on the path came more than 10x" in section
