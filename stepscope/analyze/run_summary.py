@@ -25,7 +25,7 @@ from pathlib import Path
 
 import polars as pl
 
-from stepscope.analyze._comm_run import run_calls
+from stepscope.analyze._comm_run import RunCalls, run_calls
 from stepscope.analyze.collectives import CollectivesResult
 from stepscope.analyze.ranks import Cause, RanksResult, run_ranks
 from stepscope.analyze.summary import RULES, SummaryResult, Verdict
@@ -79,11 +79,13 @@ class RunSummaryResult:
 
 @dataclass(frozen=True)
 class RunAnalysis:
-    """The run's verdict with the analyses behind it, for a report: `ranks` and the matched `collectives`."""
+    """The run's verdict with the analyses behind it, for a report: `ranks`, the matched `collectives`, and the
+    ranks' calls they came from (`calls`, what the run's dependency graph is built from)."""
 
     summary: RunSummaryResult
     ranks: RanksResult
     collectives: CollectivesResult
+    calls: RunCalls
 
 
 def run_summary(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | None = None) -> RunSummaryResult:
@@ -129,7 +131,7 @@ def run_analysis(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | 
         straggler_host_op=res.straggler_host_op, straggler_host_line=res.straggler_host_line,
         rank_verdicts=dict(counts.most_common()), note=res.note, warnings=list(res.warnings), per_rank=per_rank,
         places=places, rules=rules)
-    return RunAnalysis(summary=summary, ranks=res, collectives=done.collectives)
+    return RunAnalysis(summary=summary, ranks=res, collectives=done.collectives, calls=run)
 
 
 def straggler_wait_fraction(res: RanksResult) -> float | None:

@@ -23,6 +23,7 @@ TRACE_FILE, RUN_FILE = "trace.perfetto.json.gz", "run.perfetto.json.gz"
 if TYPE_CHECKING:  # the analyses and the report writer load polars and matplotlib: imported when a report runs
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.collection import Collection, Member
+    from stepscope.analyze.run_summary import RunAnalysis
     from stepscope.analyze.summary import SummaryResult
     from stepscope.reports._render import FigureRenderer
     from stepscope.reports.html import PerfettoLink, Section
@@ -312,7 +313,29 @@ def _run_verdict(input_path: Path, rows: list[dict[str, Any]], verdicts: Mapping
         return [], None, [f"run verdict could not be computed: {type(exc).__name__}: {exc}"]
     straggler = analysis.summary.straggler
     mark = next((str(r["page"]) for r in rows if straggler is not None and r.get("rank") == straggler), None)
-    return [section], mark, []
+    path, problems = _run_path(analysis, str(input_path))
+    return [section, *path], mark, problems
+
+
+#: the most ranks whose run critical path a report computes: the run's graph holds every rank's nodes and edges
+#: at once (2.1 GiB for 1,024 small generated ranks, benchmarks/comm_scale.py)
+RUN_PATH_MAX_RANKS = 64
+
+
+def _run_path(analysis: RunAnalysis, source: str) -> tuple[list[Section], list[str]]:
+    """The run's critical path section (`run_graph`, `reports.run_page.run_path_section`) built from the calls the
+    run's verdict read; a problem line instead where it cannot be computed, or the run has too many ranks."""
+    from stepscope.analyze.run_graph import build_run_graph, run_critical_path
+    from stepscope.reports.run_page import run_path_section
+
+    ranks = len(analysis.calls.ranks)
+    if ranks > RUN_PATH_MAX_RANKS:
+        return [], [f"run critical path left out: {ranks:,} ranks, over {RUN_PATH_MAX_RANKS} (its graph holds every "
+                    f"rank at once); `stepscope critical-path {source}` computes it"]
+    try:
+        return [run_path_section(run_critical_path(build_run_graph(analysis.calls)), source)], []
+    except Exception as exc:  # noqa: BLE001 - the run's verdict, the ranks' pages and the index still render
+        return [], [f"run critical path could not be computed: {type(exc).__name__}: {exc}"]
 
 
 def _progress(found: Iterator[T], total: int) -> Iterator[T]:

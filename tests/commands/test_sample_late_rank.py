@@ -43,3 +43,32 @@ def test_ranks_blames_rank_1s_host() -> None:
     # the wait rank 0 spends in collectives per step is its share of rank 1's lateness
     ranks = {r["rank"]: r for r in data["ranks"]}
     assert ranks[0]["wait_ns"] > 10 * ranks[1]["wait_ns"]
+
+
+def test_the_run_report_has_the_run_s_critical_path(tmp_path: Path) -> None:
+    # GIVEN the 2-rank sample WHEN its report is written THEN the run's page has the critical path across ranks,
+    # as `critical-path` computes it: bound by the CPU, most of it on rank 1, and where rank 0 waits for rank 1
+    if not SAMPLE.is_dir():
+        pytest.skip("sample_traces/late_rank is not present")
+    path = _json("critical-path")
+    out = CliRunner().invoke(cli, ["report", str(SAMPLE), "-o", str(tmp_path / "r")])
+    assert out.exit_code == 0, out.output
+    page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
+    assert page.index('id="run-verdict"') < page.index('id="run-path"')
+    section = page[page.index('id="run-path"'):page.index("</section>", page.index('id="run-path"'))]
+    assert f"<dt>bound by</dt><dd>{path['bound_by']}</dd>" in section
+    top = max(path["rank_path_share"], key=path["rank_path_share"].get)
+    assert top == "1" and f"<dd>rank 1 {100 * path['rank_path_share']['1']:.1f}%" in section
+    assert "wait for rank 1 (all_reduce)" in section
+
+
+def test_a_run_over_the_rank_limit_has_no_path_but_a_line_saying_why() -> None:
+    from types import SimpleNamespace
+
+    from stepscope.commands.report import RUN_PATH_MAX_RANKS, _run_path
+
+    many = SimpleNamespace(calls=SimpleNamespace(ranks=(None,) * (RUN_PATH_MAX_RANKS + 1)))
+    sections, problems = _run_path(many, "run/")  # type: ignore[arg-type]
+    assert sections == [] and problems == [
+        f"run critical path left out: {RUN_PATH_MAX_RANKS + 1} ranks, over {RUN_PATH_MAX_RANKS} (its graph holds "
+        "every rank at once); `stepscope critical-path run/` computes it"]
