@@ -317,9 +317,11 @@ def _run_verdict(input_path: Path, rows: list[dict[str, Any]], verdicts: Mapping
     return [section, *path], mark, problems
 
 
-#: the most ranks whose run critical path a report computes: the run's graph holds every rank's nodes and edges
-#: at once (2.1 GiB for 1,024 small generated ranks, benchmarks/comm_scale.py)
+#: the largest run whose critical path a report computes, in ranks and in events over all ranks: the run's graph
+#: holds every rank's nodes and edges at once (2.1 GiB for 1,024 small generated ranks, benchmarks/comm_scale.py;
+#: about 1.2 GB for a step of 1M events, benchmarks/critical_path.py)
 RUN_PATH_MAX_RANKS = 64
+RUN_PATH_MAX_EVENTS = 2_000_000
 
 
 def _run_path(analysis: RunAnalysis, source: str) -> tuple[list[Section], list[str]]:
@@ -329,9 +331,12 @@ def _run_path(analysis: RunAnalysis, source: str) -> tuple[list[Section], list[s
     from stepscope.reports.run_page import run_path_section
 
     ranks = len(analysis.calls.ranks)
-    if ranks > RUN_PATH_MAX_RANKS:
-        return [], [f"run critical path left out: {ranks:,} ranks, over {RUN_PATH_MAX_RANKS} (its graph holds every "
-                    f"rank at once); `stepscope critical-path {source}` computes it"]
+    events = sum(t.meta.counts.events for r in analysis.calls.ranks for t in r.traces)
+    if ranks > RUN_PATH_MAX_RANKS or events > RUN_PATH_MAX_EVENTS:
+        size = (f"{ranks:,} ranks, over {RUN_PATH_MAX_RANKS}" if ranks > RUN_PATH_MAX_RANKS
+                else f"{events:,} events, over {RUN_PATH_MAX_EVENTS:,}")
+        return [], [f"run critical path left out: {size} (its graph holds every rank at once); "
+                    f"`stepscope critical-path {source}` computes it"]
     try:
         return [run_path_section(run_critical_path(build_run_graph(analysis.calls)), source)], []
     except Exception as exc:  # noqa: BLE001 - the run's verdict, the ranks' pages and the index still render

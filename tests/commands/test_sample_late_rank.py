@@ -65,10 +65,17 @@ def test_the_run_report_has_the_run_s_critical_path(tmp_path: Path) -> None:
 def test_a_run_over_the_rank_limit_has_no_path_but_a_line_saying_why() -> None:
     from types import SimpleNamespace
 
-    from stepscope.commands.report import RUN_PATH_MAX_RANKS, _run_path
+    from stepscope.commands.report import RUN_PATH_MAX_EVENTS, RUN_PATH_MAX_RANKS, _run_path
 
-    many = SimpleNamespace(calls=SimpleNamespace(ranks=(None,) * (RUN_PATH_MAX_RANKS + 1)))
-    sections, problems = _run_path(many, "run/")  # type: ignore[arg-type]
+    def run(ranks: int, events: int) -> SimpleNamespace:
+        trace = SimpleNamespace(meta=SimpleNamespace(counts=SimpleNamespace(events=events)))
+        return SimpleNamespace(calls=SimpleNamespace(ranks=(SimpleNamespace(traces=(trace,)),) * ranks))
+
+    sections, problems = _run_path(run(RUN_PATH_MAX_RANKS + 1, 10), "run/")  # type: ignore[arg-type]
     assert sections == [] and problems == [
         f"run critical path left out: {RUN_PATH_MAX_RANKS + 1} ranks, over {RUN_PATH_MAX_RANKS} (its graph holds "
         "every rank at once); `stepscope critical-path run/` computes it"]
+    sections, problems = _run_path(run(2, RUN_PATH_MAX_EVENTS // 2 + 1), "run/")  # type: ignore[arg-type]
+    assert sections == [] and problems == [
+        f"run critical path left out: {RUN_PATH_MAX_EVENTS + 2:,} events, over {RUN_PATH_MAX_EVENTS:,} (its graph "
+        "holds every rank at once); `stepscope critical-path run/` computes it"]
