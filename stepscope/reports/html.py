@@ -239,21 +239,30 @@ def steps_section(ctx: ReportContext) -> Section | None:
                                           ctx.command("plot", "timeline", ctx.source, "-o", "timeline.png")])
 
 
+def path_parts(result: Any, *, top_title: str, also: Sequence[tuple[str, str]] = (),
+               skip: Sequence[str] = ()) -> tuple[list[tuple[str, str]], list[Table]]:
+    """The headline and tables of a critical-path result (one trace's or a run's): bound by, the path's split,
+    `also`, its other fields but `skip`; its split by kind, its top contributors (`top_title`) and, for several
+    steps, each step's split."""
+    path = ", ".join(f"{kind.replace('_', ' ')} {human_fraction(share)}" for kind, share in result.path_share.items())
+    headline = [("bound by", str(result.bound_by).replace("_", " ")), ("path", path), *also] + headline_items(
+        result, skip=("window_kind", "bound_by", "notes", "graph_nodes", "dropped_edges", *skip))
+    if result.dropped_edges:
+        headline.append(("dropped edges", f"{result.dropped_edges:,} (ran backwards in time: clock skew)"))
+    tables = [frame_table(result.attribution, "Critical path by kind (mean per step)"),
+              frame_table(result.top, top_title)]
+    if result.steps.height > 1:
+        tables.append(frame_table(result.steps, "Per step"))
+    return headline, tables
+
+
 def critical_path_section(ctx: ReportContext) -> Section | None:
     """The critical path of every step (critical_path.py): what kind of work set the step's time, its top
     contributors with their Python lines, each step's split, and the notes on launch latency and held starts."""
     result = ctx.bundle.critical_path
     if not result.steps_found:
         return None
-    path = ", ".join(f"{kind.replace('_', ' ')} {human_fraction(share)}" for kind, share in result.path_share.items())
-    headline = [("bound by", str(result.bound_by).replace("_", " ")), ("path", path)] + headline_items(
-        result, skip=("window_kind", "bound_by", "notes", "graph_nodes", "dropped_edges"))
-    if result.dropped_edges:
-        headline.append(("dropped edges", f"{result.dropped_edges:,} (ran backwards in time: clock skew)"))
-    tables = [frame_table(result.attribution, "Critical path by kind (mean per step)"),
-              frame_table(result.top, "Top contributors (all steps)")]
-    if result.steps.height > 1:
-        tables.append(frame_table(result.steps, "Per step"))
+    headline, tables = path_parts(result, top_title="Top contributors (all steps)")
     notes = [*result.notes, "What a fix would buy: the same graph replayed with the change (stepscope whatif, or "
              "summary --predict for each verdict's fix)."]
     return Section(id="critical_path", title="Critical path", headline=headline, tables=tables, notes=notes,

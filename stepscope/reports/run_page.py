@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from stepscope.reports.html import Cell, Figure, Section, Table, frame_table, headline_items
+from stepscope.reports.html import Cell, Figure, Section, Table, frame_table, path_parts
 from stepscope.reports.units import human_fraction, human_ns
 
 if TYPE_CHECKING:
@@ -84,19 +84,11 @@ def run_path_section(result: RunCriticalPathResult, source: str) -> Section:
     """The run's critical path across ranks (`run_graph.run_critical_path`): what kind of work and which ranks set
     each step's time, the top contributors with their ranks ("wait for rank N (…)" where the path crosses to the
     rank that arrived last), each step's split and the notes."""
-    path = ", ".join(f"{k.replace('_', ' ')} {human_fraction(v)}" for k, v in result.path_share.items())
     ranks = list(result.rank_path_share.items())
     on_ranks = ", ".join(f"rank {r} {human_fraction(v)}" for r, v in ranks[:5]) + (
         f", {len(ranks) - 5} more" if len(ranks) > 5 else "")
-    headline = [("bound by", str(result.bound_by).replace("_", " ")), ("path", path), ("path on", on_ranks)]
-    headline += headline_items(result, skip=("source", "window_kind", "bound_by", "notes", "graph_nodes",
-                                             "dropped_edges", "rank_count"))
-    if result.dropped_edges:
-        headline.append(("dropped edges", f"{result.dropped_edges:,} (ran backwards in time: clock skew)"))
-    tables = [frame_table(result.attribution, "Critical path by kind (mean per step)"),
-              frame_table(result.top, "Top contributors (all steps, every rank)")]
-    if result.steps.height > 1:
-        tables.append(frame_table(result.steps, "Per step"))
+    headline, tables = path_parts(result, top_title="Top contributors (all steps, every rank)",
+                                  also=[("path on", on_ranks)], skip=("source", "rank_count"))
     notes = [*result.notes, "What a fix would buy across the ranks: stepscope whatif RUN (e.g. --overlap-comm, or "
              "--rank N with a change on that rank only)."]
     return Section(id="run-path", title="Run critical path (across ranks)", headline=headline, tables=tables,
