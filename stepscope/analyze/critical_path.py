@@ -221,7 +221,8 @@ def _split_held(graph: DependencyGraph, edge: np.ndarray, on_edge: np.ndarray, a
     held = np.zeros(len(edge), dtype=bool)
     part = np.zeros(len(edge), dtype=np.int64)
     if on_edge.any():
-        part[on_edge] = held_ns(graph.edges[at[on_edge]], (e_ns - s_ns)[on_edge])
+        launch_cols = graph.edges.select("type", "natural_ns", "call_dur_ns")  # (what held_ns reads)
+        part[on_edge] = held_ns(launch_cols[at[on_edge]], (e_ns - s_ns)[on_edge])
     long = part > 0
     if not long.any():
         return edge, on_edge, at, window, w_start, s_ns, e_ns, held

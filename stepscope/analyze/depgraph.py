@@ -875,5 +875,4 @@ def topological_order(t_ns: IntArray, tie: IntArray, src: IntArray, dst: IntArra
 
 
 __all__ = ["DependencyGraph", "EdgeType", "PathKind", "Replay", "build_graph", "held_ns", "measured_weights",
-           "ordered_edges",
-           "replay", "step_times", "topological_order", "window_times"]
+           "ordered_edges", "replay", "step_times", "topological_order", "window_times"]

@@ -28,8 +28,10 @@ from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 if TYPE_CHECKING:
     from stepscope.analyze.bundle import TraceAnalysis
+    from stepscope.analyze.critical_path import CriticalPathResult
     from stepscope.analyze.diff import TraceDiff
     from stepscope.analyze.memory_categories import MemoryCategoriesResult
+    from stepscope.analyze.run_graph import RunCriticalPathResult
     from stepscope.analyze.snapshot import SnapshotResult
 
 MAX_TABLE_ROWS = 50
@@ -239,8 +241,9 @@ def steps_section(ctx: ReportContext) -> Section | None:
                                           ctx.command("plot", "timeline", ctx.source, "-o", "timeline.png")])
 
 
-def path_parts(result: Any, *, top_title: str, also: Sequence[tuple[str, str]] = (),
-               skip: Sequence[str] = ()) -> tuple[list[tuple[str, str]], list[Table]]:
+def path_parts(result: CriticalPathResult | RunCriticalPathResult, *, top_title: str,
+               also: Sequence[tuple[str, str]] = (), skip: Sequence[str] = ()
+               ) -> tuple[list[tuple[str, str]], list[Table]]:
     """The headline and tables of a critical-path result (one trace's or a run's): bound by, the path's split,
     `also`, its other fields but `skip`; its split by kind, its top contributors (`top_title`) and, for several
     steps, each step's split."""
