@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,16 +103,20 @@ def _unique(named: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
 
 
 def members(named: Sequence[tuple[Path, str]], *, cache_dir: Path | None = None,
-            captures: dict[Path, Path] | None = None) -> Iterator[Member]:
+            captures: dict[Path, Path] | None = None,
+            start: Callable[[TraceAnalysis], None] | None = None) -> Iterator[Member]:
     """Each (path, page name) opened and its index row computed, in order; a failure is a member too.
     `captures`: a trace's graph-capture profile (`RunDir.graph_captures`), which maps its replayed kernels to
-    the ops that launched them (`graphs.with_graph_capture`)."""
+    the ops that launched them (`graphs.with_graph_capture`); `start`: given each bundle before anything of it is
+    computed (a report's workers, which compute analyses ahead: `_render.FigureWorkers.analyse_ahead`)."""
     for path, name in named:
         try:
             trace = load(path, cache_dir=cache_dir)
             capture = (captures or {}).get(path)
             bundle = TraceAnalysis.of(trace if capture is None else
                                       with_graph_capture(trace, load(capture, cache_dir=cache_dir)))
+            if start is not None:
+                start(bundle)
             row = trace_row(bundle)
         except Exception as exc:  # noqa: BLE001 - one bad trace is reported; the rest go on
             yield Member(name=name, path=path, bundle=None, row={"trace": path.name, "error": f"{type(exc).__name__}: "

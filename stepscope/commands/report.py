@@ -92,6 +92,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
         frames, choice = load_replayed(input_path, graph_capture)  # (no capture given or found: the trace itself)
         with FigureWorkers() as renderer:  # they warm up while the trace is analysed
             bundle = TraceAnalysis.of(frames)
+            renderer.analyse_ahead(bundle)  # (on a machine with the cores: see FigureWorkers)
             if step is not None:
                 _check_step(bundle, step)
             with atomic_dir(out, create_parents=False) as tmp:
@@ -217,7 +218,7 @@ def _members_here(named: list[tuple[Path, str]], tmp: Path, *, run: bool, step: 
     from stepscope.reports._render import FigureWorkers
 
     with FigureWorkers() as renderer:  # a member's figures are drawn while its sections are built
-        for m in members(named, captures=captures):
+        for m in members(named, captures=captures, start=renderer.analyse_ahead):
             if m.bundle is not None and "verdict" in m.bundle.__dict__:  # (computed, not raised: cached_property)
                 verdicts[m.bundle.trace.directory] = m.bundle.verdict
             yield _write_member(m, tmp, run=run, step=step, perfetto=perfetto, run_link=run_link, renderer=renderer,

@@ -21,7 +21,10 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepscope.analyze.bundle import TraceAnalysis
 
 #: the modules a figure name may point into (stepscope.reports.<module>)
 FIGURE_MODULES = ("figures", "memory_figures")
@@ -90,18 +93,40 @@ def start_early() -> None:
     start_fork_server(PRELOAD)
 
 
-def default_workers() -> int:
-    """Figure workers for this machine: two where there are two cores or more, else one. Drawing takes about
-    as long as analysing, and most figures can only start near the end of the analyses: on two cores, two
-    workers split what is left between the cores once this process is done, where one worker left a core
-    idle (benchmarks/report_vs_json.py)."""
+#: the fewest cores on which a report hands analyses to its workers (`bundle.AHEAD`); below, each worker would
+#: take a core from this process's own analyses and derive the trace's frames again besides
+AHEAD_MIN_CORES = 4
+#: the most workers a report starts: its figures are about a dozen, drawn as their sections are built
+MAX_WORKERS = 8
+
+
+def analyses_ahead() -> bool:
+    """Whether this machine has the cores for a report's analyses to run in its workers (`AHEAD_MIN_CORES`)."""
     from stepscope.analyze._workers import usable_cores
 
-    return 2 if usable_cores() >= 2 else 1
+    return usable_cores() >= AHEAD_MIN_CORES
+
+
+def default_workers(ahead: bool = False) -> int:
+    """Workers for this machine. Without analyses ahead, two where there are two cores or more, else one:
+    drawing takes about as long as analysing, and most figures can only start near the end of the analyses; on
+    two cores, two workers split what is left between the cores once this process is done, where one worker left
+    a core idle (benchmarks/report_vs_json.py). With them, one for each group of analyses and the cores left
+    besides this process's for figures, at most `MAX_WORKERS`."""
+    from stepscope.analyze._workers import usable_cores
+
+    cores = usable_cores()
+    if not ahead:
+        return 2 if cores >= 2 else 1
+    from stepscope.analyze.bundle import AHEAD
+
+    return max(len(AHEAD) + 1, min(MAX_WORKERS, cores - 1))
 
 
 class FigureWorkers(FigureRenderer):
-    """Draws figures in `workers` processes, each started as soon as it is submitted; a context manager.
+    """Draws figures in `workers` processes, each started as soon as it is submitted; a context manager. With
+    `ahead` (default: where the machine has `AHEAD_MIN_CORES`), the workers also compute a trace's analyses
+    before this process asks for them (`analyse_ahead`).
 
     The workers start (and warm up: matplotlib imported) when this is entered, from the fork server (which
     has polars and the analyses' modules loaded already): enter it once the trace is loaded (an ingest on
@@ -110,8 +135,9 @@ class FigureWorkers(FigureRenderer):
     exits without waiting for a figure nobody will read.
     """
 
-    def __init__(self, workers: int | None = None) -> None:
-        self.workers = workers if workers is not None else default_workers()
+    def __init__(self, workers: int | None = None, *, ahead: bool | None = None) -> None:
+        self.ahead = ahead if ahead is not None else analyses_ahead()
+        self.workers = workers if workers is not None else default_workers(self.ahead)
         self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> FigureWorkers:
@@ -121,9 +147,21 @@ class FigureWorkers(FigureRenderer):
         # imports' (a pool that ingested a trace, polars' own), and a child forked while one of them holds a
         # lock waits on it forever (a report in the test suite hung so)
         self._pool = worker_pool(self.workers, fork_if_fresh=False, preload=PRELOAD)
-        for _ in range(self.workers):
-            self._pool.submit(warm_up)
+        from stepscope.analyze.bundle import AHEAD
+
+        for _ in range(max(1, self.workers - len(AHEAD)) if self.ahead else self.workers):
+            self._pool.submit(warm_up)  # (with analyses ahead, the workers that take them first warm up later)
         return self
+
+    def analyse_ahead(self, bundle: TraceAnalysis) -> None:
+        """With `ahead`, hand `bundle`'s analyses to the workers (`TraceAnalysis.start_ahead`): call it before
+        asking the bundle for anything. Nothing where the pool is closed or broken (they are computed here)."""
+        if self._pool is None or not self.ahead:
+            return
+        try:
+            bundle.start_ahead(self._pool.submit)
+        except BrokenProcessPool:
+            pass
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -1,5 +1,7 @@
 """Figure workers (_render.py): a page drawn by worker processes is the page drawn here, byte for byte; a
-figure that fails loses its section with the same problem line; a dead worker's figures are drawn here."""
+figure that fails loses its section with the same problem line; a dead worker's figures are drawn here. Analyses
+handed to the workers ahead (bundle.start_ahead) give the same page; an analysis that raised there raises here,
+and one whose hand-over failed is computed here."""
 
 from __future__ import annotations
 
@@ -7,16 +9,22 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
 from builders import load_events
+from click.testing import CliRunner
 from report_traces import gpu_doc
 
-from stepscope.analyze.bundle import TraceAnalysis
+from stepscope.analyze.bundle import AHEAD, TraceAnalysis, compute_group
+from stepscope.cli import cli
+from stepscope.reports import _render
 from stepscope.reports import html as H
 from stepscope.reports._render import INLINE, FigureRenderer, FigureWorkers, draw
+
+LATE_RANK = Path(__file__).resolve().parents[2] / "sample_traces" / "late_rank"
 
 
 def _page(bundle: TraceAnalysis, renderer: FigureRenderer) -> str:
@@ -106,3 +114,84 @@ def test_the_fork_server_starts_early_without_a_thread_or_matplotlib_here() -> N
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     # THEN the server runs, this process has the same threads and no matplotlib, and the workers come from it
     assert done.returncode == 0, done.stderr
+
+
+def test_analyses_computed_ahead_by_the_workers_give_the_same_page(tmp_path: Path) -> None:
+    # GIVEN a trace's report drawn here, analyses and all
+    trace = load_events(tmp_path, gpu_doc())
+    here = _page(TraceAnalysis.of(trace), INLINE)
+    # WHEN a fresh bundle of it hands its analyses to the workers before anything is asked of it
+    bundle = TraceAnalysis.of(trace)
+    with FigureWorkers(4, ahead=True) as workers:
+        workers.analyse_ahead(bundle)
+        handed = set(bundle._ahead)
+        there = _page(bundle, workers)
+    # THEN every group went to a worker, each was taken from there, and the page is the same
+    assert handed == {name for group in AHEAD for name in group}
+    assert not bundle._ahead
+    assert there == here
+
+
+def test_a_group_is_computed_on_one_bundle_and_a_failure_comes_back_as_a_value(tmp_path: Path) -> None:
+    # GIVEN a trace WHEN a worker's group is computed: two analyses, then one that does not exist
+    trace = load_events(tmp_path, gpu_doc())
+    done = compute_group(trace, ("gaps", "steps", "no_such_analysis"))
+    inline = TraceAnalysis.of(trace)
+    # THEN each result is what the bundle computes here, and the failure is the exception, not raised
+    assert done["gaps"][0] and done["steps"][0]
+    assert done["gaps"][1].window_ns == inline.gaps.window_ns
+    assert done["steps"][1].steps.equals(inline.steps.steps)
+    ok, exc = done["no_such_analysis"]
+    assert not ok and isinstance(exc, AttributeError)
+
+
+def _handed(bundle: TraceAnalysis, name: str, *, result: object = None, error: BaseException | None = None) -> None:
+    """`name` as if handed to a worker whose future holds `result` (for `name`) or `error`."""
+    future: Future[dict[str, tuple[bool, object]]] = Future()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result({name: result})  # type: ignore[dict-item]
+    bundle._ahead[name] = future
+
+
+def test_an_analysis_that_raised_in_a_worker_raises_the_same_here(tmp_path: Path) -> None:
+    bundle = TraceAnalysis.of(load_events(tmp_path, gpu_doc()))
+    _handed(bundle, "gaps", result=(False, ValueError("no window")))
+    with pytest.raises(ValueError, match="no window"):
+        _ = bundle.gaps
+
+
+def test_an_analysis_whose_hand_over_failed_is_computed_here(tmp_path: Path) -> None:
+    # GIVEN analyses handed to a worker that died, and one whose result could not be sent back
+    trace = load_events(tmp_path, gpu_doc())
+    bundle = TraceAnalysis.of(trace)
+    _handed(bundle, "gaps", error=BrokenProcessPool("a worker died"))
+    _handed(bundle, "overlap", error=TypeError("cannot pickle"))
+    inline = TraceAnalysis.of(trace)
+    # WHEN they are asked for THEN they are computed here, the same as ever
+    assert bundle.gaps.idle_by_cause.equals(inline.gaps.idle_by_cause)
+    assert bundle.overlap.launch_latency.equals(inline.overlap.launch_latency)
+    assert bundle.overlap.gpu_busy_fraction == inline.overlap.gpu_busy_fraction
+
+
+def test_a_run_report_with_analyses_ahead_is_the_same_report(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN the 2-rank sample run, reported as on a machine of few cores (analyses in this process)
+    if not LATE_RANK.is_dir():
+        pytest.skip("sample_traces/late_rank is not present")
+
+    def pages(out: Path) -> dict[str, str]:
+        done = CliRunner().invoke(cli, ["report", str(LATE_RANK), "-o", str(out)])
+        assert done.exit_code == 0, done.output
+        return {str(p.relative_to(out)): re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", "TIME", p.read_text())
+                for p in sorted(out.rglob("index.html"))}
+
+    monkeypatch.setattr(_render, "AHEAD_MIN_CORES", 10**6)
+    here = pages(tmp_path / "here")
+    # WHEN it is reported as on a machine with cores to spare (each rank's analyses handed to the workers)
+    monkeypatch.setattr(_render, "AHEAD_MIN_CORES", 1)
+    ahead = pages(tmp_path / "ahead")
+    # THEN every page, the index and each rank's, is the same
+    assert len(here) == 3
+    assert ahead == here
