@@ -13,6 +13,9 @@ is a fresh process (wall time around it), the sides in turn, so a busy moment of
                   while the trace is analysed (stepscope.reports._render)
   report, serial  the same command with every figure drawn in the command's own process, one after another
                   (as before the figure workers): same analyses, the same page (checked, PNG bytes included)
+  report, here    only on a machine where the report hands analyses to its workers (4 cores or more): the same
+                  command with every analysis computed in the command's own process (figures still drawn by the
+                  workers), the same page (checked)
 Seconds are the min (and median) of the runs; CPU s (user + system, the workers' included: the work done,
 which the cores share) the min of the runs; peak RSS is the largest process's (the command's, a figure
 worker's), the largest of the runs.
@@ -37,7 +40,7 @@ DEFAULT_TRACES = (CORPUS / "hta/df_index_resolver/df_index_resolver.json.gz",
                   CORPUS / "kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz")
 JSON_LOAD = ("import gzip, json, sys; p = sys.argv[1]; "
              "json.load(gzip.open(p) if p.endswith('.gz') else open(p, 'rb'))")
-SIDES = ("json.load", "report", "report, serial")
+SIDES = ("json.load", "report", "report, serial", "report, here")
 
 
 def serial_main(argv: list[str]) -> None:
@@ -62,12 +65,31 @@ def serial_main(argv: list[str]) -> None:
     sys.exit(main(argv))
 
 
+def here_main(argv: list[str]) -> None:
+    """`stepscope report` with no analysis handed to the workers (as on a machine of few cores); a
+    benchmark-only baseline, not an option of the command."""
+    from stepscope.reports import _render
+
+    _render.AHEAD_MIN_CORES = 10**6
+    from stepscope.cli import main
+
+    sys.exit(main(argv))
+
+
+def sides() -> tuple[str, ...]:
+    """The sides this machine measures: 'report, here' only where the report hands analyses to its workers."""
+    from stepscope.reports._render import analyses_ahead
+
+    return SIDES if analyses_ahead() else SIDES[:-1]
+
+
 def command(side: str, trace: Path, out: Path) -> list[str]:
     if side == "json.load":
         return [sys.executable, "-c", JSON_LOAD, str(trace)]
     if side == "report":
         return [sys.executable, "-m", "stepscope", "report", str(trace), "-o", str(out)]
-    return [sys.executable, __file__, "--serial", "report", str(trace), "-o", str(out)]
+    return [sys.executable, __file__, "--serial" if side == "report, serial" else "--here", "report", str(trace),
+            "-o", str(out)]
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
@@ -87,16 +109,16 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
 def measure(trace: Path, runs: int, tmp: Path) -> dict[str, list[tuple[float, float, float]]]:
     """Each side `runs` times, in turn; then check that both reports wrote the same page."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp / "cache"))
-    out = {side: tmp / f"out-{i}" for i, side in enumerate(SIDES)}
+    out = {side: tmp / f"out-{i}" for i, side in enumerate(sides())}
     subprocess.run(command("report", trace, out["report"]), env=env, check=True, stdout=subprocess.DEVNULL)  # ingest
-    results: dict[str, list[tuple[float, float, float]]] = {side: [] for side in SIDES}
+    results: dict[str, list[tuple[float, float, float]]] = {side: [] for side in out}
     for _ in range(runs):
-        for side in SIDES:
+        for side in out:
             results[side].append(timed(command(side, trace, out[side]), env))
-    pages = [re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", "", (out[side] / "index.html").read_text(encoding="utf-8"))
-             for side in ("report", "report, serial")]
-    if pages[0] != pages[1]:
-        raise SystemExit(f"{trace}: the report drawn by figure workers differs from the one drawn serially")
+    pages = {side: re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", "", (out[side] / "index.html").read_text(encoding="utf-8"))
+             for side in out if side != "json.load"}
+    if len(set(pages.values())) != 1:
+        raise SystemExit(f"{trace}: the pages differ between {', '.join(pages)}")
     return results
 
 
@@ -110,7 +132,7 @@ def show(trace: Path, results: dict[str, Any], runs: int) -> None:
           f"{runs} runs of each side, interleaved")
     floor = min(w for w, _c, _r in results["json.load"])
     print(f"{'side':<16} {'min s':>7} {'median s':>9} {'min / json.load':>16} {'CPU s':>7} {'peak RSS':>9}")
-    for side in SIDES:
+    for side in results:
         walls = [w for w, _c, _r in results[side]]
         cpu = min(c for _w, c, _r in results[side])
         rss = max(r for _w, _c, r in results[side])
@@ -119,8 +141,8 @@ def show(trace: Path, results: dict[str, Any], runs: int) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--serial":
-        serial_main(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] in ("--serial", "--here"):
+        (serial_main if sys.argv[1] == "--serial" else here_main)(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces", nargs="*", type=Path, help="trace files (default: the two largest of the corpus)")
