@@ -52,6 +52,9 @@ AHEAD: tuple[tuple[str, ...], ...] = (("critical_path",), ("gaps", "steps"),
                                       ("overlap", "ops", "memory", "transfers"))
 #: the largest trace (in events) whose analyses go ahead: each worker holds the trace's frames of its own
 AHEAD_MAX_EVENTS = 2_000_000
+#: what a report's own process computes while its workers compute `AHEAD` (`TraceAnalysis.meanwhile`): the rest
+#: of what the verdict reads, before the report's sections wait for the workers
+MEANWHILE = ("kernels", "roofline", "serving", "info")
 
 T = TypeVar("T")
 #: what a worker sends back for each analysis of its group: (True, the result) or (False, the exception it raised)
@@ -123,6 +126,17 @@ class TraceAnalysis:
             if names:
                 future = submit(compute_group, trace, names)
                 self._ahead.update(dict.fromkeys(names, future))
+
+    def meanwhile(self, names: tuple[str, ...] = MEANWHILE) -> None:
+        """Where analyses were handed to workers (`start_ahead`), compute `names` here while they run, so that
+        what waits for the workers comes last. One that raises is left: it raises again where it is asked for."""
+        if not self._ahead:
+            return
+        for name in names:
+            try:
+                getattr(self, name)
+            except Exception:  # noqa: BLE001, S112 - raised again, in its section, where it is asked for
+                continue
 
     @_analysis
     def info(self) -> TraceInfo:

@@ -32,6 +32,10 @@ FIGURE_MODULES = ("figures", "memory_figures")
 #: what the fork server imports before it forks the figure workers (where this report starts it): matplotlib
 #: and the figure modules take longer to import than most figures take to draw, once instead of once a worker
 PRELOAD = ("stepscope.analyze.bundle", *(f"stepscope.reports.{m}" for m in FIGURE_MODULES))
+#: the same where the workers compute analyses ahead (`analyses_ahead`): the analyses only, so that the fork
+#: server is ready as soon as this process has loaded the trace (matplotlib would take it about a second more,
+#: which the analyses would wait for); each figure worker then imports matplotlib itself, on a core of its own
+PRELOAD_AHEAD = ("stepscope.analyze.bundle",)
 
 
 def draw(name: str, args: tuple[Any, ...]) -> bytes | None:
@@ -80,6 +84,10 @@ class FigureRenderer:
         """Start drawing the figure `name` of `args` (see `draw`)."""
         return PendingPng(name=name, args=args)
 
+    def analyse_ahead(self, bundle: TraceAnalysis) -> None:
+        """Nothing: here, the analyses are computed where they are asked for (`FigureWorkers` may hand them to
+        its workers ahead)."""
+
 
 INLINE = FigureRenderer()
 
@@ -90,14 +98,14 @@ def start_early() -> None:
     (FigureWorkers' `__enter__`) runs meanwhile on another core."""
     from stepscope.analyze._workers import start_fork_server
 
-    start_fork_server(PRELOAD)
+    start_fork_server(PRELOAD_AHEAD if analyses_ahead() else PRELOAD)
 
 
 #: the fewest cores on which a report hands analyses to its workers (`bundle.AHEAD`); below, each worker would
 #: take a core from this process's own analyses and derive the trace's frames again besides
 AHEAD_MIN_CORES = 4
-#: the most workers a report starts: its figures are about a dozen, drawn as their sections are built
-MAX_WORKERS = 8
+#: the most figure workers a report starts: its figures are about a dozen, drawn as their sections are built
+MAX_WORKERS = 6
 
 
 def analyses_ahead() -> bool:
@@ -108,11 +116,11 @@ def analyses_ahead() -> bool:
 
 
 def default_workers(ahead: bool = False) -> int:
-    """Workers for this machine. Without analyses ahead, two where there are two cores or more, else one:
+    """Figure workers for this machine. Without analyses ahead, two where there are two cores or more, else one:
     drawing takes about as long as analysing, and most figures can only start near the end of the analyses; on
     two cores, two workers split what is left between the cores once this process is done, where one worker left
-    a core idle (benchmarks/report_vs_json.py). With them, one for each group of analyses and the cores left
-    besides this process's for figures, at most `MAX_WORKERS`."""
+    a core idle (benchmarks/report_vs_json.py). With them, the cores this process and the analyses' workers
+    leave, at least two and at most `MAX_WORKERS`."""
     from stepscope.analyze._workers import usable_cores
 
     cores = usable_cores()
@@ -120,58 +128,64 @@ def default_workers(ahead: bool = False) -> int:
         return 2 if cores >= 2 else 1
     from stepscope.analyze.bundle import AHEAD
 
-    return max(len(AHEAD) + 1, min(MAX_WORKERS, cores - 1))
+    return max(2, min(MAX_WORKERS, cores - 1 - len(AHEAD)))
 
 
 class FigureWorkers(FigureRenderer):
     """Draws figures in `workers` processes, each started as soon as it is submitted; a context manager. With
-    `ahead` (default: where the machine has `AHEAD_MIN_CORES`), the workers also compute a trace's analyses
-    before this process asks for them (`analyse_ahead`).
+    `ahead` (default: where the machine has `AHEAD_MIN_CORES`), more workers, one for each group of analyses,
+    compute a trace's analyses before this process asks for them (`analyse_ahead`).
 
     The workers start (and warm up: matplotlib imported) when this is entered, from the fork server (which
-    has polars and the analyses' modules loaded already): enter it once the trace is loaded (an ingest on
-    the fly runs its own worker pool first) and before the analyses start. Leaving it normally waits for nothing
-    (every figure's result was taken); leaving it on an error ends the workers at once, so a failed report
-    exits without waiting for a figure nobody will read.
+    has polars and the analyses' modules loaded already; matplotlib too, without `ahead`): enter it once the
+    trace is loaded (an ingest on the fly runs its own worker pool first) and before the analyses start. The
+    analyses' workers are a pool of their own, so that no figure waits for a worker that has not imported
+    matplotlib. Leaving it normally waits for nothing (every figure's result was taken); leaving it on an error
+    ends the workers at once, so a failed report exits without waiting for a figure nobody will read.
     """
 
     def __init__(self, workers: int | None = None, *, ahead: bool | None = None) -> None:
         self.ahead = ahead if ahead is not None else analyses_ahead()
         self.workers = workers if workers is not None else default_workers(self.ahead)
         self._pool: ProcessPoolExecutor | None = None
+        self._analysts: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> FigureWorkers:
         from stepscope.analyze._workers import worker_pool
+        from stepscope.analyze.bundle import AHEAD
 
         # from the fork server, never forked from here: by now this process may run threads other than its
         # imports' (a pool that ingested a trace, polars' own), and a child forked while one of them holds a
         # lock waits on it forever (a report in the test suite hung so)
-        self._pool = worker_pool(self.workers, fork_if_fresh=False, preload=PRELOAD)
-        from stepscope.analyze.bundle import AHEAD
-
-        for _ in range(max(1, self.workers - len(AHEAD)) if self.ahead else self.workers):
-            self._pool.submit(warm_up)  # (with analyses ahead, the workers that take them first warm up later)
+        preload = PRELOAD_AHEAD if self.ahead else PRELOAD
+        if self.ahead:
+            self._analysts = worker_pool(len(AHEAD), fork_if_fresh=False, preload=preload)
+        self._pool = worker_pool(self.workers, fork_if_fresh=False, preload=preload)
+        for _ in range(self.workers):
+            self._pool.submit(warm_up)
         return self
 
     def analyse_ahead(self, bundle: TraceAnalysis) -> None:
-        """With `ahead`, hand `bundle`'s analyses to the workers (`TraceAnalysis.start_ahead`): call it before
-        asking the bundle for anything. Nothing where the pool is closed or broken (they are computed here)."""
-        if self._pool is None or not self.ahead:
+        """With `ahead`, hand `bundle`'s analyses to the analyses' workers (`TraceAnalysis.start_ahead`) and
+        compute the others here meanwhile (`TraceAnalysis.meanwhile`): call it before asking the bundle for
+        anything. Nothing where that pool is closed or broken (they are computed here when asked for)."""
+        if self._analysts is None:
             return
         try:
-            bundle.start_ahead(self._pool.submit)
+            bundle.start_ahead(self._analysts.submit)
         except BrokenProcessPool:
             pass
+        bundle.meanwhile()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  tb: TracebackType | None) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        if kind is not None:
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
-                process.terminate()  # (no public way before Python 3.14's terminate_workers)
-        pool.shutdown(wait=kind is None, cancel_futures=True)
+        pools = [p for p in (self._pool, self._analysts) if p is not None]
+        self._pool = self._analysts = None
+        for pool in pools:
+            if kind is not None:
+                for process in list((getattr(pool, "_processes", None) or {}).values()):
+                    process.terminate()  # (no public way before Python 3.14's terminate_workers)
+            pool.shutdown(wait=kind is None, cancel_futures=True)
 
     def submit(self, name: str, *args: Any) -> PendingPng:
         """Send the figure to a worker; drawn here (on `result()`) when the pool is closed or broken."""

@@ -18,7 +18,7 @@ from builders import load_events
 from click.testing import CliRunner
 from report_traces import gpu_doc
 
-from stepscope.analyze.bundle import AHEAD, TraceAnalysis, compute_group
+from stepscope.analyze.bundle import AHEAD, MEANWHILE, TraceAnalysis, compute_group
 from stepscope.cli import cli
 from stepscope.reports import _render
 from stepscope.reports import html as H
@@ -122,14 +122,28 @@ def test_analyses_computed_ahead_by_the_workers_give_the_same_page(tmp_path: Pat
     here = _page(TraceAnalysis.of(trace), INLINE)
     # WHEN a fresh bundle of it hands its analyses to the workers before anything is asked of it
     bundle = TraceAnalysis.of(trace)
-    with FigureWorkers(4, ahead=True) as workers:
+    with FigureWorkers(2, ahead=True) as workers:
         workers.analyse_ahead(bundle)
         handed = set(bundle._ahead)
+        computed = set(bundle.__dict__) & (handed | set(MEANWHILE))
         there = _page(bundle, workers)
-    # THEN every group went to a worker, each was taken from there, and the page is the same
+    # THEN every group went to a worker, the others were computed here meanwhile, each handed one was taken from
+    # its worker, and the page is the same
     assert handed == {name for group in AHEAD for name in group}
+    assert computed == set(MEANWHILE)
     assert not bundle._ahead
     assert there == here
+
+
+def test_meanwhile_computes_only_beside_workers_and_leaves_a_failure_to_its_section(tmp_path: Path) -> None:
+    bundle = TraceAnalysis.of(load_events(tmp_path, gpu_doc()))
+    # nothing handed to a worker: nothing computed ahead of the sections' order
+    bundle.meanwhile()
+    assert not set(bundle.__dict__) & set(MEANWHILE)
+    # handed: computed, one that raises passed over (raised again where asked for)
+    _handed(bundle, "gaps", result=(True, None))
+    bundle.meanwhile(("no_such_analysis", "kernels"))
+    assert "kernels" in bundle.__dict__
 
 
 def test_a_group_is_computed_on_one_bundle_and_a_failure_comes_back_as_a_value(tmp_path: Path) -> None:
