@@ -53,8 +53,9 @@ AHEAD: tuple[tuple[str, ...], ...] = (("critical_path",), ("gaps", "steps"),
 #: the largest trace (in events) whose analyses go ahead: each worker holds the trace's frames of its own
 AHEAD_MAX_EVENTS = 2_000_000
 #: what a report's own process computes while its workers compute `AHEAD` (`TraceAnalysis.meanwhile`): the rest
-#: of what the verdict reads, before the report's sections wait for the workers
-MEANWHILE = ("kernels", "roofline", "serving", "info")
+#: of what the verdict reads, then the verdict (as soon as the gaps and steps come back, while the critical path
+#: is still being found), before the report's sections wait for the workers
+MEANWHILE = ("kernels", "roofline", "serving", "info", "verdict")
 
 T = TypeVar("T")
 #: what a worker sends back for each analysis of its group: (True, the result) or (False, the exception it raised)
