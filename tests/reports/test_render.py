@@ -116,15 +116,23 @@ def test_the_fork_server_starts_early_without_a_thread_or_matplotlib_here() -> N
     assert done.returncode == 0, done.stderr
 
 
-def test_analyses_computed_ahead_by_the_workers_give_the_same_page(tmp_path: Path) -> None:
+def test_analyses_computed_ahead_by_the_workers_give_the_same_page(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a trace's report drawn here, analyses and all
     trace = load_events(tmp_path, gpu_doc())
     here = _page(TraceAnalysis.of(trace), INLINE)
+    handed: set[str] = set()
+    start_ahead = TraceAnalysis.start_ahead
+
+    def spied(self: TraceAnalysis, *args: object) -> None:
+        start_ahead(self, *args)  # type: ignore[arg-type]
+        handed.update(self._ahead)
+
+    monkeypatch.setattr(TraceAnalysis, "start_ahead", spied)
     # WHEN a fresh bundle of it hands its analyses to the workers before anything is asked of it
     bundle = TraceAnalysis.of(trace)
     with FigureWorkers(2, ahead=True) as workers:
         workers.analyse_ahead(bundle)
-        handed = set(bundle._ahead)
         computed = set(bundle.__dict__)
         there = _page(bundle, workers)
     # THEN every group went to a worker, the others were computed here meanwhile, each handed one was taken from
