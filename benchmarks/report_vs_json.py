@@ -10,15 +10,16 @@ Each trace is ingested once into a fresh cache (not timed; benchmarks/ingest.py 
 is a fresh process (wall time around it), the sides in turn, so a busy moment of the machine hits them alike:
   json.load       python -c "json.load(gzip.open(TRACE))"
   report          stepscope report TRACE -o OUT/ (python -m stepscope): figures drawn by worker processes
-                  while the trace is analysed (stepscope.reports._render)
+                  while the trace is analysed, and on 4 cores or more groups of analyses computed by workers
+                  too (stepscope.reports._render)
   report, serial  the same command with every figure drawn in the command's own process, one after another
                   (as before the figure workers): same analyses, the same page (checked, PNG bytes included)
   report, here    only on a machine where the report hands analyses to its workers (4 cores or more): the same
                   command with every analysis computed in the command's own process (figures still drawn by the
                   workers), the same page (checked)
-Seconds are the min (and median) of the runs; CPU s (user + system, the workers' included: the work done,
-which the cores share) the min of the runs; peak RSS is the largest process's (the command's, a figure
-worker's), the largest of the runs.
+Seconds are the min (and median) of the runs; CPU s (user + system) the min of the runs and peak RSS the
+largest, both of the command's own process: its polars threads are counted, its workers are not (they are the
+fork server's children, which the command does not wait for).
 """
 
 from __future__ import annotations
