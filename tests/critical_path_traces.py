@@ -117,6 +117,31 @@ def graph_replay() -> dict[str, Any]:
     )
 
 
+def launch_behind_a_graph() -> dict[str, Any]:
+    """A graph replay whose two kernels overlap on stream 7 (a short one inside a long one), an add launched while
+    the long one still runs, then two adds launched onto an idle stream 5 µs before they start.
+
+        CPU  step 0-300: replay 5-14 > cudaGraphLaunch 10-12; aten::add 40-50 > launch 42-44;
+             aten::add 250+20i .. +10 > launch 252+20i .. +2 (i = 0, 1)
+        GPU  stream 7: long 20-200, short 25-30, add 201-204, add_i 257+20i .. +3
+    -> launches that found their stream idle: the graph's (10 µs to its first kernel) and the two adds (5 µs). The
+       add launched at 42 did not: the long kernel ran until 200, though the short one just before it had ended.
+       Typical latency: the median of 10, 5, 5 = 5 µs (counting the add at 42, 159 µs, would make it 7.5 µs)
+    """
+    events = [step(1, ts=0, dur=300),
+              cpu_op("replay", ts=5, dur=9, external_id=1),
+              runtime("cudaGraphLaunch", ts=10, dur=2, correlation=1, external_id=1),
+              kernel("long", ts=20, dur=180, correlation=1), kernel("short", ts=25, dur=5, correlation=1),
+              cpu_op("aten::add", ts=40, dur=10, external_id=2),
+              runtime("cudaLaunchKernel", ts=42, dur=2, correlation=2, external_id=2),
+              kernel("add", ts=201, dur=3, correlation=2)]
+    for i in range(2):
+        events += [cpu_op("aten::add", ts=250 + 20 * i, dur=10, external_id=3 + i),
+                   runtime("cudaLaunchKernel", ts=252 + 20 * i, dur=2, correlation=3 + i, external_id=3 + i),
+                   kernel(f"add_{i}", ts=257 + 20 * i, dur=3, correlation=3 + i)]
+    return trace(*events)
+
+
 def held_start(wait: float = 205, launches: int = 3, call: float = 2) -> dict[str, Any]:
     """`launches` adds whose kernels start 5 µs after their launch on an idle stream (the typical latency where
     there are three or more), then a matmul whose kernel starts `wait` µs after its launch call (of `call` µs), the

@@ -330,9 +330,10 @@ def _main_thread(frames: TraceFrames) -> tuple[str, str] | None:
 
 
 def _gpu_events(frames: TraceFrames, lo: int, hi: int) -> pl.DataFrame:
-    """GPU events overlapping [lo, hi) with their launch, category, copy facts and the end of the event before
-    each on its stream (`prev_end_ns`, found over the whole trace: the first event in the window has one too,
-    null only for a stream's first event in the trace); ordered by device, stream, start."""
+    """GPU events overlapping [lo, hi) with their launch, category, copy facts and when everything before each on
+    its stream had ended (`prev_end_ns`: the latest end among the earlier events, which is the previous event's
+    where they do not overlap, as graph branches do; found over the whole trace: the first event in the window has
+    one too, null only for a stream's first event in the trace); ordered by device, stream, start."""
     trace = frames.trace
     copies = trace.gpu.select(gpu_event_id="event_id", copy_bytes="bytes")
     return (
@@ -340,7 +341,7 @@ def _gpu_events(frames: TraceFrames, lo: int, hi: int) -> pl.DataFrame:
         .filter(pl.col("dur_ns").is_not_null() & pl.col("ts_ns").is_not_null())
         .with_columns(device=pl.col("device").fill_null(-1), stream=pl.col("stream").fill_null(-1))
         .sort("device", "stream", "ts_ns", "gpu_event_id")
-        .with_columns(prev_end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).shift(1).over("device", "stream"))
+        .with_columns(prev_end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).cum_max().shift(1).over("device", "stream"))
         .filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
         .join(copies, on="gpu_event_id", how="left", maintain_order="left")
         .with_columns(category=category_expr(), key_ns=pl.coalesce("launch_ts_ns", "ts_ns"))
@@ -380,10 +381,10 @@ def _innermost(events: pl.DataFrame, slices: pl.DataFrame) -> pl.Series:
 
 def _launch_latency(gpu: pl.DataFrame) -> tuple[int | None, int | None]:
     """Typical launch latency: the median of launch -> start over the launches that found their stream idle
-    (`_gpu_events`' prev_end_ns at or before the launch), and how many did (None: no GPU event had a launch call).
-    The latency is None where fewer than MIN_LATENCY_SAMPLES did: where every launch queued behind earlier work, as
-    in a GPU-bound loop whose CPU runs ahead (there launch -> start is the queue's wait, not the launch's cost),
-    or where one or two samples cannot say what is typical."""
+    (`_gpu_events`' prev_end_ns at or before the launch: everything before on the stream had ended), and how many
+    did (None: no GPU event had a launch call). The latency is None where fewer than MIN_LATENCY_SAMPLES did: where
+    every launch queued behind earlier work, as in a GPU-bound loop whose CPU runs ahead (there launch -> start is
+    the queue's wait, not the launch's cost), or where one or two samples cannot say what is typical."""
     if not gpu["launch_ts_ns"].is_not_null().any():
         return None, None
     idle = gpu.filter(pl.col("launch_ts_ns").is_not_null()

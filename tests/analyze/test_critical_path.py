@@ -392,7 +392,7 @@ GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 def slow_launch_latency(path: Path, lo: int, hi: int) -> int | None:
     """The typical launch latency from the raw JSON (exact decimal µs -> ns), one event at a time: for each GPU
-    event overlapping [lo, hi) whose launch call is in the trace, the stream was idle at launch if the event before
+    event overlapping [lo, hi) whose launch call is in the trace, the stream was idle at launch if every event before
     it on its stream (over the whole trace) had ended by then; the median of start - launch over those (of an even
     count, the mean of the middle two rounded down), None where there are fewer than three."""
     import gzip
@@ -424,7 +424,7 @@ def slow_launch_latency(path: Path, lo: int, hi: int) -> int | None:
             launched = launch.get(corr)
             if start < hi and start + dur > lo and launched is not None and (prev_end is None or prev_end <= launched):
                 latencies.append(max(0, start - launched))
-            prev_end = start + dur
+            prev_end = max(prev_end or 0, start + dur)  # (overlapping events: the stream is idle once all have ended)
     if len(latencies) < 3:
         return None
     latencies.sort()
@@ -452,6 +452,14 @@ def test_typical_launch_latency_counts_only_launches_onto_an_idle_stream(run: st
         assert expected is None and result.notes == [QUEUED_NOTE]
     else:
         assert expected is not None and 0 < expected < 100 * US and result.notes == []
+
+
+def test_a_launch_while_an_overlapping_event_still_runs_did_not_find_its_stream_idle(tmp_path: Path) -> None:
+    # GIVEN a graph's long kernel with a short one inside it, an add launched while the long one runs (after the
+    # short one ended), and two adds launched onto an idle stream THEN the stream was busy at the first add's launch:
+    # its 159 µs wait is no launch latency sample, and the typical latency is 5 µs of three samples
+    graph = build_graph(load_events(tmp_path, cp.launch_behind_a_graph()))
+    assert (graph.launch_latency_ns, graph.launch_samples) == (5 * US, 3)
 
 
 def test_gpu_work_without_launch_calls_has_no_latency_and_no_queue_note(corpus: Path) -> None:
