@@ -29,6 +29,14 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes, where the OS tells it (None elsewhere)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - no sysconf (Windows), or no such name
+        return None
+
+
 def worker_context(*, fork_if_fresh: bool = False, preload: Sequence[str] = ()) -> multiprocessing.context.BaseContext:
     """Processes for parallel ingest: a forkserver that has already imported stepscope (and so polars,
     pyarrow and msgspec), so each worker starts in milliseconds; spawn where forkserver is unavailable.

@@ -52,6 +52,10 @@ AHEAD: tuple[tuple[str, ...], ...] = (("critical_path",), ("gaps", "steps"),
                                       ("overlap", "ops", "memory", "transfers"))
 #: the largest trace (in events) whose analyses go ahead: each worker holds the trace's frames of its own
 AHEAD_MAX_EVENTS = 2_000_000
+#: the memory the three workers take together per event of the trace, beyond their imports (measured on df_index,
+#: 151k events: 282 MiB for the critical path's, 108 MiB for gaps and steps, 144 MiB for the rest; rounded up).
+#: A trace goes ahead only where this fits in a quarter of the machine's memory (`ahead_fits`)
+AHEAD_BYTES_PER_EVENT = 4096
 #: what a report's own process computes while its workers compute `AHEAD` (`TraceAnalysis.meanwhile`): the rest
 #: of what the verdict reads, then the verdict (as soon as the gaps and steps come back, while the critical path
 #: is still being found), before the report's sections wait for the workers
@@ -81,6 +85,15 @@ def _analysis(compute: Callable[[TraceAnalysis], T]) -> cached_property[T]:
 
     get.__name__, get.__doc__ = compute.__name__, compute.__doc__
     return cached_property(get)
+
+
+def ahead_fits(events: int) -> bool:
+    """Whether a trace of `events` may hand its analyses to workers: at most `AHEAD_MAX_EVENTS`, and the workers'
+    memory (`AHEAD_BYTES_PER_EVENT` each event) within a quarter of this machine's (known: else not)."""
+    from stepscope.analyze._workers import physical_memory
+
+    memory = physical_memory()
+    return events <= AHEAD_MAX_EVENTS and memory is not None and events * AHEAD_BYTES_PER_EVENT <= memory // 4
 
 
 def compute_group(trace: Trace, names: tuple[str, ...]) -> dict[str, Outcome]:
@@ -118,8 +131,9 @@ class TraceAnalysis:
                     groups: tuple[tuple[str, ...], ...] = AHEAD) -> None:
         """Hand each group of analyses to a worker (`submit(compute_group, trace, names)`: a process pool's
         submit); each is then taken from there when first asked for. Only a trace's own frames (a graph capture's
-        mapped frames stay here), of at most `AHEAD_MAX_EVENTS`, and only analyses not yet computed or handed out."""
-        if type(self.frames) is not TraceFrames or self.trace.meta.counts.events > AHEAD_MAX_EVENTS:
+        mapped frames stay here), of a size whose workers fit this machine's memory (`ahead_fits`), and only
+        analyses not yet computed or handed out."""
+        if type(self.frames) is not TraceFrames or not ahead_fits(self.trace.meta.counts.events):
             return
         trace = dataclasses.replace(self.trace, lease=None)  # (this process holds the cache entry meanwhile)
         for names in groups:

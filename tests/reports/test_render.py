@@ -18,7 +18,8 @@ from builders import load_events
 from click.testing import CliRunner
 from report_traces import gpu_doc
 
-from stepscope.analyze.bundle import AHEAD, MEANWHILE, TraceAnalysis, compute_group
+from stepscope.analyze import _workers
+from stepscope.analyze.bundle import AHEAD, MEANWHILE, TraceAnalysis, ahead_fits, compute_group
 from stepscope.cli import cli
 from stepscope.reports import _render
 from stepscope.reports import html as H
@@ -217,3 +218,20 @@ def test_a_run_report_with_analyses_ahead_is_the_same_report(tmp_path: Path,
     # THEN every page, the index and each rank's, is the same
     assert len(here) == 3
     assert ahead == here
+
+
+def test_a_trace_goes_ahead_only_where_its_workers_fit_in_memory(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a machine of 16 GiB: a million events' workers (4 KiB an event, 3.8 GiB) fit in its quarter, two
+    # million do not; past AHEAD_MAX_EVENTS none go ahead, nor where the machine's memory is unknown
+    monkeypatch.setattr(_workers, "physical_memory", lambda: 16 * 2**30)
+    assert ahead_fits(1_000_000) and not ahead_fits(1_100_000)
+    monkeypatch.setattr(_workers, "physical_memory", lambda: 2**40)
+    assert ahead_fits(2_000_000) and not ahead_fits(2_000_001)
+    monkeypatch.setattr(_workers, "physical_memory", lambda: None)
+    assert not ahead_fits(10)
+    # WHEN a bundle is asked to hand its analyses on a machine too small for them THEN nothing is handed
+    monkeypatch.setattr(_workers, "physical_memory", lambda: 2**12)
+    bundle = TraceAnalysis.of(load_events(tmp_path, gpu_doc()))
+    bundle.start_ahead(lambda *args: pytest.fail("handed on a machine too small"))
+    assert not bundle._ahead
