@@ -92,9 +92,9 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
         frames, choice = load_replayed(input_path, graph_capture)  # (no capture given or found: the trace itself)
         with FigureWorkers() as renderer:  # they warm up while the trace is analysed
             bundle = TraceAnalysis.of(frames)
-            renderer.analyse_ahead(bundle)  # (on a machine with the cores: see FigureWorkers)
             if step is not None:
-                _check_step(bundle, step)
+                _check_step(bundle, step)  # (before the analyses start: a wrong step is said at once)
+            renderer.analyse_ahead(bundle)  # (on a machine with the cores: see FigureWorkers)
             with atomic_dir(out, create_parents=False) as tmp:
                 link = _export(lambda target: export_trace(choice.trace, target, ExportOptions(), bundle=bundle),
                                tmp, TRACE_FILE) if perfetto else None
