@@ -29,12 +29,27 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+#: where a Linux container's memory limit is written (cgroup v2, then v1); "max" or a huge number where none is set
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def physical_memory() -> int | None:
-    """This machine's physical memory in bytes, where the OS tells it (None elsewhere)."""
+    """The memory this process may use in bytes: the machine's physical memory where the OS tells it, or a Linux
+    container's limit where that is lower (as `usable_cores` takes a container's cpuset); None where unknown."""
     try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        memory = int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, ValueError, OSError):  # pragma: no cover - no sysconf (Windows), or no such name
         return None
+    for path in CGROUP_MEMORY_LIMITS:
+        try:
+            with open(path, encoding="ascii") as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            memory = min(memory, int(limit))
+        break
+    return memory
 
 
 def worker_context(*, fork_if_fresh: bool = False, preload: Sequence[str] = ()) -> multiprocessing.context.BaseContext:

@@ -235,3 +235,22 @@ def test_a_trace_goes_ahead_only_where_its_workers_fit_in_memory(tmp_path: Path,
     bundle = TraceAnalysis.of(load_events(tmp_path, gpu_doc()))
     bundle.start_ahead(lambda *args: pytest.fail("handed on a machine too small"))
     assert not bundle._ahead
+
+
+def test_the_memory_a_container_allows_is_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a container limited to 2 GiB (cgroup v2), then one with no limit ("max")
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(_workers, "CGROUP_MEMORY_LIMITS", (str(limit), str(tmp_path / "absent")))
+    limit.write_text("2147483648\n")
+    assert _workers.physical_memory() == min(2**31, _machine_memory())
+    limit.write_text("max\n")
+    assert _workers.physical_memory() == _machine_memory()
+    # and where no limit file exists at all, the machine's memory
+    monkeypatch.setattr(_workers, "CGROUP_MEMORY_LIMITS", (str(tmp_path / "absent"),))
+    assert _workers.physical_memory() == _machine_memory()
+
+
+def _machine_memory() -> int:
+    import os
+
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
