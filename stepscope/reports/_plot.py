@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.layout_engine import PlaceHolderLayoutEngine  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator  # noqa: E402
 
 from stepscope.reports.units import human_bytes  # noqa: E402
@@ -32,9 +33,13 @@ def to_png(fig: Any) -> bytes:
     """The figure as PNG bytes (tight bounding box); the figure is closed.
 
     The box is found here, as savefig(bbox_inches="tight") finds it, but without the whole figure drawn once
-    first with drawing disabled (what savefig does before it measures): the same bytes, one pass fewer."""
+    first with drawing disabled (what savefig does before it measures, and also whenever the figure has a layout
+    engine: `tight_layout` leaves a placeholder one behind, which is taken off here, as the layout is done): the
+    same bytes, one pass fewer."""
     buf = io.BytesIO()
     pad = float(matplotlib.rcParams["savefig.pad_inches"])
+    if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
+        fig.set_layout_engine(None)
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches=fig.get_tightbbox(fig.canvas.get_renderer()).padded(pad))
     plt.close(fig)
     return buf.getvalue()

@@ -13,6 +13,7 @@ import matplotlib.image as mpimg
 import matplotlib.pyplot as plt
 import polars as pl
 from builders import cpu_op, kernel, load_events, memcpy, step, trace
+from matplotlib.figure import Figure
 from report_traces import gpu_doc
 
 from stepscope.analyze import load
@@ -23,7 +24,7 @@ from stepscope.analyze.ops import op_table
 from stepscope.analyze.overlap import cpu_gpu_overlap
 from stepscope.analyze.timeline import gpu_timeline
 from stepscope.analyze.transfers import transfers
-from stepscope.reports import figures, memory_figures
+from stepscope.reports import _plot, figures, memory_figures
 from stepscope.reports._plot import subplots
 from stepscope.reports.palette import PATH_FIXED, color, idle_color, path_color
 
@@ -144,3 +145,32 @@ def test_a_copy_half_under_a_kernel_is_half_exposed(tmp_path: Path) -> None:
     by_step, steps = _copy_steps(tmp_path, doc)
     (d, exposed, _e), (_d, hidden, _h) = figures.copy_time_parts(by_step, steps)
     assert d == "DtoH" and exposed.tolist() == [10_000.0] and hidden.tolist() == [10_000.0]
+
+
+def test_to_png_is_matplotlibs_tight_png_drawn_once(monkeypatch: Any) -> None:
+    """`to_png` gives the bytes of savefig(bbox_inches="tight") after tight_layout (a legend outside the axes
+    included), with the figure drawn once: savefig draws it twice, first with drawing disabled to measure the box
+    (and it does so for any figure tight_layout has been run on, whose placeholder layout engine it sees), but
+    `to_png` measures the box beforehand."""
+    def build() -> Any:
+        fig, ax = subplots(figsize=(6, 2))
+        ax.bar(["a", "b"], [3, 5], label="bars")
+        ax.set_title("a title")
+        fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
+        fig.tight_layout()
+        return fig
+
+    fig = build()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_plot.DPI, bbox_inches="tight")
+    plt.close(fig)
+    draws: list[object] = []
+    real_draw = Figure.draw
+
+    def counted(self: Figure, renderer: Any) -> None:
+        draws.append(renderer)
+        real_draw(self, renderer)
+
+    monkeypatch.setattr(Figure, "draw", counted)
+    assert _plot.to_png(build()) == buf.getvalue()
+    assert len(draws) == 1
