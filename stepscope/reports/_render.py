@@ -16,6 +16,7 @@ drawn here instead.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
@@ -138,7 +139,10 @@ class FigureWorkers(FigureRenderer):
 
     The workers start (and warm up: matplotlib imported) when this is entered, from the fork server (which
     has polars and the analyses' modules loaded already; matplotlib too, without `ahead`): enter it once the
-    trace is loaded (an ingest on the fly runs its own worker pool first) and before the analyses start. The
+    trace is loaded (an ingest on the fly runs its own worker pool first) and before the analyses start.
+    Without `ahead` they are started by a thread of this process, so that the analyses go on while the fork
+    server finishes its imports (on two cores, half a second this process would otherwise wait for). Workers
+    that cannot be started at all leave every figure to be drawn here. The
     analyses' workers are a pool of their own, so that no figure waits for a worker that has not imported
     matplotlib. Leaving it normally waits for nothing (every figure's result was taken); leaving it on an error
     ends the workers at once, so a failed report exits without waiting for a figure nobody will read.
@@ -149,6 +153,8 @@ class FigureWorkers(FigureRenderer):
         self.workers = workers if workers is not None else default_workers(self.ahead)
         self._pool: ProcessPoolExecutor | None = None
         self._analysts: ProcessPoolExecutor | None = None
+        self._starting: threading.Thread | None = None
+        self._unstarted = False  # the workers could not be started: every figure is drawn here
 
     def __enter__(self) -> FigureWorkers:
         from stepscope.analyze._workers import worker_pool
@@ -161,24 +167,44 @@ class FigureWorkers(FigureRenderer):
         if self.ahead:
             self._analysts = worker_pool(len(AHEAD), fork_if_fresh=False, preload=preload)
         self._pool = worker_pool(self.workers, fork_if_fresh=False, preload=preload)
-        for _ in range(self.workers):
-            self._pool.submit(warm_up)
+        if self.ahead:
+            self._start_workers(self._pool)
+        else:  # the fork server may still be importing matplotlib: the analyses need not wait for it
+            self._starting = threading.Thread(target=self._start_workers, args=(self._pool,), daemon=True,
+                                              name="stepscope-figure-workers")
+            self._starting.start()
         return self
+
+    def _start_workers(self, pool: ProcessPoolExecutor) -> None:
+        """Start the figure workers, each warming up (`warm_up`). A pool that broke meanwhile is left to
+        `submit`; workers that could not be started at all (the fork server failed) leave every figure to be
+        drawn here."""
+        try:
+            for _ in range(self.workers):
+                pool.submit(warm_up)
+        except BrokenProcessPool:
+            pass
+        except Exception:  # noqa: BLE001 - any failure to start a process: the figures are drawn here instead
+            self._unstarted = True
 
     def analyse_ahead(self, bundle: TraceAnalysis) -> None:
         """With `ahead`, hand `bundle`'s analyses to the analyses' workers (`TraceAnalysis.start_ahead`) and
         compute the others here meanwhile (`TraceAnalysis.meanwhile`): call it before asking the bundle for
-        anything. Nothing where that pool is closed or broken (they are computed here when asked for)."""
+        anything. Nothing where that pool is closed or broken or its workers cannot be started (they are computed
+        here when asked for)."""
         if self._analysts is None:
             return
         try:
             bundle.start_ahead(self._analysts.submit)
-        except BrokenProcessPool:
+        except Exception:  # noqa: BLE001 - a broken pool, a worker that could not be started: computed here
             pass
         bundle.meanwhile()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
         pools = [p for p in (self._pool, self._analysts) if p is not None]
         self._pool = self._analysts = None
         for pool in pools:
@@ -190,9 +216,11 @@ class FigureWorkers(FigureRenderer):
     def submit(self, name: str, *args: Any) -> PendingPng:
         """Send the figure to a worker; drawn here (on `result()`) when the pool is closed or broken."""
         pending = PendingPng(name=name, args=args)
-        if self._pool is not None:
+        if self._pool is not None and not self._unstarted:
             try:
                 pending.future = self._pool.submit(draw, name, args)
             except BrokenProcessPool:
                 pass
+            except Exception:  # noqa: BLE001 - a worker could not be started (as in `_start_workers`)
+                self._unstarted = True
         return pending

@@ -8,9 +8,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -95,6 +97,66 @@ def test_leaving_on_an_error_does_not_wait_for_the_workers() -> None:
     assert pending.future.done()
 
 
+
+
+class _SlowToStart:
+    """A worker pool whose processes take `delay` seconds each to start (a fork server still importing
+    matplotlib), or cannot be started at all (`fails`)."""
+
+    def __init__(self, pool: ProcessPoolExecutor, delay: float = 0.0, fails: bool = False) -> None:
+        self.pool, self.delay, self.fails = pool, delay, fails
+        self.threads: set[str] = set()
+
+    def submit(self, fn: Callable[..., object], *args: object) -> Future[object]:
+        self.threads.add(threading.current_thread().name)
+        if self.fails:
+            raise OSError("the fork server is gone")
+        if fn is _render.warm_up:
+            time.sleep(self.delay)
+        return self.pool.submit(fn, *args)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        self.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def test_the_analyses_do_not_wait_for_the_figure_workers_to_start(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN figure workers that take a second each to start, without analyses ahead (a machine of few cores)
+    bundle = TraceAnalysis.of(load_events(tmp_path, gpu_doc()))
+    here = _page(bundle, INLINE)
+    pools: list[_SlowToStart] = []
+    real_pool = _workers.worker_pool
+
+    def slow_pool(workers: int, **kwargs: object) -> _SlowToStart:
+        pools.append(_SlowToStart(real_pool(workers, **kwargs), delay=1.0))  # type: ignore[arg-type]
+        return pools[-1]
+
+    monkeypatch.setattr(_workers, "worker_pool", slow_pool)
+    # WHEN the report enters them
+    start = time.perf_counter()
+    with FigureWorkers(2, ahead=False) as workers:
+        entered = time.perf_counter() - start
+        there = _page(bundle, workers)
+    # THEN it goes on at once (the workers are started by a thread of its own), and the page is the same
+    assert entered < 0.5
+    assert [p.threads >= {"stepscope-figure-workers"} for p in pools] == [True]
+    assert there == here
+    assert not any(t.name == "stepscope-figure-workers" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_figure_workers_that_cannot_start_leave_the_figures_to_be_drawn_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: bool) -> None:
+    # GIVEN a machine where no worker process can be started (the fork server failed)
+    bundle = TraceAnalysis.of(load_events(tmp_path, gpu_doc()))
+    here = _page(bundle, INLINE)
+    monkeypatch.setattr(_workers, "worker_pool",
+                        lambda workers, **kwargs: _SlowToStart(ProcessPoolExecutor(1), fails=True))
+    # WHEN the report is drawn with figure workers
+    with FigureWorkers(2, ahead=ahead) as workers:
+        there = _page(TraceAnalysis.of(bundle.trace), workers)
+    # THEN every figure is drawn here: the same page, and no error
+    assert there == here
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are listed from /proc (Linux)")
