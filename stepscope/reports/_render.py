@@ -214,7 +214,8 @@ class FigureWorkers(FigureRenderer):
             pool.shutdown(wait=kind is None, cancel_futures=True)
 
     def submit(self, name: str, *args: Any) -> PendingPng:
-        """Send the figure to a worker; drawn here (on `result()`) when the pool is closed or broken."""
+        """Send the figure to a worker; drawn here (on `result()`) when the pool is closed or broken, or its
+        workers cannot be started."""
         pending = PendingPng(name=name, args=args)
         if self._pool is not None and not self._unstarted:
             try:
