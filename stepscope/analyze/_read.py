@@ -99,9 +99,11 @@ MAP_MIN_BYTES = 256 << 20
 
 
 def read_trace(path: Path, sha256: str | None = None, *, helpers: bool = True,
-               spill_dir: Path | None = None) -> tuple[Document, str]:
+               spill_dir: Path | None = None, hash_file: bool = True) -> tuple[Document, str]:
     """The uncompressed JSON of a trace file (gzip sniffed by its magic bytes) and the sha256 of the file
-    as stored, from one read (or `sha256` as given, when the caller has just hashed the file). Writable
+    as stored, from one read (or `sha256` as given, when the caller has just hashed the file; or "" without
+    `hash_file`, where the caller hashes it meanwhile and the sha256 of a gzip file's bytes may come back all the
+    same: it costs nothing more where they are inflated piece by piece). Writable
     memory, so spans of it can be decoded in place (see iter_chunk_tables). `helpers`: a core is spare for
     helper threads, which fault a large buffer's memory in ahead and hash the file while it is read.
 
@@ -109,7 +111,7 @@ def read_trace(path: Path, sha256: str | None = None, *, helpers: bool = True,
     gzip file, given `spill_dir`, is inflated piece by piece into a temporary file there, which is mapped and
     unlinked at once (the mapping keeps its pages until it is closed)."""
     try:
-        mapped = _mapped(path, sha256, spill_dir)
+        mapped = _mapped(path, sha256, spill_dir, hash_file)
     except IsADirectoryError:
         raise InputError("is a directory, expected a trace file", path=path) from None
     except OSError as exc:
@@ -122,7 +124,7 @@ def read_trace(path: Path, sha256: str | None = None, *, helpers: bool = True,
         return mapped
     try:
         with open(path, "rb") as fh, _prefaulted(os.fstat(fh.fileno()).st_size, helpers) as stored:
-            got, sha = _read_into(fh, stored, hashing=sha256 is None, helpers=helpers)
+            got, sha = _read_into(fh, stored, hashing=sha256 is None and hash_file, helpers=helpers)
     except IsADirectoryError:
         raise InputError("is a directory, expected a trace file", path=path) from None
     except OSError as exc:
@@ -140,9 +142,11 @@ def read_trace(path: Path, sha256: str | None = None, *, helpers: bool = True,
         raise TraceFormatError(f"corrupt gzip data ({exc})", path=path) from None
 
 
-def _mapped(path: Path, sha256: str | None, spill_dir: Path | None) -> tuple[FileMap, str] | None:
-    """The trace's JSON as a FileMap and the file's sha256, where it holds MAP_MIN_BYTES of JSON or more (a
-    gzip file only with a `spill_dir`); None otherwise (it is read into memory)."""
+def _mapped(path: Path, sha256: str | None, spill_dir: Path | None,
+            hash_file: bool = True) -> tuple[FileMap, str] | None:
+    """The trace's JSON as a FileMap and the file's sha256 (a plain file's "" without `hash_file`), where it
+    holds MAP_MIN_BYTES of JSON or more (a gzip file only with a `spill_dir`); None otherwise (it is read into
+    memory)."""
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         gzipped = fh.read(2) == b"\x1f\x8b"
@@ -151,7 +155,7 @@ def _mapped(path: Path, sha256: str | None, spill_dir: Path | None) -> tuple[Fil
                 return None
             fh.seek(0)
             seen = _state(fh.fileno())
-            sha = sha256 or hashlib.file_digest(fh, "sha256").hexdigest()
+            sha = sha256 or (hashlib.file_digest(fh, "sha256").hexdigest() if hash_file else "")
             mapped = FileMap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
             mapped.guard(path, fh.fileno(), seen)
             _advise(mapped, "MADV_SEQUENTIAL")

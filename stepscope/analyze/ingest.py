@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -73,7 +73,8 @@ class IngestResult:
 
 def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 1,
                  chunk_bytes: int | None = None, extra_meta: dict[str, Any] | None = None,
-                 sha256: str | None = None, spare_core: bool = True, drop_added: bool = False) -> IngestResult:
+                 sha256: str | Future[str] | None = None, spare_core: bool = True,
+                 drop_added: bool = False) -> IngestResult:
     """Parse one Chrome trace into out_dir (events.parquet, flows.parquet, meta.json), atomically.
 
     `jobs` > 1 decodes the spans on that many cores (MAX_SPAN_JOBS at most): this thread and jobs - 1 threads that
@@ -90,9 +91,12 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
 
     Skipped when out_dir already holds this file's ingest (same sha256, same schema version, same
     `drop_added`) unless `force`. `sha256`: the file's, when the caller has just computed it (load() and batch
-    ingest key their outputs by it), so it is not computed twice. Raises TraceFormatError / InputError with a one-line
-    message naming the file.
+    ingest key their outputs by it), so it is not computed twice; or, with `force` (nothing to skip), a future
+    of it being computed meanwhile (`inputs.hash_meanwhile`), taken before the file is checked for changes and
+    meta.json written. Raises TraceFormatError / InputError with a one-line message naming the file.
     """
+    if isinstance(sha256, Future) and not force:
+        raise ValueError("a sha256 still being computed cannot tell an unchanged file: give force=True")
     started = time.perf_counter()
     path = Path(path)
     out_dir = Path(out_dir)
@@ -114,10 +118,12 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
         warming = _warm_up_once()
         try:
             spill = out_dir.parent if out_dir.parent.is_dir() else None  # (a large gzip trace is inflated there)
-            data, sha = read_trace(path, sha256, helpers=spare_core, spill_dir=spill)
+            data, read_sha = read_trace(path, sha256 if isinstance(sha256, str) else None, helpers=spare_core,
+                                        spill_dir=spill, hash_file=not isinstance(sha256, Future))
         finally:  # a daemon thread still inside pyarrow's C++ when the interpreter exits aborts the process
             warming.join()
-        if not force and is_ingested(out_dir, sha, drop_added=drop_added):
+        sha = sha256 if isinstance(sha256, Future) else read_sha
+        if not force and is_ingested(out_dir, read_sha, drop_added=drop_added):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
             meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
@@ -132,7 +138,8 @@ def ingest_trace(path: Path, out_dir: Path, *, force: bool = False, jobs: int = 
     raise StepscopeError(f"{broken_how(workers, 'a')}, decoding this trace's spans", path=path)
 
 
-def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStack, *, pool: Executor | None,
+def _ingest(path: Path, out_dir: Path, data: Document, sha: str | Future[str], stack: ExitStack, *,
+            pool: Executor | None,
             pool_ready: threading.Event | None, jobs: int, chunk_bytes: int | None, extra_meta: dict[str, Any],
             started: float, spare_core: bool, drop_added: bool) -> IngestResult:
     with atomic_dir(out_dir) as tmp:
@@ -152,6 +159,7 @@ def _ingest(path: Path, out_dir: Path, data: Document, sha: str, stack: ExitStac
             except Relocated as exc:  # a valid document that fooled locate_events: start over, exactly
                 start, end, top = exc.start, exc.end, exc.top
                 certain = True
+        sha = sha if isinstance(sha, str) else sha.result()  # (hashed meanwhile: before the change check below)
         if isinstance(data, FileMap) and data.changed():  # (a mapped file is read as it is now, not as hashed)
             raise FileChanged("the file changed while it was being read (another process wrote to it)", path=path)
         if totals.n_input == 0:

@@ -39,8 +39,10 @@ import hashlib
 import json
 import os
 import re
+import threading
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeAlias
@@ -52,20 +54,41 @@ from stepscope.errors import InputError, UsageError
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-def trace_id_for(path: Path, sha256: str) -> str:
-    """A stable, readable id: the file's stem (without .pt.trace.json.gz) plus 8 hex digits of its hash."""
+def trace_stem(path: Path) -> str:
+    """What a trace's id starts with (`trace_id_for`): the file's name without .pt.trace.json.gz, tidied."""
     stem = path.name
     for suffix in (".gz", ".json", ".trace", ".pt"):
         if stem.endswith(suffix):
             stem = stem[: -len(suffix)]
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "trace"
-    return f"{stem}-{sha256[:8]}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "trace"
+
+
+def trace_id_for(path: Path, sha256: str) -> str:
+    """A stable, readable id: the file's stem (without .pt.trace.json.gz) plus 8 hex digits of its hash."""
+    return f"{trace_stem(path)}-{sha256[:8]}"
 
 
 def file_sha256(path: Path) -> str:
     """sha256 of the file as stored (compressed bytes for .gz)."""
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def hash_meanwhile(path: Path) -> Future[str]:
+    """`file_sha256(path)` computed by a thread of its own (hashlib lets go of the GIL as it hashes), for a
+    caller that has other work meanwhile: the future's result, or an InputError naming the file."""
+    done: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(file_sha256(path))
+        except OSError as exc:
+            done.set_exception(InputError(f"cannot read: {exc.strerror or exc}", path=path))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="stepscope-sha256", daemon=True).start()
+    return done
 
 
 def is_ingested(out_dir: Path, sha256: str | None = None, *, drop_added: bool = False) -> bool:

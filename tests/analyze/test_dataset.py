@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from stepscope.analyze import dataset
 from stepscope.analyze._workers import worker_context
 from stepscope.analyze.dataset import ingest_many
 from stepscope.analyze.ingest import ingest_trace
+from stepscope.analyze.inputs import file_sha256, hash_meanwhile, trace_id_for
 from stepscope.cli import cli
+from stepscope.errors import InputError
 
 
 def _inputs(tmp_path: Path) -> Path:
@@ -62,6 +65,59 @@ def test_unchanged_files_are_skipped_on_a_second_run(tmp_path: Path) -> None:
     again = ingest_many([src], tmp_path / "ds", jobs=1)
     assert {o.status for o in again.outcomes} == {"skipped"}
     assert not list((tmp_path / "ds").glob(".staging-*"))
+
+
+def test_a_file_with_nothing_to_skip_is_hashed_while_it_is_ingested(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file no partition of its name exists for cannot be skipped, so its sha256 is computed by a thread while
+    it is ingested; a file whose name has a partition is hashed first, and skipped where unchanged. Either way
+    the partition, its meta.json and its outcome are what hashing first gave."""
+    src = _inputs(tmp_path)
+    (src / "broken.json").unlink()
+    meanwhile: list[Path] = []
+    real = hash_meanwhile
+
+    def spied(path: Path) -> Any:
+        meanwhile.append(path)
+        return real(path)
+
+    monkeypatch.setattr(dataset, "hash_meanwhile", spied)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # (a core for the thread)
+    first = ingest_many([src], tmp_path / "ds", jobs=1)
+    assert len(meanwhile) == 4 and {o.status for o in first.outcomes} == {"ingested"}
+    for outcome in first.outcomes:
+        sha = file_sha256(Path(outcome.source))
+        assert outcome.trace_id == trace_id_for(Path(outcome.source), sha)
+        meta = json.loads((Path(str(outcome.out_dir)) / "meta.json").read_text())
+        assert meta["source"]["sha256"] == sha and meta["trace_id"] == outcome.trace_id
+    assert not any(t.name == "stepscope-sha256" for t in threading.enumerate())
+    # a second run: every name has its partition, so each file is hashed first, and skipped
+    meanwhile.clear()
+    again = ingest_many([src], tmp_path / "ds", jobs=1)
+    assert meanwhile == [] and {o.status for o in again.outcomes} == {"skipped"}
+    # a file changed under the same name: hashed first, ingested into a partition of its own
+    write_trace(src, trace(kernel("new", ts=0, dur=9)), "rank0.pt.trace.json")
+    changed = ingest_many([src / "rank0.pt.trace.json"], tmp_path / "ds", jobs=1)
+    assert meanwhile == [] and changed.outcomes[0].status == "ingested"
+    assert len(list((tmp_path / "ds").glob("trace=rank0-*"))) == 2
+    # --force: nothing is skipped, so it is hashed meanwhile
+    ingest_many([src / "rank0.pt.trace.json"], tmp_path / "ds", jobs=1, force=True)
+    assert meanwhile == [src / "rank0.pt.trace.json"]
+    # no core to spare (a process on every core): hashed first, as every helper thread is left out then
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    ingest_many([src / "rank1.pt.trace.json.gz"], tmp_path / "one-core", jobs=1)
+    assert meanwhile == [src / "rank0.pt.trace.json"]
+
+
+def test_a_file_hashed_meanwhile_that_fails_leaves_no_thread_and_a_bad_read_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "broken.json").write_bytes(b'{"traceEvents": [{"ph": "X"')
+    result = ingest_many([tmp_path / "broken.json"], tmp_path / "ds", jobs=1)
+    assert result.failed == 1 and "truncated JSON" in str(result.outcomes[0].error)
+    assert not any(t.name == "stepscope-sha256" for t in threading.enumerate())
+    with pytest.raises(InputError, match="gone.json: cannot read"):
+        hash_meanwhile(tmp_path / "gone.json").result()
+    with pytest.raises(ValueError, match="force=True"):
+        ingest_trace(tmp_path / "broken.json", tmp_path / "out", sha256=hash_meanwhile(tmp_path / "broken.json"))
 
 
 @pytest.mark.parametrize(("cores", "jobs", "behind"), [(1, None, False), (4, 1, True)])

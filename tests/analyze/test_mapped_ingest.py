@@ -25,6 +25,7 @@ from builders import cpu_op, flow, kernel, thread_name, trace, write_trace
 from stepscope.analyze import _read, _spans
 from stepscope.analyze._columns import scanner_available
 from stepscope.analyze._read import FileMap, read_trace, release
+from stepscope.analyze.dataset import ingest_many
 from stepscope.analyze.ingest import ingest_trace
 from stepscope.errors import FileChanged, TraceFormatError
 
@@ -192,3 +193,29 @@ def test_a_mapped_file_written_to_while_it_is_read_is_refused(tmp_path: Path, ma
     assert not (tmp_path / "out").exists()
     monkeypatch.setattr(_spans, "iter_chunks", found)
     assert ingest_trace(path, tmp_path / "out").n_events > 0
+
+
+def test_a_mapped_file_hashed_while_it_is_ingested_is_refused_when_written_to(tmp_path: Path, mapped: None,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a mapped trace ingested into a new dataset, so hashed by a thread meanwhile (nothing to skip)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # (a core for the thread)
+    path = write_trace(tmp_path / "src", _doc(), "t.pt.trace.json")
+    first = ingest_many([path], tmp_path / "ds", jobs=2).outcomes[0]
+    # THEN its meta.json has the file's sha256, as when it is hashed first
+    meta = json.loads((Path(str(first.out_dir)) / "meta.json").read_text())
+    assert first.status == "ingested" and meta["source"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    # AND WHEN another process writes to it once its cuts are found THEN that file fails with the one line
+    at = path.read_bytes().index(b'"k150"') + 2
+    found = _read.iter_chunks
+
+    def rewritten_after_the_cuts(data: Any, *args: Any) -> Any:
+        spans = list(found(data, *args))
+        with open(path, "r+b") as fh:
+            os.pwrite(fh.fileno(), b"X", at)
+        return iter(spans)
+
+    monkeypatch.setattr(_spans, "iter_chunks", rewritten_after_the_cuts)
+    failed = ingest_many([path], tmp_path / "new", jobs=2).outcomes[0]
+    assert failed.status == "failed" and str(failed.error).endswith("the file changed while it was being read "
+                                                                    "(another process wrote to it)")
+    assert not (tmp_path / "new").exists()
