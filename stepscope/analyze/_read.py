@@ -102,8 +102,8 @@ def read_trace(path: Path, sha256: str | None = None, *, helpers: bool = True,
                spill_dir: Path | None = None, hash_file: bool = True) -> tuple[Document, str]:
     """The uncompressed JSON of a trace file (gzip sniffed by its magic bytes) and the sha256 of the file
     as stored, from one read (or `sha256` as given, when the caller has just hashed the file; or "" without
-    `hash_file`, where the caller hashes it meanwhile and the sha256 of a gzip file's bytes may come back all the
-    same: it costs nothing more where they are inflated piece by piece). Writable
+    `hash_file`, where the caller hashes the file meanwhile, though a gzip file inflated into a temporary file
+    still comes with its sha256, which costs nothing more there). Writable
     memory, so spans of it can be decoded in place (see iter_chunk_tables). `helpers`: a core is spare for
     helper threads, which fault a large buffer's memory in ahead and hash the file while it is read.
 

@@ -102,7 +102,7 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, sp
         else:
             sha = file_sha256(src)
             done = existing_partition(root, trace_id_for(src, sha))
-            if done is not None and is_ingested(done, sha, drop_added=drop_added):
+            if not force and done is not None and is_ingested(done, sha, drop_added=drop_added):
                 meta = read_meta(done)
                 return FileOutcome(source=source, trace_id=trace_id_for(src, sha), out_dir=str(done),
                                    status="skipped", n_events=meta.counts.events, seconds=0.0, error=None)

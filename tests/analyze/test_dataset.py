@@ -107,6 +107,8 @@ def test_a_file_with_nothing_to_skip_is_hashed_while_it_is_ingested(tmp_path: Pa
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     ingest_many([src / "rank1.pt.trace.json.gz"], tmp_path / "one-core", jobs=1)
     assert meanwhile == [src / "rank0.pt.trace.json"]
+    forced = ingest_many([src / "rank1.pt.trace.json.gz"], tmp_path / "one-core", jobs=1, force=True)
+    assert meanwhile == [src / "rank0.pt.trace.json"] and forced.outcomes[0].status == "ingested"
 
 
 def test_a_file_hashed_meanwhile_that_fails_leaves_no_thread_and_a_bad_read_names_the_file(tmp_path: Path) -> None:
