@@ -171,12 +171,9 @@ def test_a_mapped_file_cut_short_while_it_is_read_is_one_line_naming_it(tmp_path
     assert not out.exists() or not any(out.iterdir())
 
 
-def test_a_mapped_file_written_to_while_it_is_read_is_refused(tmp_path: Path, mapped: None,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    # GIVEN a mapped trace that another process rewrites in place (same size, still valid JSON: one name's letter)
-    # once ingest has found its cuts THEN the ingest fails with one line naming the file, writes nothing, and the
-    # same file left alone ingests
-    path = write_trace(tmp_path, _doc(), "t.pt.trace.json")
+def _rewrite_after_the_cuts(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make another process rewrite `path` in place (same size, still valid JSON: one name's letter) once ingest
+    has found its cuts."""
     at = path.read_bytes().index(b'"k150"') + 2
     found = _read.iter_chunks  # (as _spans imported it)
 
@@ -187,6 +184,16 @@ def test_a_mapped_file_written_to_while_it_is_read_is_refused(tmp_path: Path, ma
         return iter(spans)
 
     monkeypatch.setattr(_spans, "iter_chunks", rewritten_after_the_cuts)
+
+
+def test_a_mapped_file_written_to_while_it_is_read_is_refused(tmp_path: Path, mapped: None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a mapped trace that another process rewrites in place (same size, still valid JSON: one name's letter)
+    # once ingest has found its cuts THEN the ingest fails with one line naming the file, writes nothing, and the
+    # same file left alone ingests
+    path = write_trace(tmp_path, _doc(), "t.pt.trace.json")
+    found = _read.iter_chunks  # (as _spans imported it)
+    _rewrite_after_the_cuts(path, monkeypatch)
     with pytest.raises(FileChanged, match=r"t\.pt\.trace\.json: the file changed while it was being read \(another "
                                           r"process wrote to it\)$"):
         ingest_trace(path, tmp_path / "out")
@@ -205,16 +212,7 @@ def test_a_mapped_file_hashed_while_it_is_ingested_is_refused_when_written_to(tm
     meta = json.loads((Path(str(first.out_dir)) / "meta.json").read_text())
     assert first.status == "ingested" and meta["source"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     # AND WHEN another process writes to it once its cuts are found THEN that file fails with the one line
-    at = path.read_bytes().index(b'"k150"') + 2
-    found = _read.iter_chunks
-
-    def rewritten_after_the_cuts(data: Any, *args: Any) -> Any:
-        spans = list(found(data, *args))
-        with open(path, "r+b") as fh:
-            os.pwrite(fh.fileno(), b"X", at)
-        return iter(spans)
-
-    monkeypatch.setattr(_spans, "iter_chunks", rewritten_after_the_cuts)
+    _rewrite_after_the_cuts(path, monkeypatch)
     failed = ingest_many([path], tmp_path / "new", jobs=2).outcomes[0]
     assert failed.status == "failed" and str(failed.error).endswith("the file changed while it was being read "
                                                                     "(another process wrote to it)")
