@@ -142,10 +142,10 @@ class FigureWorkers(FigureRenderer):
     trace is loaded (an ingest on the fly runs its own worker pool first) and before the analyses start.
     Without `ahead` they are started by a thread of this process, so that the analyses go on while the fork
     server finishes its imports (on two cores, half a second this process would otherwise wait for). Workers
-    that cannot be started at all leave every figure to be drawn here. The
-    analyses' workers are a pool of their own, so that no figure waits for a worker that has not imported
-    matplotlib. Leaving it normally waits for nothing (every figure's result was taken); leaving it on an error
-    ends the workers at once, so a failed report exits without waiting for a figure nobody will read.
+    that cannot be started at all leave every figure to be drawn here. The analyses' workers are a pool of
+    their own, so that no figure waits for a worker that has not imported matplotlib. Leaving it normally waits
+    for nothing (every figure's result was taken); leaving it on an error ends the workers at once, so a failed
+    report exits without waiting for a figure nobody will read.
     """
 
     def __init__(self, workers: int | None = None, *, ahead: bool | None = None) -> None:
@@ -164,24 +164,23 @@ class FigureWorkers(FigureRenderer):
         # imports' (a pool that ingested a trace, polars' own), and a child forked while one of them holds a
         # lock waits on it forever (a report in the test suite hung so)
         preload = PRELOAD_AHEAD if self.ahead else PRELOAD
-        if self.ahead:
-            self._analysts = worker_pool(len(AHEAD), fork_if_fresh=False, preload=preload)
         self._pool = worker_pool(self.workers, fork_if_fresh=False, preload=preload)
         if self.ahead:
-            self._start_workers(self._pool)
+            self._analysts = worker_pool(len(AHEAD), fork_if_fresh=False, preload=preload)
+            self._start_workers()
         else:  # the fork server may still be importing matplotlib: the analyses need not wait for it
-            self._starting = threading.Thread(target=self._start_workers, args=(self._pool,), daemon=True,
-                                              name="stepscope-figure-workers")
+            self._starting = threading.Thread(target=self._start_workers, daemon=True, name="stepscope-figure-workers")
             self._starting.start()
         return self
 
-    def _start_workers(self, pool: ProcessPoolExecutor) -> None:
+    def _start_workers(self) -> None:
         """Start the figure workers, each warming up (`warm_up`). A pool that broke meanwhile is left to
         `submit`; workers that could not be started at all (the fork server failed) leave every figure to be
         drawn here."""
+        assert self._pool is not None
         try:
             for _ in range(self.workers):
-                pool.submit(warm_up)
+                self._pool.submit(warm_up)
         except BrokenProcessPool:
             pass
         except Exception:  # noqa: BLE001 - any failure to start a process: the figures are drawn here instead
