@@ -107,14 +107,15 @@ def rank_calls(trace: Trace, *, pg_config: Mapping[str, Any] | None = None,
     `pg_config` (distributedInfo's, by pg_name) fills the ranks of a group that the call does not list;
     `launches` (`Trace.launches()`, collected) saves recomputing the launch links where the caller has them.
     """
-    kernels = trace.kernels.filter(pl.col("name").str.contains(COMM_KERNEL)).collect()
+    kernels = trace.kernels.filter(pl.col("name").str.contains(COMM_KERNEL)).collect(engine="in-memory")
     if kernels.height:
         calls = _kernel_calls(trace, kernels, launches)
     else:
         cpu = _with_seq(trace.cpu.filter(pl.col("dur_ns").is_not_null()))
-        calls = cpu.filter(pl.col("name").str.contains(COMM_ANNOTATION)).collect()
+        calls = cpu.filter(pl.col("name").str.contains(COMM_ANNOTATION)).collect(engine="in-memory")
         if calls.height == 0:
-            calls = cpu.filter((pl.col("name") == PARAM_COMMS) & pl.col("collective_name").is_not_null()).collect()
+            calls = cpu.filter((pl.col("name") == PARAM_COMMS) & pl.col("collective_name").is_not_null()).collect(
+                engine="in-memory")
         calls = _with_sizes(calls.with_columns(source=pl.lit("cpu"), ann_name=pl.col("name")))
     return _finish(calls, pg_config or {})
 
@@ -122,7 +123,7 @@ def rank_calls(trace: Trace, *, pg_config: Mapping[str, Any] | None = None,
 def _kernel_calls(trace: Trace, kernels: pl.DataFrame, launches: pl.DataFrame | None) -> pl.DataFrame:
     """Kernels with their launching record_param_comms op's args and the enclosing `nccl:<op>` annotation."""
     cols = ("gpu_event_id", "launch_pid", "launch_tid", "launch_ts_ns")
-    launches = trace.launches().select(cols).collect() if launches is None else launches.select(cols)
+    launches = trace.launches().select(cols).collect(engine="in-memory") if launches is None else launches.select(cols)
     linked = kernels.join(launches, left_on="event_id", right_on="gpu_event_id", how="left", maintain_order="left")
     points = linked.select(pid="launch_pid", tid="launch_tid", ts_ns="launch_ts_ns")
     cpu = trace.cpu.filter(pl.col("dur_ns").is_not_null())
@@ -130,11 +131,12 @@ def _kernel_calls(trace: Trace, kernels: pl.DataFrame, launches: pl.DataFrame | 
     ann = innermost(cpu.filter(pl.col("name").str.contains(COMM_ANNOTATION)), points)["event_id"]
     arg_cols = ["collective_name", "in_msg_nelems", "out_msg_nelems", "dtype", "process_group_name",
                 "process_group_ranks", "group_size", "seq"]
-    ops = _with_seq(trace.cpu_ops.filter(pl.col("name") == PARAM_COMMS)).select("event_id", *arg_cols).collect()
+    ops = _with_seq(trace.cpu_ops.filter(pl.col("name") == PARAM_COMMS)).select("event_id", *arg_cols).collect(
+        engine="in-memory")
     anns = trace.cpu.filter(pl.col("name").str.contains(COMM_ANNOTATION)).select(
-        "event_id", ann_name="name", input_dims="input_dims", input_types="input_types").collect()
+        "event_id", ann_name="name", input_dims="input_dims", input_types="input_types").collect(engine="in-memory")
     linked = (
-        _with_seq(linked.lazy()).collect()
+        _with_seq(linked.lazy()).collect(engine="in-memory")
         .drop("input_dims", "input_types")
         .with_columns(op_event_id=op, ann_event_id=ann)
         .join(ops.rename({c: f"op_{c}" for c in arg_cols}), left_on="op_event_id", right_on="event_id", how="left",
@@ -277,4 +279,4 @@ def per_window(pieces: pl.LazyFrame, windows: pl.DataFrame, name: str) -> pl.Dat
     inside = pl.min_horizontal("end_ns", "w_end") - pl.max_horizontal("start_ns", "w_start")
     return (pieces.select("start_ns", "end_ns")
             .join_where(w, pl.col("start_ns") < pl.col("w_end"), pl.col("end_ns") > pl.col("w_start"))
-            .group_by("step").agg(inside.sum().alias(name)).collect())
+            .group_by("step").agg(inside.sum().alias(name)).collect(engine="in-memory"))

@@ -55,7 +55,7 @@ def innermost(frame: pl.LazyFrame, points: pl.DataFrame) -> pl.DataFrame:
         .select("pid", "tid", "ts_ns", "dur_ns", "name", "event_id").sort("ts_ns")
         .join_asof(marks.lazy(), left_on="ts_ns", right_on="p_ts", by=["pid", "tid"], strategy="forward",
                    check_sortedness=False)
-        .filter(pl.col("p_ts") <= pl.col("ts_ns") + pl.col("dur_ns")).drop("p_ts").collect()
+        .filter(pl.col("p_ts") <= pl.col("ts_ns") + pl.col("dur_ns")).drop("p_ts").collect(engine="in-memory")
     )
     if iv.height == 0:
         return empty

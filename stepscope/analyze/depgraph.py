@@ -278,7 +278,7 @@ def _windows(frames: TraceFrames) -> tuple[pl.DataFrame, str, pl.DataFrame | Non
     trace = frames.trace
     span = pl.concat([trace.gpu.select("ts_ns", "dur_ns"), trace.cpu.select("ts_ns", "dur_ns")]).filter(
         pl.col("dur_ns").is_not_null()).select(
-        start_ns=pl.col("ts_ns").min(), end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect()
+        start_ns=pl.col("ts_ns").min(), end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect(engine="in-memory")
     main = _main_thread(frames)
     if span["start_ns"][0] is None or main is None:
         return pl.DataFrame(schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
@@ -302,7 +302,7 @@ def _annotation_windows(frames: TraceFrames, annotation: str) -> tuple[pl.DataFr
         frames.trace.events.filter(pl.col("kind").is_in([Kind.USER_ANNOTATION.value, Kind.CPU_OP.value])
                                    & pl.col("dur_ns").is_not_null() & pl.col("name").str.contains(annotation))
         .select("ts_ns", "dur_ns", "pid", "tid", "event_id", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
-        .collect().sort("ts_ns", "event_id")
+        .collect(engine="in-memory").sort("ts_ns", "event_id")
     )
     if spans.height == 0:
         raise UsageError(f"no annotation or op in this trace matches --annotation {annotation!r}")
@@ -322,7 +322,7 @@ def _main_thread(frames: TraceFrames) -> tuple[str, str] | None:
     if launched.height:
         top = launched.sort("len", "launch_pid", "launch_tid", descending=[True, False, False]).row(0)
         return str(top[0]), str(top[1])
-    busy = frames.trace.cpu.group_by("pid", "tid").len().collect()
+    busy = frames.trace.cpu.group_by("pid", "tid").len().collect(engine="in-memory")
     if busy.height == 0:
         return None
     top = busy.sort("len", "pid", "tid", descending=[True, False, False]).row(0)
@@ -345,7 +345,7 @@ def _gpu_events(frames: TraceFrames, lo: int, hi: int) -> pl.DataFrame:
         .filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
         .join(copies, on="gpu_event_id", how="left", maintain_order="left")
         .with_columns(category=category_expr(), key_ns=pl.coalesce("launch_ts_ns", "ts_ns"))
-        .collect()
+        .collect(engine="in-memory")
     )
 
 
@@ -360,7 +360,7 @@ def _timeline_events(frames: TraceFrames, threads: pl.DataFrame, lo: int, hi: in
                 s=pl.max_horizontal("ts_ns", pl.lit(lo)), e=pl.min_horizontal(pl.col("ts_ns") + pl.col("dur_ns"),
                                                                               pl.lit(hi)),
                 full_dur_ns="dur_ns")
-        .collect()
+        .collect(engine="in-memory")
     )
 
 
@@ -505,7 +505,7 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     launch_calls = gpu["runtime_event_id"].drop_nulls().unique().implode()
     loading = intervals.union(
         cpu.lazy().filter(pl.col("name").str.contains(DATALOADER_PATTERN)), by=["pid", "tid"], start="s", end="e"
-    ).collect().rename({"start_ns": "dl_s", "end_ns": "dl_e"}).sort("dl_s")
+    ).collect(engine="in-memory").rename({"start_ns": "dl_s", "end_ns": "dl_e"}).sort("dl_s")
     loaders = cpu.filter(pl.col("name").str.contains(DATALOADER_PATTERN)).select(
         "pid", "tid", loader_s="s", loader="name").sort("loader_s")
     slices = (
@@ -584,14 +584,15 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
 def _sync_edges(frames: TraceFrames, cpu: pl.DataFrame, bounds: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     """GPU work -> the end of the blocking call that waits for it."""
     calls = cpu.filter(pl.col("kind").is_in([Kind.RUNTIME.value, Kind.DRIVER.value])).join(
-        frames.trace.runtime.select("event_id", "correlation").collect(), on="event_id", how="left",
+        frames.trace.runtime.select("event_id", "correlation").collect(engine="in-memory"), on="event_id", how="left",
         maintain_order="left")
     syncs = frames.trace.syncs.select(
         "correlation", sync_name="name", sync_device="device", sync_stream="stream",
         wait_stream=_json_int("$.wait_on_stream"), record_corr=_json_int("$.wait_on_cuda_event_record_corr_id"),
-    ).collect().unique(subset="correlation", keep="first")
+    ).collect(engine="in-memory").unique(subset="correlation", keep="first")
     records = frames.trace.runtime.filter(pl.col("correlation").is_not_null()).select(
-        record_corr="correlation", record_ts="ts_ns").collect().unique(subset="record_corr", keep="first")
+        record_corr="correlation", record_ts="ts_ns").collect(
+            engine="in-memory").unique(subset="record_corr", keep="first")
     # a synchronous copy, or a DtoH copy into pageable memory that ended inside its call: the call waited for it
     own = gpu.filter(pl.col("runtime_event_id").is_not_null()).select("g", event_id="runtime_event_id",
                                                                           g_end=pl.col("ts_ns") + pl.col("dur_ns"),
@@ -636,10 +637,11 @@ def _cross_stream_edges(frames: TraceFrames, gpu: pl.DataFrame, lo: int, hi: int
     """The last work before a cudaEventRecord -> the first work on the waiting stream after cudaStreamWaitEvent."""
     trace = frames.trace
     runtime = trace.runtime.filter(pl.col("correlation").is_not_null()).select(
-        "correlation", "pid", "tid", "event_id", "name", "ts_ns").collect().unique(subset="correlation", keep="first")
+        "correlation", "pid", "tid", "event_id", "name", "ts_ns").collect(
+            engine="in-memory").unique(subset="correlation", keep="first")
     waits = trace.syncs.filter(pl.col("name").str.contains("(?i)wait event")).select(
         "correlation", "device", stream="stream", wait_stream=_json_int("$.wait_on_stream"),
-        record_corr=_json_int("$.wait_on_cuda_event_record_corr_id")).collect()
+        record_corr=_json_int("$.wait_on_cuda_event_record_corr_id")).collect(engine="in-memory")
     exact = (
         waits.filter(pl.col("wait_stream") >= 0)
         .join(runtime.select("correlation", "pid", "tid", "event_id", "name", wait_ts="ts_ns"), on="correlation")
@@ -653,7 +655,7 @@ def _cross_stream_edges(frames: TraceFrames, gpu: pl.DataFrame, lo: int, hi: int
     # one the thread launched on last before the record, the waiting one gets the thread's next launch elsewhere
     rt_calls = trace.runtime.filter(pl.col("name").str.contains("(?i)(EventRecord|StreamWaitEvent)")
                                     & pl.col("ts_ns").is_between(lo, hi)).select(
-        "pid", "tid", "event_id", "name", "correlation", "ts_ns").collect().sort("ts_ns")
+        "pid", "tid", "event_id", "name", "correlation", "ts_ns").collect(engine="in-memory").sort("ts_ns")
     rec = rt_calls.filter(pl.col("name").str.contains("(?i)EventRecord")).select("pid", "tid", record_ts="ts_ns")
     loose = (
         rt_calls.filter(pl.col("name").str.contains("(?i)StreamWaitEvent")

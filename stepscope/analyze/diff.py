@@ -83,7 +83,7 @@ def gpu_busy_fraction(trace: Trace) -> float | None:
 
     Intervals [0,10) and [5,20), then [30,40): busy 30 ns of a 40 ns span -> 0.75.
     """
-    gpu = trace.gpu.select("ts_ns", "dur_ns").drop_nulls().sort("ts_ns").collect()
+    gpu = trace.gpu.select("ts_ns", "dur_ns").drop_nulls().sort("ts_ns").collect(engine="in-memory")
     if gpu.height == 0:
         return None
     start = gpu["ts_ns"].to_numpy()

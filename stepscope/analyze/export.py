@@ -100,10 +100,10 @@ def exposed_copies(bundle: TraceAnalysis) -> pl.DataFrame:
     copies = (bundle.frames.launches.lazy().filter(pl.col("kind") == Kind.MEMCPY.value)
               .join(trace.memcpy.select(gpu_event_id="event_id", bytes="bytes"), on="gpu_event_id", how="left",
                     maintain_order="left")
-              .with_columns(start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).collect())
+              .with_columns(start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).collect(engine="in-memory"))
     kernels = trace.kernels.filter(pl.col("device").is_not_null()).select(
         "device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
-    busy = intervals.union(kernels, by=["device"], start="start_ns", end="end_ns").collect()
+    busy = intervals.union(kernels, by=["device"], start="start_ns", end="end_ns").collect(engine="in-memory")
     copies = copies.with_columns(covered_ns(copies.select("device", "start_ns", "end_ns"), busy))
     points = copies.select(pid=pl.col("launch_pid").fill_null(""), tid=pl.col("launch_tid").fill_null(""),
                            ts_ns=pl.col("launch_ts_ns").fill_null(0))
@@ -121,7 +121,8 @@ def _memory(bundle: TraceAnalysis) -> pl.DataFrame:
     if timeline.height == 0:
         return pl.DataFrame(schema={"device_name": pl.String, "ts_ns": pl.Int64, "allocated_bytes": pl.Int64,
                                     "reserved_bytes": pl.Int64})
-    origin = bundle.trace.events.select(pl.col("ts_ns").min()).collect().item() or 0  # memory_timeline's origin
+    origin = bundle.trace.events.select(pl.col("ts_ns").min()).collect(
+        engine="in-memory").item() or 0  # memory_timeline's origin
     return timeline.select("device_name", ts_ns=pl.col("offset_ns") + origin, allocated_bytes="allocated_bytes",
                            reserved_bytes="reserved_bytes")
 

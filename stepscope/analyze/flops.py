@@ -660,7 +660,7 @@ def op_flops(source: Source) -> FlopsResult:
         .select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns", "input_dims", "input_types",
                 pl.col("concrete_inputs") if has_concrete else pl.lit(None, pl.String).alias("concrete_inputs"),
                 trace_flops="flops")
-        .collect()
+        .collect(engine="in-memory")
     )
     if frames.graph_ops.height:  # ops of graph replays, from the capture: counted once per replay
         cpu = pl.concat([cpu, frames.graph_ops.select(cpu.columns[:-1] + ["flops"]).rename({"flops": "trace_flops"})],

@@ -41,7 +41,7 @@ class TraceFrames:
     def launches(self) -> pl.DataFrame:
         """`Trace.launches()`, collected: every GPU event with its launch call and issuing op (`ops_by_nesting`
         where the External ids do not name it)."""
-        return ops_by_nesting(self.trace, self.trace.launches().collect())
+        return ops_by_nesting(self.trace, self.trace.launches().collect(engine="in-memory"))
 
     @property
     def graph_ops(self) -> pl.DataFrame:
@@ -53,7 +53,7 @@ class TraceFrames:
     def iterations(self) -> Iterations:
         """The step spans and where they come from: the ProfilerStep spans, else iterations inferred from the
         loop's repeating structure, the set-up iteration set aside (`iterations.iterations`)."""
-        return iterations(self.trace, self.trace.steps.collect())
+        return iterations(self.trace, self.trace.steps.collect(engine="in-memory"))
 
     @cached_property
     def profiler_steps(self) -> pl.DataFrame:
@@ -77,7 +77,7 @@ class TraceFrames:
         """device, start_ns, end_ns: where GPU idle time counts (`window.analysis_window`)."""
         if window not in self._analysis_windows:
             self._analysis_windows[window] = _window.analysis_window(
-                self.trace, self.step_windows, window=window).collect()
+                self.trace, self.step_windows, window=window).collect(engine="in-memory")
         return self._analysis_windows[window]
 
     @cached_property

@@ -124,7 +124,7 @@ def _gpu(frames: TraceFrames, device: int | None) -> pl.DataFrame:
                 launch_ts_ns="launch_ts_ns", launch_pid="launch_pid", launch_tid="launch_tid",
                 op_event_id="op_event_id", gpu_event_id="gpu_event_id")
     )
-    return (gpu if device is None else gpu.filter(pl.col("device") == device)).collect()
+    return (gpu if device is None else gpu.filter(pl.col("device") == device)).collect(engine="in-memory")
 
 
 def _neighbours(gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
@@ -168,7 +168,8 @@ def _blame(frames: TraceFrames, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.Dat
         """Gap rows whose midpoint lies in one of `events` (matched on `on`): the events are merged per
         group first, so an as-of join on the last span starting at or before the midpoint is exact."""
         spans = intervals.union(events.filter(pl.col("dur_ns").is_not_null())
-                                .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns")), by=on).collect()
+                                .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns")), by=on).collect(
+                                    engine="in-memory")
         if spans.height == 0:
             return pl.Series("gap", [], dtype=pl.UInt32)
         spans = spans.select(*on, e_start="start_ns", e_end="end_ns").sort("e_start")
@@ -211,7 +212,7 @@ def _after_a_sync(trace: Trace, g: pl.DataFrame) -> pl.Series:
     per layer on a GPU: without the sync the CPU would have queued that work long before). A sync that began
     after the GPU ran dry (one at the end of a failed step, say) did not keep the work from it."""
     syncs = trace.runtime.filter(is_sync_runtime(pl.col("name")) & pl.col("dur_ns").is_not_null()).select(
-        "pid", "tid", sync_start="ts_ns", sync_end=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+        "pid", "tid", sync_start="ts_ns", sync_end=pl.col("ts_ns") + pl.col("dur_ns")).collect(engine="in-memory")
     if syncs.height == 0:
         return pl.Series("gap", [], dtype=pl.UInt32)
     found = (g.select("gap", "pid", "tid", "start_ns", "end_ns").drop_nulls(["pid", "tid"]).sort("end_ns")
@@ -295,8 +296,8 @@ def gpu_gaps(source: Source, *, min_gap_ns: int = 0, window: WindowKind = "steps
     if device is not None:
         windows = windows.filter(pl.col("device") == device)
     busy = intervals.clip(intervals.union(gpu.lazy(), by=["device"], start="start_ns", end="end_ns"),
-                          windows.lazy(), by=["device"]).collect()
-    gaps = (intervals.subtract(windows.lazy(), busy.lazy(), by=["device"]).collect()
+                          windows.lazy(), by=["device"]).collect(engine="in-memory")
+    gaps = (intervals.subtract(windows.lazy(), busy.lazy(), by=["device"]).collect(engine="in-memory")
             .with_columns(dur_ns=pl.col("end_ns") - pl.col("start_ns")))
     gaps = _blame(frames, gaps, gpu) if gaps.height else _unblamed(gaps)
     gaps = with_step(gaps, steps)

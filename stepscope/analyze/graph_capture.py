@@ -101,15 +101,16 @@ def capture_launches(capture: Trace) -> pl.DataFrame:
     calls = capture.runtime.filter(
         pl.col("name").str.contains(KERNEL_LAUNCH) | pl.col("name").str.contains(_COPY_LAUNCH)
     ).select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns", "correlation", "external_id",
-             arg_kernel=pl.col("args").str.json_path_match("$.kernel")).collect()
+             arg_kernel=pl.col("args").str.json_path_match("$.kernel")).collect(engine="in-memory")
     gpu = capture.gpu.filter(pl.col("correlation").is_not_null()).select(
-        "correlation", gpu_tok=token(pl.col("name"), pl.col("kind"))).unique("correlation").collect()
+        "correlation", gpu_tok=token(pl.col("name"), pl.col("kind"))).unique("correlation").collect(engine="in-memory")
     copy_tok = pl.when(pl.col("name").str.contains("(?i)memset")).then(pl.lit("[memset]")).otherwise(pl.lit("[memcpy]"))
     calls = calls.join(gpu, on="correlation", how="left", maintain_order="left").with_columns(
         token=pl.coalesce("gpu_tok", "arg_kernel",
                           pl.when(pl.col("name").str.contains(_COPY_LAUNCH)).then(copy_tok)))
     ops = (capture.cpu_ops.filter(pl.col("external_id").is_not_null()).sort("dur_ns")
-           .unique(subset="external_id", keep="first").select("external_id", op_event_id="event_id").collect())
+           .unique(subset="external_id", keep="first").select("external_id", op_event_id="event_id").collect(
+               engine="in-memory"))
     calls = calls.join(ops, on="external_id", how="left", maintain_order="left")
     missing = calls["op_event_id"].is_null()
     if missing.any():
@@ -131,7 +132,7 @@ def capture_segments(capture: Trace) -> pl.DataFrame:
     start), end_ns (the next EndCapture call's end on the same thread)."""
     rt = capture.runtime.filter(pl.col("name").str.contains(f"{_BEGIN_CAPTURE}|{_END_CAPTURE}")).select(
         "pid", "tid", "ts_ns", end=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0),
-        begin=pl.col("name").str.contains(_BEGIN_CAPTURE)).collect().sort("ts_ns")
+        begin=pl.col("name").str.contains(_BEGIN_CAPTURE)).collect(engine="in-memory").sort("ts_ns")
     begins = rt.filter("begin").select("pid", "tid", begin_ns="ts_ns")
     ends = rt.filter(~pl.col("begin")).select("pid", "tid", e_ts="ts_ns", end_ns="end")
     paired = begins.join_asof(ends, left_on="begin_ns", right_on="e_ts", by=["pid", "tid"], strategy="forward",
@@ -344,7 +345,7 @@ def _virtual_ops(capture: Trace, cap: pl.DataFrame, kernels: pl.DataFrame, launc
         return pl.DataFrame(schema=GRAPH_OPS_SCHEMA)
     cpu = sort_for_nesting(capture.cpu_ops.filter(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())
                            .select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns", "input_dims", "input_types",
-                                   "concrete_inputs", "flops").collect())
+                                   "concrete_inputs", "flops").collect(engine="in-memory"))
     parent, _ = parent_index(cpu)
     per_replay = kernels.group_by("correlation").agg(
         ops=pl.col("capture_op_event_id").drop_nulls().unique(), calls=pl.col("capture_launch_event_id"))

@@ -43,7 +43,7 @@ class GraphMappedFrames(TraceFrames):
     def launches(self) -> pl.DataFrame:
         """`TraceFrames.launches`, where each mapped replayed kernel's op_event_id / op_name is its capture op's
         row in `graph_ops` (the graph launch's own enclosing op, if any, only where no capture op matched)."""
-        base = ops_by_nesting(self.trace, self.trace.launches().collect())
+        base = ops_by_nesting(self.trace, self.trace.launches().collect(engine="in-memory"))
         mapped = self.mapping.kernels.select("gpu_event_id", _op="op_event_id", _name="op_name")
         return (base.join(mapped, on="gpu_event_id", how="left", maintain_order="left")
                 .with_columns(op_event_id=pl.coalesce("_op", "op_event_id"), op_name=pl.coalesce("_name", "op_name"))
@@ -59,7 +59,7 @@ def with_graph_capture(source: Source, capture: Trace) -> GraphMappedFrames:
     """The frames of `source` (a graph-replayed run) with its replayed kernels mapped to the ops of `capture`
     (a profile of the graph capture)."""
     frames = frames_of(source)
-    last = frames.trace.events.select(pl.col("event_id").max()).collect().item()
+    last = frames.trace.events.select(pl.col("event_id").max()).collect(engine="in-memory").item()
     mapping = map_replays(frames.launches, capture, first_event_id=int(last or 0) + 1)
     return GraphMappedFrames(trace=frames.trace, mapping=mapping)
 

@@ -62,7 +62,7 @@ def profiler_options(trace: Trace) -> dict[str, bool]:
         stacks=((pl.col("kind") == Kind.PYTHON_FUNCTION.value) | pl.col("call_stack").fill_null("").ne("")).any(),
         modules=(pl.col("name").str.starts_with("nn.Module:") | pl.col("module_hierarchy").fill_null("").ne("")).any(),
         flops=pl.col("flops").is_not_null().any(),
-    ).collect().row(0, named=True)
+    ).collect(engine="in-memory").row(0, named=True)
     declared = trace.meta.profiler_options
 
     def flag(key: str, seen: bool) -> bool:
@@ -113,7 +113,7 @@ def _event_warnings(trace: Trace, add: _Add) -> None:
         .with_columns(prev_end=(pl.col("ts_ns") + pl.col("dur_ns")).shift().over("device", "stream"))
         .filter(pl.col("ts_ns") < pl.col("prev_end"))
         .select(pl.len())
-        .collect()
+        .collect(engine="in-memory")
         .item()
     )
     add("overlapping_kernels", int(overlaps),
@@ -126,7 +126,7 @@ def _event_warnings(trace: Trace, add: _Add) -> None:
         missing_dur=((pl.col("ph") == "X") & pl.col("dur_ns").is_null()).sum(),
         missing_ph=pl.col("ph").is_null().sum(),
         span=pl.col("ts_ns").max() - pl.col("ts_ns").min(),
-    ).collect().row(0, named=True)
+    ).collect(engine="in-memory").row(0, named=True)
     add("negative_durations", int(bad["negative"] or 0), "events with a negative duration")
     add("missing_timestamps", int(bad["missing_ts"] or 0), "events without a usable ts (excluded from timing)")
     add("missing_durations", int(bad["missing_dur"] or 0), "complete (X) events without a usable dur")
@@ -152,7 +152,7 @@ def _launch_and_flow_warnings(frames: TraceFrames, add: _Add) -> None:
     dangling = flows.select(
         starts_only=((pl.col("starts") > 0) & (pl.col("finishes") == 0)).sum(),
         finishes_only=((pl.col("finishes") > 0) & (pl.col("starts") == 0)).sum(),
-    ).collect().row(0, named=True)
+    ).collect(engine="in-memory").row(0, named=True)
     add("dangling_flow_starts", int(dangling["starts_only"] or 0),
         "flow starts with no finish (usually launches whose GPU work fell outside the window)")
     add("dangling_flow_finishes", int(dangling["finishes_only"] or 0),
@@ -176,10 +176,11 @@ def _step_warnings(frames: TraceFrames, add: _Add) -> None:
         # ended is inside its window (the window rule), the GPU lagging the CPU as it should
         last_end = int(frames.step_windows["end_ns"].max())  # type: ignore[arg-type]
         first_start = int(steps["ts_ns"].min())  # type: ignore[arg-type]
-        late = gpu.filter(pl.col("ts_ns") + pl.col("dur_ns") > last_end).select(pl.len()).collect().item()
+        late = gpu.filter(pl.col("ts_ns") + pl.col("dur_ns") > last_end).select(pl.len()).collect(
+            engine="in-memory").item()
         add("gpu_after_last_step", int(late),
             "GPU events ending after the last step's window (work no step launched: outside every step figure)")
-        early = gpu.filter(pl.col("ts_ns") < first_start).select(pl.len()).collect().item()
+        early = gpu.filter(pl.col("ts_ns") < first_start).select(pl.len()).collect(engine="in-memory").item()
         add("gpu_before_first_step", int(early), "GPU events before the first step (outside the window)")
         numbers = steps["step"].sort().to_list()
         gaps = [b for a, b in zip(numbers, numbers[1:], strict=False) if b != a + 1]
@@ -194,11 +195,12 @@ def trace_info(source: Source) -> TraceInfo:
     meta = trace.meta
     counts = (
         trace.events.group_by("kind").agg(events=pl.len(), total_dur_ns=pl.col("dur_ns").sum())
-        .sort("events", "kind", descending=[True, False]).collect()
+        .sort("events", "kind", descending=[True, False]).collect(engine="in-memory")
     )
-    gpu_span = trace.gpu.select(lo=pl.col("ts_ns").min(), hi=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect()
+    gpu_span = trace.gpu.select(lo=pl.col("ts_ns").min(), hi=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect(
+        engine="in-memory")
     lo, hi = gpu_span.row(0)
-    used = trace.gpu.group_by("device").agg(gpu_events=pl.len()).collect()
+    used = trace.gpu.group_by("device").agg(gpu_events=pl.len()).collect(engine="in-memory")
     props = pl.DataFrame(
         [{"id": d.id, "name": d.name, "total_memory_bytes": d.total_memory_bytes, "num_sms": d.num_sms,
           "compute_capability": d.compute_capability} for d in meta.devices],

@@ -172,7 +172,7 @@ def main_thread(trace: Trace) -> tuple[str, str] | None:
         .filter(~(pl.col("ts_ns") < ends.shift(1).cum_max().over("pid", "tid")).fill_null(False))
         .filter(pl.col("fwd_thread_id").is_null() & ~pl.col("name").str.contains(BACKWARD_OP_PATTERN))
         .group_by("pid", "tid").agg(ns=pl.col("dur_ns").sum(), n=pl.len())
-        .sort("ns", "n", "pid", "tid", descending=[True, True, False, False]).head(1).collect()
+        .sort("ns", "n", "pid", "tid", descending=[True, True, False, False]).head(1).collect(engine="in-memory")
     )
     return (str(top["pid"][0]), str(top["tid"][0])) if top.height else None
 
@@ -214,7 +214,7 @@ def _signals(trace: Trace, pid: str, tid: str) -> list[tuple[Signal, pl.DataFram
     """Each inferred signal's markers on the main thread (name, ts_ns, end_ns, event_id), strongest first."""
     on_main = (pl.col("pid") == pid) & (pl.col("tid") == tid) & pl.col("dur_ns").is_not_null()
     cols = ("name", "kind", "ts_ns", "dur_ns", "event_id")
-    cpu = trace.cpu.filter(on_main).select(*cols).collect()
+    cpu = trace.cpu.filter(on_main).select(*cols).collect(engine="in-memory")
     annotations = cpu.filter(pl.col("kind") == Kind.USER_ANNOTATION.value)
 
     def markers(frame: pl.DataFrame) -> pl.DataFrame:
@@ -226,7 +226,7 @@ def _signals(trace: Trace, pid: str, tid: str) -> list[tuple[Signal, pl.DataFram
     ops = markers(cpu.filter(pl.col("kind") == Kind.CPU_OP.value)).filter(
         pl.col("name").str.contains(OPTIMIZER_OPS_PATTERN) & ~pl.col("name").str.contains(ZERO_GRAD_OPS_PATTERN))
     backward = (trace.cpu_ops.filter(pl.col("name").str.contains(BACKWARD_OP_PATTERN)).select("ts_ns")
-                .collect()["ts_ns"].drop_nulls().sort().to_numpy())
+                .collect(engine="in-memory")["ts_ns"].drop_nulls().sort().to_numpy())
     loader = markers(cpu.filter(pl.col("name").str.contains(DATALOADER_NEXT_PATTERN)))
     named = _one_name(markers(annotations.filter(~pl.col("name").str.contains(NOT_ITERATION_ANNOTATIONS))),
                       last=False)
@@ -266,7 +266,7 @@ def _warmup(trace: Trace, spans: pl.DataFrame) -> Warmup | None:
     calls = (
         trace.events.filter(inside & pl.col("name").str.contains(SETUP_CALL_PATTERN))
         .group_by("name").agg(calls=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum().cast(pl.Int64))
-        .sort(["total_ns", "name"], descending=[True, False]).collect()
+        .sort(["total_ns", "name"], descending=[True, False]).collect(engine="in-memory")
     )
     return Warmup(step=int(first["step"]), wall_ns=int(first["dur_ns"]), median_ns=int(median),
                   setup_ns=int(first["dur_ns"] - median), setup_calls=calls)
@@ -291,7 +291,8 @@ def iterations(trace: Trace, profiler_steps: pl.DataFrame) -> Iterations:
         return none
     signal, markers = found
     ends = trace.cpu.filter((pl.col("pid") == pid) & (pl.col("tid") == tid) & pl.col("dur_ns").is_not_null()).select(
-        "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"), op=pl.col("kind") != Kind.PYTHON_FUNCTION.value).collect()
+        "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"), op=pl.col("kind") != Kind.PYTHON_FUNCTION.value).collect(
+            engine="in-memory")
     thread_start = int(ends["ts_ns"].min())  # type: ignore[arg-type]
     spans = (
         _spans(signal, markers, thread_start, ends)

@@ -135,7 +135,8 @@ def kernel_summary(source: Source, *, top: int | None = None) -> KernelsResult:
     frames = frames_of(source)
     gpu = frames.trace.gpu.filter(pl.col("dur_ns").is_not_null()).with_columns(category=category_expr())
     ends = gpu.select("device", "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
-    busy = int(intervals.union_length(ends, by=["device"]).select(pl.col("length_ns").sum()).collect().item() or 0)
+    busy = int(intervals.union_length(ends, by=["device"]).select(pl.col("length_ns").sum()).collect(
+        engine="in-memory").item() or 0)
     by_name = (
         gpu.group_by("name", "category")
         .agg(
@@ -148,7 +149,7 @@ def kernel_summary(source: Source, *, top: int | None = None) -> KernelsResult:
         .with_columns(busy_share=pl.col("total_ns") / busy if busy else pl.lit(None, pl.Float64))
         .sort("total_ns", "name", descending=[True, False])
         .select(list(_BY_NAME_SCHEMA))
-        .collect()
+        .collect(engine="in-memory")
     )
     total = int(by_name["total_ns"].sum() or 0)
     by_category = (

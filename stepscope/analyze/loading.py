@@ -47,8 +47,8 @@ def exposed(cpu: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     step, data_loading_exposed_ns (steps without cpu intervals: no row)."""
     if cpu.height == 0:
         return pl.DataFrame(schema=EXPOSED_SCHEMA)
-    c = merge(cpu.lazy(), ["step"]).collect()
-    g = merge(gpu.lazy(), []).collect()
+    c = merge(cpu.lazy(), ["step"]).collect(engine="in-memory")
+    g = merge(gpu.lazy(), []).collect(engine="in-memory")
     hidden = busy_before(c, g, "e") - busy_before(c, g, "s")
     return c.with_columns(hidden=hidden).group_by("step").agg(
         data_loading_exposed_ns=(pl.col("e") - pl.col("s") - pl.col("hidden")).sum()).cast(
@@ -59,7 +59,7 @@ def loading_intervals(trace: Trace, spans: pl.DataFrame) -> pl.DataFrame:
     """step, s, e: the DataLoader intervals, each in the span (step, cpu_start_ns, cpu_end_ns) holding its start,
     clipped to that span's end."""
     loaders = (trace.cpu.filter(pl.col("name").str.contains(DATALOADER_PATTERN) & pl.col("dur_ns").is_not_null())
-               .select(s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect().sort("s"))
+               .select(s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect(engine="in-memory").sort("s"))
     return (
         loaders.join_asof(spans.select("step", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns"), left_on="s",
                           right_on="cpu_start_ns", strategy="backward")
@@ -70,7 +70,7 @@ def loading_intervals(trace: Trace, spans: pl.DataFrame) -> pl.DataFrame:
 
 def _gpu(trace: Trace) -> pl.DataFrame:
     return trace.gpu.filter(pl.col("dur_ns").is_not_null()).select(
-        s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+        s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect(engine="in-memory")
 
 
 def exposed_data_loading(trace: Trace, spans: pl.DataFrame) -> pl.DataFrame:
@@ -85,7 +85,7 @@ def exposed_in_window(trace: Trace, start_ns: int, end_ns: int) -> int:
         trace.cpu.filter(pl.col("name").str.contains(DATALOADER_PATTERN) & pl.col("dur_ns").is_not_null())
         .select(step=pl.lit(0, pl.Int64), s=pl.max_horizontal("ts_ns", pl.lit(start_ns)),
                 e=pl.min_horizontal(pl.col("ts_ns") + pl.col("dur_ns"), pl.lit(end_ns)))
-        .filter(pl.col("s") < pl.col("e")).collect()
+        .filter(pl.col("s") < pl.col("e")).collect(engine="in-memory")
     )
     return int(exposed(loading, _gpu(trace))["data_loading_exposed_ns"].sum())
 

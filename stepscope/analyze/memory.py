@@ -85,7 +85,7 @@ def memory_series(trace: Trace) -> pl.DataFrame:
                 total="total_allocated_bytes", reserved_bytes="total_reserved_bytes")
         .with_columns(device_name=_device_name())
         .sort("ts_ns", "event_id")
-        .collect()
+        .collect(engine="in-memory")
     )
     has_totals = bool(mem["total"].is_not_null().any())
     allocated = pl.col("total") if has_totals else pl.col("alloc_bytes").cum_sum().over("device_name")
@@ -96,7 +96,7 @@ def memory_series(trace: Trace) -> pl.DataFrame:
 def _ops_with_parents(trace: Trace) -> pl.DataFrame:
     ops = sort_for_nesting(
         trace.cpu_ops.filter(pl.col("dur_ns").is_not_null() & pl.col("ts_ns").is_not_null())
-        .select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns").collect())
+        .select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns").collect(engine="in-memory"))
     parent, depth = parent_index(ops)
     return ops.with_columns(parent=pl.Series(parent), depth=pl.Series(depth))
 
@@ -167,7 +167,7 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
     frames = frames_of(source)
     trace = frames.trace
     series, ops = _attributed(frames)
-    origin = trace.events.select(pl.col("ts_ns").min()).collect().item() or 0
+    origin = trace.events.select(pl.col("ts_ns").min()).collect(engine="in-memory").item() or 0
     series = series.with_columns(offset_ns=pl.col("ts_ns") - origin)
     allocs = _with_free(series)
     unfreed = allocs.filter("never_freed")
@@ -210,7 +210,8 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
             .sort(pl.col("device").is_null(), "device", "offset_ns")
             .drop("device")
         )
-    has_totals = trace.memory.select(pl.col("total_allocated_bytes").is_not_null().any()).collect().item()
+    has_totals = trace.memory.select(pl.col("total_allocated_bytes").is_not_null().any()).collect(
+        engine="in-memory").item()
     return MemoryTimeline(
         memory_events=series.height,
         totals_source=None if series.height == 0 else "Total Allocated" if has_totals
@@ -271,7 +272,7 @@ def activation_memory(source: Source, *, timeline: MemoryTimeline | None = None)
     modules = sort_for_nesting(
         trace.of_kind(Kind.PYTHON_FUNCTION)
         .filter(pl.col("name").str.starts_with(MODULE_PREFIX) & pl.col("dur_ns").is_not_null())
-        .select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns").collect())
+        .select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns").collect(engine="in-memory"))
     parent, _ = parent_index(modules)
     modules = modules.with_columns(parent=pl.Series(parent))
     rows = innermost_enclosing(modules, series)

@@ -124,7 +124,7 @@ def _memory_bytes(trace: Trace) -> tuple[np.ndarray[Any, Any], pl.DataFrame]:
         .sort("ts_ns", maintain_order=True)
         .select("ts_ns", cpu_bytes=pl.when("cpu").then("bytes").otherwise(0),
                 device_bytes=pl.when("dev").then("bytes").otherwise(0))
-        .collect()
+        .collect(engine="in-memory")
     )
     return mem["ts_ns"].to_numpy(), mem
 
@@ -160,7 +160,7 @@ def _cpu_events(trace: Trace, graph_ops: pl.DataFrame) -> pl.DataFrame:
     events = trace.events.filter(
         pl.col("kind").is_in([k.value for k in CPU_ROW_KINDS]) & pl.col("dur_ns").is_not_null()
         & pl.col("ts_ns").is_not_null() & ~pl.col("name").is_in(FILTERED_NAMES)
-    ).select(*columns).collect()
+    ).select(*columns).collect(engine="in-memory")
     if graph_ops.height:
         events = pl.concat([events, graph_ops.select(*columns)], how="vertical_relaxed")
     return sort_for_nesting(events)
@@ -198,7 +198,7 @@ def _device_rows(trace: Trace) -> pl.DataFrame:
         cpu_total_ns=_ZERO, self_cpu_ns=_ZERO, device_total_ns="dur_ns", self_device_ns="dur_ns",
         cpu_mem_bytes=_ZERO, self_cpu_mem_bytes=_ZERO, device_mem_bytes=_ZERO, self_device_mem_bytes=_ZERO,
         parent_event_id=pl.lit(None, pl.Int64),
-    ).collect()
+    ).collect(engine="in-memory")
 
 
 def op_rows(source: Source) -> pl.DataFrame:
@@ -291,6 +291,6 @@ def op_table(source: Source, *, group_by_shape: bool = False, sort_by: str = "au
         sort_by=sort_col, group_by_shape=group_by_shape,
         device_name="CUDA" if has_device_time or has_device_mem or self_device_total else None,
         self_cpu_total_ns=self_cpu_total, self_device_total_ns=self_device_total,
-        has_memory=bool(trace.memory.select(pl.len()).collect().item()),
+        has_memory=bool(trace.memory.select(pl.len()).collect(engine="in-memory").item()),
         has_flops=has_flops, ops_shown=ops.height, ops_total=total, ops=ops,
     )

@@ -47,12 +47,12 @@ def _length(frame: pl.DataFrame) -> int:
 
 def _union(frame: pl.DataFrame) -> pl.DataFrame:
     """`intervals.union` of an eager (start_ns, end_ns) frame."""
-    return intervals.union(frame.lazy(), start="start_ns", end="end_ns").collect()
+    return intervals.union(frame.lazy(), start="start_ns", end="end_ns").collect(engine="in-memory")
 
 
 def _clip(frame: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
     """`intervals.clip` of eager frames: the union of `frame` inside `window`."""
-    return intervals.clip(frame.lazy(), window.lazy()).collect()
+    return intervals.clip(frame.lazy(), window.lazy()).collect(engine="in-memory")
 
 
 def _window(frames: TraceFrames) -> pl.DataFrame:
@@ -60,7 +60,8 @@ def _window(frames: TraceFrames) -> pl.DataFrame:
     window = _union(frames.analysis_window().select("start_ns", "end_ns"))
     if window.height == 0:
         window = frames.trace.cpu.select(start_ns=pl.col("ts_ns").min(),
-                                         end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect().drop_nulls()
+                                         end_ns=(pl.col("ts_ns") + pl.col("dur_ns")).max()).collect(
+                                             engine="in-memory").drop_nulls()
     return window
 
 
@@ -72,9 +73,9 @@ def _cpu_busy(frames: TraceFrames, gpu: pl.DataFrame, window: pl.DataFrame) -> p
     if threads.height == 0:
         threads = frames.profiler_steps.select("pid", "tid").unique()
     if threads.height == 0:  # no launches and no steps (a CPU-only capture): every thread with ops
-        threads = trace.cpu_ops.select("pid", "tid").unique().collect()
+        threads = trace.cpu_ops.select("pid", "tid").unique().collect(engine="in-memory")
     cpu = (trace.cpu_ops.select("pid", "tid", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
-           .collect().join(threads, on=["pid", "tid"], how="semi"))
+           .collect(engine="in-memory").join(threads, on=["pid", "tid"], how="semi"))
     return _clip(cpu.select("start_ns", "end_ns").drop_nulls(), window)
 
 
@@ -126,7 +127,7 @@ def sync_calls(trace: Trace) -> pl.DataFrame:
     """Synchronizing runtime calls (pid, tid, ts_ns, dur_ns, name) with the user's Python line and the op
     enclosing each (`python`: `blame.python_lines`; `op`; null where none)."""
     syncs = trace.runtime.filter(is_sync_runtime(pl.col("name"))).select(
-        "pid", "tid", "ts_ns", "dur_ns", "name").collect()
+        "pid", "tid", "ts_ns", "dur_ns", "name").collect(engine="in-memory")
     points = syncs.select("pid", "tid", "ts_ns")
     return syncs.with_columns(python=python_lines(trace, points)[0], op=innermost(trace.cpu_ops, points)["name"])
 

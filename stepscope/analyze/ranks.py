@@ -172,7 +172,7 @@ def _rank_job(job: tuple[int, tuple[Path, ...], pl.DataFrame, tuple[SummaryResul
     windows = pl.concat([_windows(b) for b in bundles], how="vertical")
     gpu = pl.concat([gpu_work(b.trace.gpu) for b in bundles], how="vertical")
     split = comm_split(gpu, calls.lazy())
-    devices = gpu.select(pl.col("device").n_unique()).collect().item()
+    devices = gpu.select(pl.col("device").n_unique()).collect(engine="in-memory").item()
     out = windows
     for name, pieces in (("compute_ns", split.compute), ("comm_ns", split.comm), ("exposed_comm_ns", split.exposed),
                          ("busy", split.busy)):
@@ -185,7 +185,7 @@ def _rank_job(job: tuple[int, tuple[Path, ...], pl.DataFrame, tuple[SummaryResul
         comm_ns=pl.col("comm_ns").fill_null(0), exposed_comm_ns=pl.col("exposed_comm_ns").fill_null(0),
         idle_ns=pl.when(gpu_known).then(devices * pl.col("wall_ns") - pl.col("busy").fill_null(0)),
     ).drop("busy")
-    merged = intervals.union(split.compute, start="start_ns", end="end_ns").collect()
+    merged = intervals.union(split.compute, start="start_ns", end="end_ns").collect(engine="in-memory")
     verdict = max((k if k is not None else b.verdict for b, k in zip(bundles, known, strict=True)),
                   key=lambda v: v.wall_ns) if known is not None else None
     return _RankSteps(steps=out, compute=merged.with_columns(rank=pl.lit(rank, pl.Int64)), verdict=verdict)
@@ -198,7 +198,7 @@ def _windows(bundle: TraceAnalysis) -> pl.DataFrame:
     step null, from its first event to its last."""
     spans = bundle.frames.step_windows
     if spans.height:
-        loading = merge(loading_intervals(bundle.trace, spans).lazy(), ["step"]).collect()
+        loading = merge(loading_intervals(bundle.trace, spans).lazy(), ["step"]).collect(engine="in-memory")
         per_step = loading.group_by("step").agg(data_loading_ns=(pl.col("e") - pl.col("s")).sum())
         return (spans.join(per_step, on="step", how="left", maintain_order="left")
                 .with_columns(pl.col("data_loading_ns").fill_null(0))

@@ -199,7 +199,8 @@ def _comm_events(trace: Trace, g: DependencyGraph, part: DependencyGraph, calls:
     found = []
     if kernel_calls.height:
         kernels = trace.kernels.filter(pl.col("name").str.contains(COMM_KERNEL)).select(
-            "event_id", "ts_ns", pl.col("device").cast(pl.Int64), pl.col("stream").cast(pl.Int64)).collect()
+            "event_id", "ts_ns", pl.col("device").cast(pl.Int64), pl.col("stream").cast(pl.Int64)).collect(
+                engine="in-memory")
         gpu = g.edges.filter(pl.col("type") == EdgeType.GPU.value).select(
             "event_id", "lane", start_node=pl.col("src") + shift, end_node=pl.col("dst") + shift)
         found.append(
@@ -211,7 +212,7 @@ def _comm_events(trace: Trace, g: DependencyGraph, part: DependencyGraph, calls:
     nodes, edges, ends = empty_nodes, empty_edges, empty_ends
     if cpu_calls.height:
         ops = trace.cpu.filter(pl.col("name").str.contains(COMM_ANNOTATION) | (pl.col("name") == PARAM_COMMS)).select(
-            "event_id", "name", "pid", "tid", "ts_ns", "dur_ns").collect()
+            "event_id", "name", "pid", "tid", "ts_ns", "dur_ns").collect(engine="in-memory")
         hit = (cpu_calls.join(ops, on=["ts_ns", "dur_ns"], how="inner").unique(subset=["key"], keep="first")
                .sort("ts_ns").with_row_index("i").with_columns(pl.col("i").cast(pl.Int64)))
         offset = int(part.nodes["t_ns"][0]) - int(g.nodes["t_ns"][0])

@@ -292,7 +292,7 @@ def recognize(trace: Trace) -> tuple[_Family | None, pl.DataFrame]:
         spans = (
             trace.events.filter(pl.col("kind").is_in([k.value for k in family.kinds]) & pl.col("dur_ns").is_not_null()
                                 & pl.col("name").str.contains(family.pattern))
-            .select("name", "ts_ns", "dur_ns", "pid", "tid", "event_id").collect()
+            .select("name", "ts_ns", "dur_ns", "pid", "tid", "event_id").collect(engine="in-memory")
         )
         rows = [r for r in (family.read(n) for n in spans["name"].unique().sort()) if r is not None]
         if not rows:
@@ -360,7 +360,8 @@ class ServingResult:
 
 
 def _empty(trace: Trace) -> ServingResult:
-    startup = trace.python.filter(pl.col("name").str.contains(VLLM_STARTUP_PATTERN)).select(pl.len()).collect().item()
+    startup = trace.python.filter(pl.col("name").str.contains(VLLM_STARTUP_PATTERN)).select(pl.len()).collect(
+        engine="in-memory").item()
     note = ("no engine iterations: no vLLM execute_… or SGLang step[…] annotation, no prefill/decode annotation, "
             "no engine forward frame in this trace")
     if startup:
@@ -384,7 +385,7 @@ def _gpu(frames: TraceFrames, its: pl.DataFrame) -> pl.DataFrame:
         intervals.clip(launched.lazy().select("step", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")),
                        windows.lazy().select("step", "start_ns", "end_ns"), by=["step"])
         .group_by("step").agg(gpu_busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum())
-        .collect()
+        .collect(engine="in-memory")
     )
     return (windows.select("step", "start_ns", "wall_ns", "cpu_ns").join(busy, on="step", how="left",
                                                                          maintain_order="left")

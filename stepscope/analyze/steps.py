@@ -79,7 +79,8 @@ def _covered_length(windows: pl.DataFrame, ivs: pl.DataFrame) -> pl.DataFrame:
     """Union length of `ivs` (step, s, e) clipped to each step's [start_ns, end_ns): step, busy_ns."""
     clipped = intervals.clip(ivs.lazy().select("step", start_ns="s", end_ns="e"),
                              windows.lazy().select("step", "start_ns", "end_ns"), by=["step"])
-    return clipped.group_by("step").agg(busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum()).collect()
+    return clipped.group_by("step").agg(busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum()).collect(
+        engine="in-memory")
 
 
 def phase_intervals(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
@@ -106,7 +107,7 @@ def phase_intervals(trace: Trace, windows: pl.DataFrame) -> pl.DataFrame:
         )
         .filter(pl.col("phase").is_not_null())
         .select("phase", "s", "e")
-        .collect()
+        .collect(engine="in-memory")
         .sort("s")
     )
     spans = windows.select("step", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
@@ -122,7 +123,7 @@ def phase_segments(windows: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
     """step, b, b_end, phase: each step's CPU span cut at every bound of its phase intervals (`phase_intervals`),
     each piece given the first phase in PHASES that covers it (None: other CPU time), by start. What the
     phase split sums, and what `stepscope export` draws."""
-    merged = _merge(phases.lazy(), ["step", "phase"]).collect()
+    merged = _merge(phases.lazy(), ["step", "phase"]).collect(engine="in-memory")
     bounds = pl.concat([
         merged.select("step", b="s"), merged.select("step", b="e"),
         windows.select("step", b="cpu_start_ns"), windows.select("step", b="cpu_end_ns"),
@@ -194,7 +195,8 @@ def module_times(source: Source, *, top: int = 20) -> pl.DataFrame:
     schema = {"module": pl.String, "calls": pl.UInt32, "cpu_ns": pl.Int64, "gpu_ns": pl.Int64}
     frames = frames_of(source)
     mods = frames.trace.python.filter(pl.col("name").str.starts_with("nn.Module: ") & pl.col("dur_ns").is_not_null())
-    mods_df = mods.select("name", "pid", "tid", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+    mods_df = mods.select("name", "pid", "tid", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect(
+        engine="in-memory")
     if mods_df.height == 0:
         return pl.DataFrame(schema=schema)
     launches = (
@@ -319,7 +321,7 @@ def step_breakdown(source: Source, *, gaps: GapsResult | None = None) -> StepsRe
     if windows.height == 0:
         return _no_steps(modules)
     all_gpu = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select(
-        s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+        s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect(engine="in-memory")
     phases_iv = phase_intervals(trace, windows)
     out = _step_table(windows, [_gpu_busy(windows, all_gpu), _gpu_by_kind(frames.gpu_by_step),
                                 _phase_split(windows, phases_iv), exposed_data_loading(trace, windows)])

@@ -361,7 +361,7 @@ def profile_next_command(verdict: Verdict, limits: RooflineResult) -> str | None
 def _sync_calls(trace: Trace) -> pl.DataFrame:
     """Synchronizing runtime calls, by the one definition `overlap`, `gaps` and `transfers` use too."""
     return trace.runtime.filter(is_sync_runtime(pl.col("name")) & pl.col("dur_ns").is_not_null()).select(
-        "name", "ts_ns", "dur_ns", "external_id").collect()
+        "name", "ts_ns", "dur_ns", "external_id").collect(engine="in-memory")
 
 
 def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> pl.DataFrame:
@@ -414,9 +414,9 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
     ops = trace.cpu_ops.select("name", "ts_ns", "dur_ns", "external_id", "pid", "tid")
     if verdict is Verdict.DATA_LOADING_BOUND:
         loaders = trace.cpu.filter(pl.col("name").str.contains(DATALOADER_PATTERN)).select(
-            "pid", "tid", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect().sort("s")
+            "pid", "tid", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect(engine="in-memory").sort("s")
         inside = (
-            ops.filter(~pl.col("name").str.contains(DATALOADER_PATTERN)).collect().sort("ts_ns")
+            ops.filter(~pl.col("name").str.contains(DATALOADER_PATTERN)).collect(engine="in-memory").sort("ts_ns")
             .join_asof(loaders, left_on="ts_ns", right_on="s", by=["pid", "tid"], strategy="backward",
                        check_sortedness=False)
             .filter(pl.col("ts_ns") < pl.col("e"))
@@ -433,7 +433,7 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
         behind = gaps.gaps.filter(pl.col("cause") == GapCause.HOST_SYNC.value).group_by(
             name=pl.coalesce("blamed_python", "blamed_op", "blamed_runtime")).agg(
             total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(what=pl.lit("GPU idle behind sync at"))
-        by_op = syncs.join(ops.select("external_id", op="name").collect().unique("external_id"),
+        by_op = syncs.join(ops.select("external_id", op="name").collect(engine="in-memory").unique("external_id"),
                            on="external_id", how="left", maintain_order="left")
         calls = by_op.group_by(name=pl.coalesce("op", "name")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
             .with_columns(what=pl.lit("sync call (op)"))
@@ -466,7 +466,7 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
                .with_columns(what=pl.lit("kernel")))
     else:
         out = ops.group_by("name").agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(
-            what=pl.lit("op (inclusive CPU)")).collect()
+            what=pl.lit("op (inclusive CPU)")).collect(engine="in-memory")
     if verdict not in (Verdict.LAUNCH_BOUND, Verdict.DATA_LOADING_BOUND, Verdict.SYNC_BOUND,
                        Verdict.COMMUNICATION_BOUND):
         out = out.sort("total_ns", "name", descending=[True, False], nulls_last=True)
@@ -496,7 +496,7 @@ def _excess(calls: pl.DataFrame, windows: pl.DataFrame | None) -> pl.DataFrame:
 def _comm_places(calls: pl.DataFrame, split: CommSplit) -> pl.DataFrame:
     """For communication_bound: the kinds of collective (type and size) with the most exposed time, then the kind
     with the most time above its fastest call (the one-rank hint at waiting for a later rank)."""
-    pieces = split.exposed.collect()
+    pieces = split.exposed.collect(engine="in-memory")
     inside = pl.min_horizontal("end_ns", "e") - pl.max_horizontal("start_ns", "s")
     per_call = calls.with_row_index("_i").with_columns(s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns"))
     # each call with the exposed pieces it overlaps, device by device (an interval join: the pairs that overlap,
@@ -531,7 +531,7 @@ def _comm_note(calls: pl.DataFrame, excess: int, wall: int) -> str | None:
 
 def _length(frame: pl.LazyFrame) -> int:
     """Summed length of disjoint (start_ns, end_ns) intervals."""
-    return int(frame.select((pl.col("end_ns") - pl.col("start_ns")).sum()).collect().item() or 0)
+    return int(frame.select((pl.col("end_ns") - pl.col("start_ns")).sum()).collect(engine="in-memory").item() or 0)
 
 
 def _idle(frame: pl.DataFrame) -> dict[str, int]:
@@ -564,7 +564,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     colls = rank_calls(trace, launches=frames.launches)
     split = comm_split(gpu_work(trace.gpu), colls.lazy())
     syncs = _sync_calls(trace)
-    gpu_events = int(trace.gpu.select(pl.len()).collect().item())
+    gpu_events = int(trace.gpu.select(pl.len()).collect(engine="in-memory").item())
     if br.steps_found:
         per = _per_step(frames, br.steps, syncs).join(
             per_window(intervals.union(split.exposed, start="start_ns", end="end_ns"), br.steps, "exposed_comm_ns"),
@@ -592,7 +592,8 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                        tot["exposed_comm_ns"])
     else:
         per_step = pl.DataFrame()
-        g = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select("kind", "name", "dur_ns").collect()
+        g = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select("kind", "name", "dur_ns").collect(
+            engine="in-memory")
         memcpy = g.filter(pl.col("kind") == Kind.MEMCPY.value)
         kern = g.filter(pl.col("kind") == Kind.KERNEL.value)
         calls = syncs.height

@@ -90,7 +90,8 @@ def gpu_timeline(source: Source, *, step: int | None = None, gaps: GapsResult | 
     """
     frames = frames_of(source)
     gpu = frames.trace.gpu.filter(pl.col("dur_ns").is_not_null()).select(
-        "kind", "name", "device", "stream", "ts_ns", "dur_ns").with_columns(category=category_expr()).collect()
+        "kind", "name", "device", "stream", "ts_ns", "dur_ns").with_columns(category=category_expr()).collect(
+            engine="in-memory")
     if gpu.height == 0:
         return None
     windows = frames.step_windows

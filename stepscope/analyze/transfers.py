@@ -96,11 +96,12 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
         frames.launches.lazy().filter(pl.col("kind") == Kind.MEMCPY.value)
         .join(trace.memcpy.select(gpu_event_id="event_id", bytes="bytes"), on="gpu_event_id", how="left",
               maintain_order="left")
-        .collect()
+        .collect(engine="in-memory")
     )
-    kernels = trace.kernels.select("device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).collect()
+    kernels = trace.kernels.select("device", start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).collect(
+        engine="in-memory")
     busy = intervals.union(kernels.lazy().filter(pl.col("device").is_not_null()), by=["device"], start="start_ns",
-                           end="end_ns").collect()
+                           end="end_ns").collect(engine="in-memory")
     copies = copies.with_columns(
         direction=pl.col("name").str.extract(DIRECTION).fill_null("other"),
         # null where the name does not say (AMD: "Memcpy HtoD (Host -> Device)")
@@ -109,7 +110,7 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
         start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
     )
     copies = _waited_for(copies, trace.runtime.filter(pl.col("dur_ns").is_not_null()).select(
-        "pid", "tid", "ts_ns", "dur_ns", "name").collect())
+        "pid", "tid", "ts_ns", "dur_ns", "name").collect(engine="in-memory"))
     copies = copies.with_columns(covered_ns(copies.select("device", "start_ns", "end_ns"), busy))
     points = copies.select(pid=pl.col("launch_pid").fill_null(""), tid=pl.col("launch_tid").fill_null(""),
                            ts_ns=pl.col("launch_ts_ns").fill_null(0))

@@ -140,8 +140,8 @@ def _source_file(path: Path, trace: Trace) -> Path:
 
 def _pid_above(trace: Trace) -> int:
     """A numeric pid above every numeric pid of the trace (events, flows and process metadata)."""
-    found = [trace.events.select(pl.col("pid").cast(pl.Int64, strict=False).max()).collect().item(),
-             trace.flows.select(pl.col("pid").cast(pl.Int64, strict=False).max()).collect().item(),
+    found = [trace.events.select(pl.col("pid").cast(pl.Int64, strict=False).max()).collect(engine="in-memory").item(),
+             trace.flows.select(pl.col("pid").cast(pl.Int64, strict=False).max()).collect(engine="in-memory").item(),
              *(int(p) for p in trace.meta.processes if p.lstrip("-").isdigit())]
     return max([0, *(int(p) for p in found if p is not None)]) + 1
 

@@ -50,3 +50,27 @@ def test_every_analysis_is_reachable(tmp_path: Path) -> None:
                  "verdict"):
         assert getattr(bundle, name) is not None
     assert bundle.timeline() is not None
+
+
+def test_every_query_runs_on_the_in_memory_engine(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # polars' default engine (streaming) spends much of a query of a trace's size handing work between threads: the
+    # analyses name the in-memory engine in every collect (about 15% less time for a report's analyses)
+    import polars as pl
+
+    from stepscope.reports.html import trace_report
+
+    engines: list[object] = []
+    collect = pl.LazyFrame.collect
+
+    def spied(self: pl.LazyFrame, *args: Any, **kwargs: Any) -> Any:
+        engines.append(kwargs.get("engine", "auto"))
+        return collect(self, *args, **kwargs)
+
+    monkeypatch.setattr(pl.LazyFrame, "collect", spied)
+    # GIVEN a GPU trace; WHEN every analysis of its bundle is computed and its report page built
+    bundle = TraceAnalysis.of(load_events(tmp_path, gpu_doc()))
+    trace_report(bundle, source="gpu_doc")
+    _ = bundle.critical_path, bundle.activations
+    # THEN every query named the in-memory engine
+    assert len(engines) > 50
+    assert set(engines) == {"in-memory"}
