@@ -2,7 +2,7 @@
 
     >>> from stepscope.analyze import load
     >>> trace = load("worker0.pt.trace.json.gz")     # ingested once into a cache, then Parquet
-    >>> trace.kernels.collect(engine="in-memory")
+    >>> trace.kernels.collect()
 
 The names below are imported on first use (PEP 562), so importing a submodule such as
 `stepscope.analyze.schema` does not pull in the ingest machinery (polars, pyarrow, msgspec).
