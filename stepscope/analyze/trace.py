@@ -3,6 +3,10 @@
 `load(path)` accepts a raw trace (.json / .json.gz, ingested on the fly into a cache keyed by the file's
 sha256) or a directory written by `stepscope ingest` (one trace). Analyses take a `Trace` (or its frames)
 and never see JSON.
+
+The analyses collect these frames with `engine="in-memory"`: polars' default, the streaming engine, spends much
+of a query this size handing work between threads (docs/performance.md, "The analyses on polars' in-memory
+engine"; tests/analyze/test_bundle.py holds a report's queries to it).
 """
 
 from __future__ import annotations
