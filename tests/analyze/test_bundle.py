@@ -54,7 +54,7 @@ def test_every_analysis_is_reachable(tmp_path: Path) -> None:
 
 def test_every_query_runs_on_the_in_memory_engine(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # polars' default engine (streaming) spends much of a query of a trace's size handing work between threads: the
-    # analyses name the in-memory engine in every collect (about 15% less time for a report's analyses)
+    # analyses name the in-memory engine in every collect (the figures: docs/performance.md)
     import polars as pl
 
     from stepscope.reports.html import trace_report
