@@ -1,6 +1,6 @@
 """Every command's queries run on polars' in-memory engine (see stepscope/analyze/trace.py): the commands beyond a
-report's sections (`comm`, `ranks`, a run's `critical-path`, `summary` and `whatif`, `fleet`, `graphs`, `serving`,
-`export`), on the bundled samples. tests/analyze/test_bundle.py holds a report's own queries to it."""
+report's sections (`comm`, `ranks`, a run's `critical-path`, `summary` and `whatif`, `fleet`, `graphs`, `serving`),
+on the bundled samples. tests/analyze/test_bundle.py holds a report's own queries to it."""
 
 from __future__ import annotations
 
