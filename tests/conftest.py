@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,23 @@ def corpus() -> Path:
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Raw traces loaded without an explicit cache_dir go to a temporary cache, never ~/.cache."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+
+
+@pytest.fixture
+def collect_engines(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The engine each polars `LazyFrame.collect` of this process names while the test runs ('auto' where it names
+    none: polars' default, the streaming engine)."""
+    import polars as pl
+
+    engines: list[object] = []
+    collect = pl.LazyFrame.collect
+
+    def spied(self: pl.LazyFrame, *args: Any, **kwargs: Any) -> Any:
+        engines.append(kwargs.get("engine", "auto"))
+        return collect(self, *args, **kwargs)
+
+    monkeypatch.setattr(pl.LazyFrame, "collect", spied)
+    return engines
 
 
 def reference_comm() -> ModuleType:

@@ -52,21 +52,12 @@ def test_every_analysis_is_reachable(tmp_path: Path) -> None:
     assert bundle.timeline() is not None
 
 
-def test_every_query_runs_on_the_in_memory_engine(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_every_query_runs_on_the_in_memory_engine(tmp_path: Path, collect_engines: list[object]) -> None:
     # polars' default engine (streaming) spends much of a query of a trace's size handing work between threads: the
     # analyses name the in-memory engine in every collect (the figures: docs/performance.md)
-    import polars as pl
-
     from stepscope.reports.html import trace_report
 
-    engines: list[object] = []
-    collect = pl.LazyFrame.collect
-
-    def spied(self: pl.LazyFrame, *args: Any, **kwargs: Any) -> Any:
-        engines.append(kwargs.get("engine", "auto"))
-        return collect(self, *args, **kwargs)
-
-    monkeypatch.setattr(pl.LazyFrame, "collect", spied)
+    engines = collect_engines
     # GIVEN a GPU trace; WHEN every analysis of its bundle is computed and its report page built
     bundle = TraceAnalysis.of(load_events(tmp_path, gpu_doc()))
     trace_report(bundle, source="gpu_doc")

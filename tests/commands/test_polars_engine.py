@@ -5,9 +5,7 @@ on the bundled samples. tests/analyze/test_bundle.py holds a report's own querie
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -28,17 +26,10 @@ GRAPHS = SAMPLES / "cuda_graph_replay_cuda"
     ["graphs", str(GRAPHS)],
     ["serving", str(GRAPHS)],
 ], ids=lambda args: args[0])
-def test_the_command_collects_on_the_in_memory_engine(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_command_collects_on_the_in_memory_engine(args: list[str], collect_engines: list[object]) -> None:
     if not (RUN.is_dir() and GRAPHS.is_dir()):
         pytest.skip("sample_traces/ is not present")
-    engines: list[object] = []
-    collect = pl.LazyFrame.collect
-
-    def spied(self: pl.LazyFrame, *a: Any, **kw: Any) -> Any:
-        engines.append(kw.get("engine", "auto"))
-        return collect(self, *a, **kw)
-
-    monkeypatch.setattr(pl.LazyFrame, "collect", spied)
+    engines = collect_engines
     # WHEN the command runs on a bundled sample
     out = CliRunner().invoke(cli, [*args, "--json"])
     # THEN it answered, and every query it ran here named the in-memory engine
