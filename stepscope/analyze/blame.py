@@ -1,6 +1,7 @@
 """Who was on the CPU at a moment: the helpers that gaps, overlap, transfers and summary share.
 
-`innermost` finds the innermost CPU op / Python frame / runtime call enclosing given points on given threads;
+`innermost` finds the innermost CPU op / Python frame / runtime call enclosing given points on given threads
+(in the frames `nested` nests once per trace, or in any lazy frame);
 `source_frames` keeps the Python frames that name a source line, and `python_lines` picks the user's line
 among them (`is_library_frame`); `is_sync_runtime` tells a runtime call that blocks the host; `short_name`
 trims a kernel name for tables.
@@ -9,10 +10,11 @@ trims a kernel name for tables.
 from __future__ import annotations
 
 import sys
+from typing import Literal
 
 import polars as pl
 
-from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
+from stepscope.analyze.nesting import Nested
 from stepscope.analyze.trace import Trace
 
 
@@ -37,32 +39,67 @@ def short_name(name: pl.Expr) -> pl.Expr:
     return pl.when(cpp).then(name.str.replace(r"^void ", "").str.replace(r"[<(].*$", "")).otherwise(name)
 
 
-def innermost(frame: pl.LazyFrame, points: pl.DataFrame) -> pl.DataFrame:
+#: what `innermost` reads of the events that span time
+_COLUMNS = ("pid", "tid", "ts_ns", "dur_ns", "name", "event_id")
+
+
+def innermost(frame: pl.LazyFrame | Nested, points: pl.DataFrame) -> pl.DataFrame:
     """name, event_id of the innermost event of `frame` enclosing each point (pid, tid, ts_ns); nulls where none.
 
-    One row per point, in the points' order. Only events that enclose some point take part (found by an
-    as-of join: the first point at or after an event's start lies before its end); an enclosing event's
-    ancestors enclose the point too, so the nesting among those is the full nesting. The nesting walk is
-    nesting.py's (one place, measured there).
+    One row per point, in the points' order. `frame` nested already (`nested`: a trace's frames that many
+    lookups read) is looked up as it is. Of a lazy frame, only the events that enclose some point take part (found
+    by an as-of join: the first point at or after an event's start lies before its end); an enclosing event's
+    ancestors enclose the point too, so the nesting among those is the full nesting, and the answer the same. The
+    nesting walk is nesting.py's (one place, measured there).
     """
-    empty = pl.DataFrame({"name": [None] * points.height, "event_id": [None] * points.height},
-                         schema={"name": pl.String, "event_id": pl.Int64})
+    def empty() -> pl.DataFrame:
+        return pl.DataFrame({"name": [None] * points.height, "event_id": [None] * points.height},
+                            schema={"name": pl.String, "event_id": pl.Int64})
+
     if points.height == 0:
-        return empty
-    marks = points.select("pid", "tid", p_ts="ts_ns").drop_nulls().sort("p_ts")
-    iv = (
-        frame.filter(pl.col("dur_ns").is_not_null())
-        .select("pid", "tid", "ts_ns", "dur_ns", "name", "event_id").sort("ts_ns")
-        .join_asof(marks.lazy(), left_on="ts_ns", right_on="p_ts", by=["pid", "tid"], strategy="forward",
-                   check_sortedness=False)
-        .filter(pl.col("p_ts") <= pl.col("ts_ns") + pl.col("dur_ns")).drop("p_ts").collect(engine="in-memory")
-    )
-    if iv.height == 0:
-        return empty
-    iv = sort_for_nesting(iv)
-    parent, _ = parent_index(iv)
-    rows = innermost_enclosing(iv.with_columns(parent=pl.Series(parent)), points)
-    return pl.DataFrame({"name": iv["name"].gather(rows), "event_id": iv["event_id"].gather(rows)})
+        return empty()
+    if isinstance(frame, Nested):
+        found = frame
+    else:
+        marks = points.select("pid", "tid", p_ts="ts_ns").drop_nulls().sort("p_ts")
+        found = Nested.of(
+            frame.filter(pl.col("dur_ns").is_not_null()).select(*_COLUMNS).sort("ts_ns")
+            .join_asof(marks.lazy(), left_on="ts_ns", right_on="p_ts", by=["pid", "tid"], strategy="forward",
+                       check_sortedness=False)
+            .filter(pl.col("p_ts") <= pl.col("ts_ns") + pl.col("dur_ns")).drop("p_ts").collect(engine="in-memory"),
+            keep=("name", "event_id"))
+    if found.height == 0:
+        return empty()
+    rows = found.enclosing(points)
+    return found.rows.select(pl.col("name").gather(rows).cast(pl.String), pl.col("event_id").gather(rows))
+
+
+#: the frames of a trace that `nested` nests once and keeps on the trace: those looked up by every idle gap,
+#: sync call and copy (gaps, overlap, transfers, the critical path and the launches' ops all look up the same
+#: ones), where scanning, sorting and nesting a frame again for each analysis's points cost more than the lookups
+NestedFrame = Literal["cpu_ops", "runtime", "python", "user_python"]
+
+
+def nested(trace: Trace, frame: NestedFrame) -> Nested:
+    """The events of `trace`'s `frame` nested (`nesting.Nested`): built on first use, then kept on the trace.
+
+        cpu_ops      trace.cpu_ops
+        runtime      trace.runtime
+        python       source_frames(trace): the Python frames that name a source line
+        user_python  those of them not in a library (`is_library_frame`)
+    """
+    found = trace.nestings.get(frame)
+    if found is None:
+        if frame in ("cpu_ops", "runtime"):
+            lazy = trace.cpu_ops if frame == "cpu_ops" else trace.runtime
+        else:
+            lazy = source_frames(trace)
+            lazy = lazy if frame == "python" else lazy.filter(~is_library_frame(pl.col("name")))
+        # (the nesting order sorts them: no sort by start first; the names as categories, kept for the trace's life)
+        found = trace.nestings[frame] = Nested.of(
+            lazy.filter(pl.col("dur_ns").is_not_null()).select(*_COLUMNS)
+            .with_columns(pl.col("name").cast(pl.Categorical)).collect(engine="in-memory"), keep=("name", "event_id"))
+    return found
 
 
 def source_frames(trace: Trace) -> pl.LazyFrame:
@@ -111,9 +148,10 @@ def python_lines(trace: Trace, points: pl.DataFrame) -> tuple[pl.Series, pl.Seri
         train.py(88): step > torch/nn/modules/module.py(1501): _call_impl > point
         -> ("train.py(88): step", "torch/nn/modules/module.py(1501): _call_impl")
     """
-    frames = source_frames(trace)
-    inner = innermost(frames, points)["name"]
-    user = innermost(frames.filter(~is_library_frame(pl.col("name"))), points)["name"]
+    if points.height == 0:
+        return pl.Series("python", [], dtype=pl.String), pl.Series("library", [], dtype=pl.String)
+    inner = innermost(nested(trace, "python"), points)["name"]
+    user = innermost(nested(trace, "user_python"), points)["name"]
     library = pl.select(pl.when(is_library_frame(pl.lit(inner))).then(pl.lit(inner))).to_series() \
         if len(inner) else inner
     return user.fill_null(inner).alias("python"), library.alias("library")

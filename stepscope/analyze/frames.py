@@ -15,7 +15,7 @@ from functools import cached_property
 import polars as pl
 
 from stepscope.analyze import window as _window
-from stepscope.analyze.blame import innermost
+from stepscope.analyze.blame import innermost, nested
 from stepscope.analyze.iterations import Iterations, iterations
 from stepscope.analyze.trace import Trace
 from stepscope.analyze.window import WindowKind
@@ -112,7 +112,7 @@ def ops_by_nesting(trace: Trace, links: pl.DataFrame) -> pl.DataFrame:
     if not missing.any():
         return links
     points = links.filter(missing).select(pid="launch_pid", tid="launch_tid", ts_ns="launch_ts_ns")
-    found = innermost(trace.cpu_ops, points)
+    found = innermost(nested(trace, "cpu_ops"), points)
     index = links.with_row_index("_row").filter(missing)["_row"]
     fill = pl.DataFrame({"_row": index, "_op": found["event_id"], "_name": found["name"]})
     return (

@@ -61,7 +61,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.blame import innermost, is_sync_runtime, python_lines, short_name
+from stepscope.analyze.blame import innermost, is_sync_runtime, nested, python_lines, short_name
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.loading import exposed_data_loading, exposed_in_window
 from stepscope.analyze.schema import Kind
@@ -159,10 +159,10 @@ def _blame(frames: TraceFrames, gaps: pl.DataFrame, gpu: pl.DataFrame) -> pl.Dat
         mid_ns=(pl.col("start_ns") + pl.col("end_ns")) // 2,
     ).with_row_index("gap")
     points = g.select(pl.col("pid", "tid").fill_null(""), ts_ns="mid_ns")
-    op = innermost(trace.cpu_ops, points)
+    op = innermost(nested(trace, "cpu_ops"), points)
     user_line, library_line = python_lines(trace, points)
     g = g.with_columns(blamed_op=op["name"], blamed_op_id=op["event_id"], blamed_python=user_line,
-                       blamed_library=library_line, blamed_runtime=innermost(trace.runtime, points)["name"])
+                       blamed_library=library_line, blamed_runtime=innermost(nested(trace, "runtime"), points)["name"])
 
     def gaps_inside(events: pl.LazyFrame, on: list[str]) -> pl.Series:
         """Gap rows whose midpoint lies in one of `events` (matched on `on`): the events are merged per

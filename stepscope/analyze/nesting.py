@@ -18,6 +18,8 @@ in C; where it is not built, the same walk runs here over plain integer lists, a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 import polars as pl
@@ -140,33 +142,78 @@ def children_sum(parent: IntArray, values: IntArray, keep: npt.NDArray[np.bool_]
     return out
 
 
-def innermost_enclosing(intervals: pl.DataFrame, points: pl.DataFrame) -> pl.Series:
-    """For each point (pid, tid, ts_ns), the row index in `intervals` of the innermost interval enclosing it.
+@dataclass(frozen=True, eq=False)
+class Nested:
+    """Intervals nested once for any number of `enclosing` lookups: in `sort_for_nesting` order, their threads
+    (each one's rows together), starts, ends and parents (`parent_index`) as arrays, and the columns kept of them
+    (`rows`, in the same order). Only these are held, not the frame they came from."""
 
-    `intervals` must be in `sort_for_nesting` order with its `parent_index` result in a `parent` column.
-    Enclosing means start <= ts <= end on the same (pid, tid); null where none does. The last interval to
-    start at or before the point is the innermost candidate; where it ended already, walk up its parents
-    (vectorized: one step per nesting level for all points at once).
-    """
-    if intervals.height == 0 or points.height == 0:
-        return pl.Series("interval_row", [None] * points.height, dtype=pl.Int64)
-    iv = intervals.select("pid", "tid", "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")).with_row_index("row")
-    pts = points.select("pid", "tid", "ts_ns").with_row_index("point")
-    cand = (
-        pts.sort("pid", "tid", "ts_ns")
-        .join_asof(iv.select("pid", "tid", "ts_ns", "row"), on="ts_ns",
-                   by=["pid", "tid"], strategy="backward", check_sortedness=False)
-        .sort("point")
-    )
-    row = cand["row"].cast(pl.Int64).fill_null(-1).to_numpy().copy()
-    t = cand["ts_ns"].to_numpy()
-    ends = iv["end_ns"].to_numpy()
-    parents = intervals["parent"].to_numpy()
-    while True:
-        open_rows = row >= 0
-        bad = open_rows.copy()
-        bad[open_rows] = ends[row[open_rows]] < t[open_rows]
-        if not bad.any():
-            break
-        row[bad] = parents[row[bad]]
-    return pl.Series("interval_row", row, dtype=pl.Int64).replace(-1, None)
+    #: pid, tid and each one's number (`thread`), in nesting order
+    threads: pl.DataFrame
+    #: where each thread's rows begin, and the number of rows (its last element)
+    bounds: IntArray
+    starts: IntArray
+    ends: IntArray
+    #: each row's parent row, -1 for none
+    parents: IntArray
+    #: the columns kept of the intervals, one row each, in nesting order
+    rows: pl.DataFrame
+
+    @classmethod
+    def of(cls, events: pl.DataFrame, keep: tuple[str, ...] = ()) -> Nested:
+        """`events` (pid, tid, ts_ns, dur_ns non-null) nested, keeping their columns `keep`."""
+        ordered = sort_for_nesting(events)
+        parent, _ = parent_index(ordered)
+        return cls.ordered(ordered, parent, keep)
+
+    @classmethod
+    def ordered(cls, intervals: pl.DataFrame, parent: IntArray, keep: tuple[str, ...] = ()) -> Nested:
+        """`intervals` already in `sort_for_nesting` order with their `parent_index`."""
+        new_thread = _thread_starts(intervals)
+        starts = intervals["ts_ns"].cast(pl.Int64).to_numpy()
+        return cls(threads=intervals.filter(new_thread).select("pid", "tid").with_row_index("thread"),
+                   bounds=np.append(np.flatnonzero(new_thread.to_numpy()), intervals.height).astype(np.int64),
+                   starts=starts, ends=starts + intervals["dur_ns"].cast(pl.Int64).to_numpy(),
+                   parents=np.asarray(parent, dtype=np.int64), rows=intervals.select(keep))
+
+    @property
+    def height(self) -> int:
+        """The number of intervals."""
+        return len(self.starts)
+
+    def enclosing(self, points: pl.DataFrame) -> pl.Series:
+        """For each point (pid, tid, ts_ns), the row of the innermost interval enclosing it (start <= ts <= end, on
+        the same pid and tid); null where none does. The last interval of its thread to start at or before the
+        point is the innermost candidate (a binary search in the thread's rows, which the nesting order keeps
+        together and by start); where it ended already, walk up its parents (vectorized: one step per nesting
+        level for all points at once)."""
+        if self.height == 0 or points.height == 0:
+            return pl.Series("interval_row", [None] * points.height, dtype=pl.Int64)
+        pts = (points.select("pid", "tid", "ts_ns")
+               .join(self.threads, on=["pid", "tid"], how="left", maintain_order="left")
+               .select(thread=pl.when(pl.col("ts_ns").is_not_null()).then(pl.col("thread").cast(pl.Int64))
+                       .fill_null(-1), ts_ns=pl.col("ts_ns").cast(pl.Int64).fill_null(0)))
+        thread, t = pts["thread"].to_numpy(), pts["ts_ns"].to_numpy()
+        row = np.full(len(t), -1, dtype=np.int64)
+        order = np.argsort(thread, kind="stable")
+        present, at = np.unique(thread[order], return_index=True)
+        for th, group in zip(present.tolist(), np.split(order, at[1:]), strict=True):
+            if th >= 0:
+                lo, hi = int(self.bounds[th]), int(self.bounds[th + 1])
+                k = np.searchsorted(self.starts[lo:hi], t[group], side="right") - 1
+                row[group] = np.where(k >= 0, k + lo, -1)
+        while True:
+            open_rows = row >= 0
+            bad = open_rows.copy()
+            bad[open_rows] = self.ends[row[open_rows]] < t[open_rows]
+            if not bad.any():
+                break
+            row[bad] = self.parents[row[bad]]
+        return pl.Series("interval_row", row, dtype=pl.Int64).replace(-1, None)
+
+
+def innermost_enclosing(intervals: pl.DataFrame, points: pl.DataFrame) -> pl.Series:
+    """For each point (pid, tid, ts_ns), the row index in `intervals` of the innermost interval enclosing it
+    (`Nested.enclosing`). `intervals` must be in `sort_for_nesting` order with its `parent_index` result in a
+    `parent` column."""
+    return Nested.ordered(intervals, intervals["parent"].to_numpy()).enclosing(points)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.blame import innermost, is_sync_runtime, python_lines
+from stepscope.analyze.blame import innermost, is_sync_runtime, nested, python_lines
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.trace import Trace
 
@@ -129,7 +129,8 @@ def sync_calls(trace: Trace) -> pl.DataFrame:
     syncs = trace.runtime.filter(is_sync_runtime(pl.col("name"))).select(
         "pid", "tid", "ts_ns", "dur_ns", "name").collect(engine="in-memory")
     points = syncs.select("pid", "tid", "ts_ns")
-    return syncs.with_columns(python=python_lines(trace, points)[0], op=innermost(trace.cpu_ops, points)["name"])
+    return syncs.with_columns(python=python_lines(trace, points)[0],
+                              op=innermost(nested(trace, "cpu_ops"), points)["name"])
 
 
 def _sync_sources(syncs: pl.DataFrame) -> pl.DataFrame:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -23,6 +24,9 @@ from stepscope.analyze.ingest import ingest_trace
 from stepscope.analyze.inputs import IngestedTrace, Input, expect_trace, file_sha256, resolve
 from stepscope.analyze.meta import TraceMeta, read_meta
 from stepscope.analyze.schema import CPU_KINDS, GPU_KINDS, Kind
+
+if TYPE_CHECKING:
+    from stepscope.analyze.nesting import Nested
 
 STEP_NAME_PATTERN = r"^ProfilerStep#(\d+)$"
 
@@ -35,6 +39,8 @@ class Trace:
     meta: TraceMeta = field(repr=False)
     # a cached trace's hold on its cache entry: no prune removes it while this Trace lives (analyze/cache.py)
     lease: Lease | None = field(default=None, repr=False, compare=False)
+    #: the frames that enclosing-event lookups read, nested once and kept (`blame.nested`): name -> nesting
+    nestings: dict[str, Nested] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ identity
     @property

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope.analyze import nesting
+from stepscope.analyze import load, nesting
 from stepscope.analyze._columns import scanner_available
+from stepscope.analyze.blame import NestedFrame, innermost, is_library_frame, nested, source_frames
 from stepscope.analyze.nesting import (
     children_sum,
     collapse_repeated,
@@ -121,3 +124,67 @@ def test_innermost_enclosing_walks_up_past_finished_children() -> None:
     rows = innermost_enclosing(iv, pts).to_list()
     starts = [iv["ts_ns"][r] if r is not None else None for r in rows]
     assert starts == [12, 0, 10, None, None]  # end is inclusive (20 is inside 10..20)
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["1", "2", "3"]), st.integers(0, 60), st.integers(0, 25)), max_size=40),
+       st.lists(st.tuples(st.sampled_from(["1", "2", "3", "4"]), st.one_of(st.none(), st.integers(-5, 90))),
+                max_size=30))
+def test_innermost_enclosing_is_the_last_enclosing_interval_in_nesting_order(
+        rows: list[tuple[str, int, int]], points: list[tuple[str, int | None]]) -> None:
+    # GIVEN intervals on three threads (nested, overlapping, equal, empty) and points on those threads, on a
+    # thread with none, and without a time
+    iv = sort_for_nesting(_frame(rows))
+    parent, _ = parent_index(iv)
+    iv = iv.with_columns(parent=pl.Series(parent, dtype=pl.Int64))
+    pts = pl.DataFrame({"pid": ["1"] * len(points), "tid": [p[0] for p in points], "ts_ns": [p[1] for p in points]},
+                       schema={"pid": pl.String, "tid": pl.String, "ts_ns": pl.Int64})
+    # WHEN looked up THEN each point gets, by definition, the enclosing interval latest in nesting order (start,
+    # then longest first: the one that started last, the shortest of those), None where none encloses it
+    tids, starts, ends = iv["tid"].to_list(), iv["ts_ns"].to_list(), (iv["ts_ns"] + iv["dur_ns"]).to_list()
+    expected = [max((r for r in range(iv.height) if tids[r] == tid and t is not None and starts[r] <= t <= ends[r]),
+                    default=None) for tid, t in points]
+    assert innermost_enclosing(iv, pts).to_list() == expected
+
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "item_in_forward_cuda"
+
+
+def _innermost_by_scan(events: pl.DataFrame, points: pl.DataFrame) -> pl.DataFrame:
+    """Per point (its row order): the (ts_ns, dur_ns) of the innermost event enclosing it, by definition: of the
+    events on its thread with start <= ts <= end, the one that starts last, the shortest of those (nulls: none)."""
+    return (
+        points.with_row_index("point")
+        .join(events.select("pid", "tid", e_ts="ts_ns", e_dur="dur_ns"), on=["pid", "tid"], how="left")
+        .with_columns(inside=pl.col("ts_ns").is_between(pl.col("e_ts"), pl.col("e_ts") + pl.col("e_dur")))
+        .with_columns(pl.when(pl.col("inside")).then(pl.col(c)).alias(c) for c in ("e_ts", "e_dur"))
+        .sort("point", "e_ts", pl.col("e_dur"), descending=[False, False, True], nulls_last=False)
+        .group_by("point", maintain_order=True).agg(pl.col("e_ts", "e_dur").last())
+        .sort("point").select(ts_ns="e_ts", dur_ns="e_dur")
+    )
+
+
+@pytest.mark.parametrize("frame", ["cpu_ops", "runtime", "python", "user_python"])
+def test_a_trace_frame_nested_once_answers_as_the_definition_does(frame: NestedFrame) -> None:
+    # GIVEN a real capture (CPU ops, runtime calls, Python frames of torch's and of the user's) and points on its
+    # threads: every event's start, middle and end, and the moment just after it
+    trace = load(next(SAMPLE.glob("*.pt.trace.json.gz")))
+    lazy = {"cpu_ops": trace.cpu_ops, "runtime": trace.runtime, "python": source_frames(trace),
+            "user_python": source_frames(trace).filter(~is_library_frame(pl.col("name")))}[frame]
+    events = lazy.filter(pl.col("dur_ns").is_not_null()).collect()
+    assert events.height >= 5  # (the user's own frames are the fewest: 7)
+    points = pl.concat([events.select("pid", "tid", ts_ns=at) for at in (
+        pl.col("ts_ns"), pl.col("ts_ns") + pl.col("dur_ns") // 2, pl.col("ts_ns") + pl.col("dur_ns"),
+        pl.col("ts_ns") + pl.col("dur_ns") + 1)]).sample(fraction=1.0, shuffle=True, seed=7)
+    # WHEN looked up in the nesting kept on the trace, and in the frame nested for these points alone
+    index = nested(trace, frame)
+    found = innermost(index, points)
+    again = innermost(lazy, points)
+    # THEN both name, for every point, the event the definition picks (start and duration; equal spans may differ
+    # only in which of them is named), and the nesting is built once per trace
+    picked = found.join(events.select("event_id", "ts_ns", "dur_ns"), on="event_id", how="left",
+                        maintain_order="left").select("ts_ns", "dur_ns")
+    assert picked.equals(_innermost_by_scan(events, points))
+    assert found.equals(again)
+    assert index.height == events.height and nested(trace, frame) is index
