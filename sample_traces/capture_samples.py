@@ -56,12 +56,19 @@ class SmallConvNet(nn.Module):
 
 def convnet_train(out: Path, device: str) -> None:
     """(a) A small conv net training step."""
+    _convnet_loop(out, device, compiled=False)
+
+
+def _convnet_loop(out: Path, device: str, *, compiled: bool) -> None:
+    """The conv net's training loop, recorded by the shim; `compiled`: the model under torch.compile (compiled in
+    the first step, which the schedule leaves unrecorded)."""
     model = SmallConvNet().to(device)
+    forward = torch.compile(model) if compiled else model
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(16, 3, 32, 32, device=device), torch.randint(0, 10, (16,), device=device)
     with profile_steps(out, batch_size=16, device=device, **SCHEDULE) as prof:
         for _ in range(_steps()):
-            loss = nn.functional.cross_entropy(model(x), y)
+            loss = nn.functional.cross_entropy(forward(x), y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -184,17 +191,7 @@ def dataloader_fixed(out: Path, device: str) -> None:
 
 def compiled_train(out: Path, device: str) -> None:
     """(f) The conv net step of convnet_train under torch.compile (compiled in the first, unrecorded step)."""
-    model = SmallConvNet().to(device)
-    compiled = torch.compile(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(16, 3, 32, 32, device=device), torch.randint(0, 10, (16,), device=device)
-    with profile_steps(out, batch_size=16, device=device, **SCHEDULE) as prof:
-        for _ in range(_steps()):
-            loss = nn.functional.cross_entropy(compiled(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            prof.step()
+    _convnet_loop(out, device, compiled=True)
 
 
 def cuda_graph_replay(out: Path, device: str) -> None:
