@@ -126,7 +126,6 @@ def test_innermost_enclosing_walks_up_past_finished_children() -> None:
     assert starts == [12, 0, 10, None, None]  # end is inclusive (20 is inside 10..20)
 
 
-
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["1", "2", "3"]), st.integers(0, 60), st.integers(0, 25)), max_size=40),
        st.lists(st.tuples(st.sampled_from(["1", "2", "3", "4"]), st.one_of(st.none(), st.integers(-5, 90))),
