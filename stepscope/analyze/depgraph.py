@@ -61,7 +61,7 @@ from stepscope.analyze.blame import is_sync_runtime
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.kernels import category_expr
 from stepscope.analyze.loading import DATALOADER_PATTERN
-from stepscope.analyze.nesting import innermost_enclosing, parent_index, sort_for_nesting
+from stepscope.analyze.nesting import Nested
 from stepscope.analyze.schema import Kind
 from stepscope.errors import UsageError
 
@@ -369,14 +369,10 @@ def _innermost(events: pl.DataFrame, slices: pl.DataFrame) -> pl.Series:
 
     On doubled coordinates a slice's point 2a+1 lies strictly inside it, so an event ending where the slice
     starts never encloses it."""
-    iv = events.select("pid", "tid", ts_ns=pl.col("s") * 2, dur_ns=(pl.col("e") - pl.col("s")) * 2,
-                       row=pl.int_range(pl.len(), dtype=pl.Int64))
-    iv = sort_for_nesting(iv)
-    parent, _ = parent_index(iv)
-    rows = innermost_enclosing(iv.with_columns(parent=pl.Series(parent)),
-                               slices.select("pid", "tid", ts_ns=pl.col("a") * 2 + 1))
-    return iv["row"].gather(rows.fill_null(0)).to_frame().select(
-        pl.when(rows.is_not_null()).then(pl.col("row"))).to_series().alias("ev_row")
+    found = Nested.of(events.select("pid", "tid", ts_ns=pl.col("s") * 2, dur_ns=(pl.col("e") - pl.col("s")) * 2,
+                                    row=pl.int_range(pl.len(), dtype=pl.Int64)), keep=("row",))
+    rows = found.enclosing(slices.select("pid", "tid", ts_ns=pl.col("a") * 2 + 1))
+    return found.rows.select(ev_row=pl.col("row").gather(rows))["ev_row"]
 
 
 def _launch_latency(gpu: pl.DataFrame) -> tuple[int | None, int | None]:
