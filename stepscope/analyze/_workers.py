@@ -76,7 +76,8 @@ def worker_context(*, fork_if_fresh: bool = False, preload: Sequence[str] = ()) 
         context = multiprocessing.get_context("forkserver")
     except ValueError:  # pragma: no cover - Windows
         return multiprocessing.get_context("spawn")
-    context.set_forkserver_preload(["stepscope.analyze.dataset", *preload])
+    # last: its exit handler then runs before those of every module preloaded (see _fork_server)
+    context.set_forkserver_preload(["stepscope.analyze.dataset", *preload, "stepscope.analyze._fork_server"])
     return context
 
 

@@ -3,7 +3,11 @@ other job gives its result, as a plain map would."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,3 +94,38 @@ def test_a_pool_that_breaks_while_jobs_are_handed_to_it_runs_them_in_the_next(mo
     results = list(surviving_map(square_or_die, [(i, 100) for i in range(8)], processes=2, lost=_lost))
     assert sorted(results) == [i * i for i in range(8)]  # type: ignore[type-var]
     assert len(pools) == 2
+
+
+PARENT = """
+import sys
+from stepscope.analyze._workers import start_fork_server, worker_pool
+start_fork_server(["exit_marker"])
+with worker_pool(1) as pool:  # a worker forked from it, which ends through os._exit as before
+    assert pool.submit(abs, -3).result() == 3
+print("parent done")
+"""
+MARKER = """
+import atexit, os
+open(os.environ["MARKER"] + ".imported", "w").close()
+atexit.register(lambda: open(os.environ["MARKER"] + ".shutdown", "w").close())
+"""
+
+
+def test_the_fork_server_ends_without_python_s_shutdown(tmp_path: Path) -> None:
+    # GIVEN a process that starts the fork server with a module preloaded that marks its import and, at exit,
+    # Python's shutdown (an atexit handler, as polars' and matplotlib's own)
+    (tmp_path / "exit_marker.py").write_text(MARKER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), "MARKER": str(tmp_path / "m")}
+    # WHEN it exits, and its output pipes close (the fork server holds them until it ends)
+    done = subprocess.run([sys.executable, "-c", PARENT], env=env, capture_output=True, text=True, timeout=120)
+    # THEN the fork server imported the module and ended without the shutdown (what a pipe waited for)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "parent done\n"
+    assert (tmp_path / "m.imported").exists()
+    assert not (tmp_path / "m.shutdown").exists()
+
+
+def test_imported_anywhere_else_the_fork_server_exit_does_nothing(tmp_path: Path) -> None:
+    code = "import stepscope.analyze._fork_server as f, atexit; assert not f._in_fork_server(); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
