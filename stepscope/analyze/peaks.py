@@ -30,12 +30,21 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+import polars as pl
+
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.vocab import DTYPES as DTYPES  # re-exported with Dtype: callers import them from here
 from stepscope.analyze.vocab import Dtype as Dtype
 from stepscope.errors import UsageError
 
 PeakOrigin = Literal["table", "override"]
+#: who made the GPU a trace ran on: it decides which vendor's profiler the commands we print name
+Vendor = Literal["NVIDIA", "AMD"]
+
+#: the runtime versions Kineto writes at a trace's top level, by whose software stack writes them
+_VERSION_VENDORS: Mapping[str, Vendor] = {
+    "cuda_runtime_version": "NVIDIA", "cuda_driver_version": "NVIDIA", "cupti_version": "NVIDIA",
+    "hip_runtime_version": "AMD", "hip_driver_version": "AMD", "roctracer_version": "AMD"}
 
 # Table columns (unit suffix dropped) that give each dtype's peak. fp64 and fp32 may run on vector units or
 # on tensor / matrix cores (NVIDIA FP64 tensor cores, AMD FP64/FP32 matrix cores): their peak is the larger.
@@ -223,6 +232,27 @@ def resolve_peaks(source: Source, *, peak_tflops: float | None = None, peak_band
         devices = (resolve_device(None, peak_tflops=peak_tflops, peak_bandwidth_gbps=peak_bandwidth_gbps,
                                   dtype=dtype),)
     return ResolvedPeaks(dtype=dtype, devices=devices)
+
+
+def gpu_vendor(source: Source) -> Vendor | None:
+    """Who made the GPU the trace ran on: from the runtime versions Kineto records (cuda_*/cupti_* or
+    hip_*/roctracer_*), else from its runtime calls' names (`cudaLaunchKernel`, `cuLaunchKernel` or
+    `hipLaunchKernel`; older ROCm traces record no versions), else from the table row its devices match. None where
+    nothing says (a CPU-only trace) or the signs disagree."""
+    frames = frames_of(source)
+    meta = frames.trace.meta
+    said: set[str] = {_VERSION_VENDORS[key] for key in meta.versions if key in _VERSION_VENDORS}
+    if not said:
+        calls = frames.trace.runtime.select(
+            hip=pl.col("name").str.starts_with("hip").any(), cuda=pl.col("name").str.starts_with("cu").any()
+        ).collect(engine="in-memory")
+        said = {vendor for vendor, column in (("AMD", "hip"), ("NVIDIA", "cuda")) if calls[column].item()}
+    if not said:
+        rows = [match_device(d.name) for d in meta.devices if d.name]
+        said = {row.vendor for row in rows if row is not None}
+    if said == {"NVIDIA"}:
+        return "NVIDIA"
+    return "AMD" if said == {"AMD"} else None
 
 
 def manifest_device(trace_path: Path, rank: int | None) -> tuple[int | None, str] | None:

@@ -1,5 +1,5 @@
 """How far from the hardware limit: achieved TFLOP/s and GB/s per op, the roofline, MFU per step, and which
-kernels to hand to Nsight Compute.
+kernels to hand to the vendor's kernel profiler (Nsight Compute, ROCm Compute Profiler).
 
 Each op that `flops.op_flops` counts (the outermost op with a FLOP model) gets the GPU time of the kernels
 launched by it or by any op nested inside it (launch -> op by correlation / External id). Then, per op
@@ -41,7 +41,7 @@ import polars as pl
 from stepscope.analyze.blame import innermost, short_name
 from stepscope.analyze.flops import FLOP_FAMILIES, FlopsResult, op_flops
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
-from stepscope.analyze.peaks import DTYPES, Dtype, ResolvedDevice, resolve_peaks
+from stepscope.analyze.peaks import DTYPES, Dtype, ResolvedDevice, Vendor, gpu_vendor, resolve_peaks
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.window import cpu_spans, with_step
 
@@ -68,11 +68,14 @@ class RooflineResult:
     time first). `steps`: step, wall_ns, flops (model FLOPs), hardware_flops (with recomputation),
     uncounted_ops (FLOP-bearing ops whose FLOPs could not be counted: the step's tflops and MFU are then
     None), tflops, mfu_fraction; the headline's `uncounted_ops` counts them over the whole trace. `handoff`: the
-    kernels far below their roofline that cost most, each with the `ncu` command that profiles one instance.
+    kernels far below their roofline that cost most, each with the command of the vendor's kernel profiler that
+    profiles it (`kernel_profile_command`). `vendor`: who made the GPU (`peaks.gpu_vendor`; None where the trace
+    does not say, and the commands are then NVIDIA's).
     """
 
     shapes_recorded: bool
     device: str | None
+    vendor: Vendor | None
     peak_from: str | None
     dtype: str | None
     peak_tflops: float | None
@@ -108,6 +111,7 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
     gpu_trace = bool(frames.launches.height)
     counted = every.filter(pl.col("gpu_ns") > 0) if gpu_trace else every
     main_dtype = dtype or _dominant_dtype(counted)
+    vendor = gpu_vendor(frames)
     device = _device(frames, peak_tflops, peak_bandwidth_gbps, main_dtype)
     ops = _per_op(frames, counted, device, peak_tflops, peak_bandwidth_gbps)
     missing = _uncounted(flops_result)
@@ -122,7 +126,7 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
     peak = device.peak_tflops if device is not None else None
     return RooflineResult(
         shapes_recorded=flops_result.shapes_recorded,
-        device=device.name if device is not None else None,
+        device=device.name if device is not None else None, vendor=vendor,
         peak_from=_origin(device),
         dtype=main_dtype, peak_tflops=peak,
         bandwidth_gbps=device.peak_bandwidth_gbps if device is not None else None,
@@ -136,7 +140,7 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
         uncounted_ops=missing.height,
         note=_note(flops_result, device, main_dtype, steps,
                    cpu_side=every.filter(pl.col("flops") > 0).height - counted.filter(pl.col("flops") > 0).height),
-        families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops),
+        families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops, vendor),
     )
 
 
@@ -299,10 +303,10 @@ def _per_step(frames: TraceFrames, counted: pl.DataFrame, missing: pl.DataFrame,
     )
 
 
-def _handoff(frames: TraceFrames, ops: pl.DataFrame) -> pl.DataFrame:
+def _handoff(frames: TraceFrames, ops: pl.DataFrame, vendor: Vendor | None) -> pl.DataFrame:
     """The longest kernel of each op that loses the most GPU time below its roofline (its GPU time x (1 - its
-    share of the roofline), HANDOFF_TOP of them, each below HANDOFF_BELOW), with an `ncu` command that profiles
-    one instance of it (the kernel by a name regex, the instance by --launch-skip).
+    share of the roofline), HANDOFF_TOP of them, each below HANDOFF_BELOW), with the command that profiles it
+    (`kernel_profile_command`).
 
         GEMMs 51 ms at 78% (11 ms lost), a fill 2.6 µs at 0% (2.6 µs lost)  ->  the GEMMs' kernel first
     """
@@ -323,16 +327,33 @@ def _handoff(frames: TraceFrames, ops: pl.DataFrame) -> pl.DataFrame:
         top = mine.group_by("name").agg(ns=pl.col("dur_ns").sum()).sort("ns", "name", descending=[True, False])[
             "name"][0]
         short = str(pl.select(short_name(pl.lit(top))).item())
-        regex = re.escape(short.split("::")[-1])
-        same = kernels.filter(pl.col("name").str.contains(regex, literal=False))
-        skip = max(0, same.height // 2)  # an instance from the middle of the capture, past warm-up
-        command = shlex.join(["ncu", "--kernel-name", f"regex:{regex}", "--launch-skip", str(skip),
-                              "--launch-count", "1", "--section", "SpeedOfLight", "--section",
-                              "MemoryWorkloadAnalysis", "--section", "ComputeWorkloadAnalysis", "-o", "stepscope_ncu",
-                              "python", "train.py"])
+        name = short.split("::")[-1]
+        same = kernels.filter(pl.col("name").str.contains(name, literal=True)).height
         rows.append({"op": op["name"], "kernel": short, "gpu_ns": int(mine["dur_ns"].sum()),
-                     "roofline_fraction": op["roofline_fraction"], "command": command})
+                     "roofline_fraction": op["roofline_fraction"],
+                     "command": kernel_profile_command(vendor, name, same)})
     return pl.DataFrame(rows, schema=schema)
+
+
+#: the kernel profiler `kernel_profile_command` names, by GPU vendor
+KERNEL_PROFILER: dict[Vendor, str] = {"NVIDIA": "Nsight Compute", "AMD": "ROCm Compute Profiler"}
+
+
+def kernel_profile_command(vendor: Vendor | None, name: str, launches: int) -> str:
+    """The command that profiles kernel `name` (its name without namespaces) in the user's `python train.py`,
+    with the kernel profiler of the GPU's vendor (NVIDIA's where None), given the trace recorded `launches` of
+    kernels whose names hold it.
+
+    NVIDIA: Nsight Compute on one instance from the middle of the capture (past warm-up: `--launch-skip`
+    half of `launches`), its speed-of-light, memory and compute sections. AMD: ROCm Compute Profiler on the
+    kernels whose names hold it (`-k` takes a name substring; its `-d` counts dispatches over the whole run,
+    which a trace cannot number), every block and the roofline.
+    """
+    if vendor == "AMD":
+        return shlex.join(["rocprof-compute", "profile", "-n", "stepscope", "-k", name, "--", "python", "train.py"])
+    return shlex.join(["ncu", "--kernel-name", f"regex:{re.escape(name)}", "--launch-skip", str(max(0, launches // 2)),
+                       "--launch-count", "1", "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis",
+                       "--section", "ComputeWorkloadAnalysis", "-o", "stepscope_ncu", "python", "train.py"])
 
 
 def _origin(device: ResolvedDevice | None) -> str | None:

@@ -48,6 +48,7 @@ from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
 from stepscope.analyze.info import trace_warnings
 from stepscope.analyze.kernels import KernelCategory, KernelsResult, kernel_summary
+from stepscope.analyze.peaks import Vendor
 from stepscope.analyze.roofline import RooflineResult, roofline
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.serving import ServingResult, serving_iterations
@@ -341,20 +342,26 @@ class SummaryResult:
     predicted_savings: pl.DataFrame | None = None  # `savings.predicted_savings` (summary --predict): each fix, replayed
 
 
-#: Nsight Systems over a capture range the program opens and closes (torch.cuda.profiler.start()/stop() around
-#: a few steps), CUDA API and NVTX with the Python backtrace of each CUDA call: where the CPU makes the GPU wait
-NSYS_COMMAND = ("nsys profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi --capture-range-end=stop "
-                "--python-backtrace=cuda --sample=none -o stepscope_nsys python train.py")
+#: the systems profiler's command, by GPU vendor, where the CPU makes the GPU wait. NVIDIA: Nsight Systems over a
+#: capture range the program opens and closes (torch.cuda.profiler.start()/stop() around a few steps), CUDA API
+#: and NVTX with the Python backtrace of each CUDA call. AMD: rocprofv3's runtime trace (HIP API, ROCTx markers,
+#: kernel dispatches and copies), written for Perfetto
+SYSTEMS_COMMANDS: dict[Vendor, str] = {
+    "NVIDIA": "nsys profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi --capture-range-end=stop "
+              "--python-backtrace=cuda --sample=none -o stepscope_nsys python train.py",
+    "AMD": "rocprofv3 --runtime-trace --output-format pftrace -d stepscope_rocprof -- python train.py",
+}
 
 
 def profile_next_command(verdict: Verdict, limits: RooflineResult) -> str | None:
-    """The tool to run next where a trace cannot say more: for a GPU-bound step, Nsight Compute on the kernel
-    furthest below its roofline (`roofline.handoff`); for a launch-, sync- or transfer-bound step, Nsight Systems
-    with the CPU side's call stacks (NSYS_COMMAND); None otherwise (data loading is the input pipeline's)."""
+    """The tool to run next where a trace cannot say more, the GPU vendor's (`limits.vendor`; NVIDIA's where the
+    trace does not say): for a GPU-bound step, the kernel profiler on the kernel furthest below its roofline
+    (`roofline.handoff`); for a launch-, sync- or transfer-bound step, the systems profiler with the CPU side
+    (`SYSTEMS_COMMANDS`); None otherwise (data loading is the input pipeline's)."""
     if verdict is Verdict.GPU_BOUND and limits.handoff.height:
         return str(limits.handoff["command"][0])
     if verdict in (Verdict.LAUNCH_BOUND, Verdict.SYNC_BOUND, Verdict.TRANSFER_BOUND):
-        return NSYS_COMMAND
+        return SYSTEMS_COMMANDS[limits.vendor or "NVIDIA"]
     return None
 
 

@@ -25,8 +25,9 @@ _VIEWS = {"op": ("ops", "handoff"), "family": ("families",), "step": ("steps",)}
 @click.command("flops")
 @trace_argument
 @click.option("--by", type=click.Choice(list(_VIEWS)), default=None,
-              help="op (the table's default): per op, and the kernels to hand to Nsight Compute; family: per op "
-                   "family; step: MFU per step. With --csv, that table only (default: every table).")
+              help="op (the table's default): per op, and the kernels to hand to the kernel profiler (Nsight "
+                   "Compute, ROCm Compute Profiler); family: per op family; step: MFU per step. With --csv, that "
+                   "table only (default: every table).")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
               help="The device's dense peak TFLOP/s at the dominant dtype (default: the device table).")
 @click.option("--peak-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -41,7 +42,8 @@ def command(trace: Path, by: str | None, peak_tflops: float | None, peak_bandwid
     """FLOPs and bytes of every op with a FLOP model (from its recorded shapes: profile with
     record_shapes=True), its kernels' GPU time, achieved TFLOP/s and GB/s, arithmetic intensity and share of
     the roofline (peaks from the device table, or --peak-tflops / --peak-bandwidth), MFU per step, and the
-    `ncu` command for the kernels furthest below their roofline. With --graph-capture, the ops of graph
+    command of the GPU vendor's kernel profiler (ncu, rocprof-compute) for the kernels furthest below their
+    roofline. With --graph-capture, the ops of graph
     replays count once per replay, with their shapes at capture time."""
     from stepscope.analyze.roofline import roofline
     from stepscope.reports.text import render_frame, render_headline, result_headline

@@ -344,7 +344,9 @@ def _kernel_labels_table(top: pl.DataFrame) -> Table:
 
 def roofline_section(ctx: ReportContext) -> Section | None:
     """How far from the hardware limit (roofline.py): FLOPs per op, achieved TFLOP/s and GB/s against the
-    device's roofline, MFU per step, and the kernels to hand to Nsight Compute."""
+    device's roofline, MFU per step, and the kernels to hand to the vendor's kernel profiler."""
+    from stepscope.analyze.roofline import KERNEL_PROFILER
+
     result = ctx.bundle.roofline
     if ctx.bundle.kernels.gpu_events == 0:
         return None
@@ -356,7 +358,8 @@ def roofline_section(ctx: ReportContext) -> Section | None:
     if result.steps.height:
         tables.append(frame_table(result.steps, "MFU per step"))
     if result.handoff.height:
-        tables.append(frame_table(result.handoff, "Far below the roofline: profile one instance with Nsight Compute"))
+        tables.append(frame_table(result.handoff, "Far below the roofline: profile the kernel with "
+                                  + KERNEL_PROFILER[result.vendor or "NVIDIA"]))
     return Section(id="roofline", title="Hardware limits", headline=headline_items(result, skip=("note",)),
                    notes=[result.note] if result.note else [],
                    figures=[ctx.figure("Roofline", "figures.roofline_figure", result)], tables=tables,

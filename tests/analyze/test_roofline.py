@@ -14,8 +14,9 @@ from click.testing import CliRunner
 
 from stepscope.analyze import load
 from stepscope.analyze.frames import frames_of
+from stepscope.analyze.peaks import gpu_vendor
 from stepscope.analyze.roofline import roofline
-from stepscope.analyze.summary import NSYS_COMMAND, Verdict, profile_next_command, verdict
+from stepscope.analyze.summary import SYSTEMS_COMMANDS, Verdict, profile_next_command, verdict
 from stepscope.analyze.workload import workload_evidence
 from stepscope.cli import cli
 
@@ -24,17 +25,19 @@ MM_FLOPS = 2 * N**3  # 137,438,953,472
 MM_BYTES = 3 * N * N * 2  # two bf16 inputs read, one bf16 output written
 
 
-def _doc(device: str = "NVIDIA H100 80GB HBM3", kernel_us: float = 200.0) -> dict[str, Any]:
+def _doc(device: str = "NVIDIA H100 80GB HBM3", kernel_us: float = 200.0, *, launch: str = "cudaLaunchKernel",
+         kernel_name: str = "sm90_xmma_gemm_bf16bf16_bf16f32", **top: Any) -> dict[str, Any]:
     # one step [0, 1000) µs; aten::mm (bf16, 4096^3) launches one kernel of `kernel_us`
     doc: dict[str, Any] = trace(
         step(1, ts=0, dur=1000),
         cpu_op("aten::mm", ts=10, dur=20, external_id=5, **{
             "Input Dims": [[N, N], [N, N]], "Input type": ["c10::BFloat16", "c10::BFloat16"],
             "Concrete Inputs": ["", ""]}),
-        runtime("cudaLaunchKernel", ts=12, dur=3, correlation=1, external_id=5),
-        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", ts=100, dur=kernel_us, correlation=1, external_id=5),
+        runtime(launch, ts=12, dur=3, correlation=1, external_id=5),
+        kernel(kernel_name, ts=100, dur=kernel_us, correlation=1, external_id=5),
         deviceProperties=[{"id": 0, "name": device, "totalGlobalMem": 80 * 2**30, "computeMajor": 9,
                            "computeMinor": 0, "numSms": 132}],
+        **top,
     )
     return doc
 
@@ -69,6 +72,56 @@ def test_overrides_win_and_a_slow_kernel_gets_an_ncu_command(tmp_path: Path) -> 
     assert hand["kernel"] == "sm90_xmma_gemm_bf16bf16_bf16f32"
     assert hand["command"].startswith("ncu --kernel-name regex:sm90_xmma_gemm_bf16bf16_bf16f32 --launch-skip 0 "
                                       "--launch-count 1 --section SpeedOfLight")
+
+
+def test_on_an_amd_gpu_the_commands_name_rocm_s_profilers(tmp_path: Path) -> None:
+    # GIVEN the same slow matmul on an MI300X, launched by hipLaunchKernel (a ROCm trace records no versions
+    # before ROCm 6.3: the runtime calls' names tell)
+    doc = _doc("AMD Instinct MI300X", kernel_us=10_000, launch="hipLaunchKernel",
+               kernel_name="Cijk_Alik_Bljk_BBS_BH_MT256x256x64_MI16x16x1")
+    result = roofline(load_events(tmp_path, doc))
+    # THEN the kernel goes to ROCm Compute Profiler (by a name substring: it cannot pick one instance), not ncu
+    assert result.vendor == "AMD"
+    (hand,) = result.handoff.iter_rows(named=True)
+    assert hand["command"] == ("rocprof-compute profile -n stepscope -k Cijk_Alik_Bljk_BBS_BH_MT256x256x64_MI16x16x1 "
+                               "-- python train.py")
+    assert profile_next_command(Verdict.GPU_BOUND, result) == hand["command"]
+    # AND a launch-, sync- or transfer-bound step to rocprofv3's runtime trace, not Nsight Systems
+    for bound in (Verdict.LAUNCH_BOUND, Verdict.SYNC_BOUND, Verdict.TRANSFER_BOUND):
+        assert profile_next_command(bound, result) == SYSTEMS_COMMANDS["AMD"]
+    assert SYSTEMS_COMMANDS["AMD"].startswith("rocprofv3 --runtime-trace ")
+
+
+def test_who_made_the_gpu(tmp_path: Path) -> None:
+    hip: dict[str, Any] = {"hip_runtime_version": 60443483, "roctracer_version": 4.1}
+    cases = {
+        # the versions Kineto writes win over everything else
+        "versions": (_doc("Synthetic GPU", launch="cudaLaunchKernel", **hip), "AMD"),
+        "cuda versions": (_doc("Synthetic GPU", launch="hipLaunchKernel", cupti_version=28), "NVIDIA"),
+        # else the runtime calls' names (the driver API's cuLaunchKernel too)
+        "hip calls": (_doc("Synthetic GPU", launch="hipLaunchKernel"), "AMD"),
+        "driver calls": (_doc("Synthetic GPU", launch="cuLaunchKernel"), "NVIDIA"),
+        # else the device table's row
+        "device": (trace(kernel("k", ts=0, dur=1), deviceProperties=[{"id": 0, "name": "AMD Instinct MI210"}]),
+                   "AMD"),
+        # nothing says, or the signs disagree (both runtimes' calls): no vendor, and NVIDIA's commands
+        "unknown": (trace(kernel("k", ts=0, dur=1)), None),
+        "both": (trace(runtime("hipLaunchKernel", ts=0, dur=1), runtime("cudaLaunchKernel", ts=2, dur=1)), None),
+    }
+    for name, (doc, vendor) in cases.items():
+        assert gpu_vendor(load_events(tmp_path / name.replace(" ", "_"), doc)) == vendor, name
+    assert roofline(load_events(tmp_path / "nvidia", _doc(kernel_us=10_000)), peak_tflops=1.0).vendor == "NVIDIA"
+
+
+def test_the_corpus_traces_vendors(corpus: Path) -> None:
+    # the corpus's own directories say which GPU ran each trace (its README: MI210, MI250, MI300X, B200, V100)
+    expect = {"tracelens/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz": "AMD",
+              "tracelens/mi210/gpu_only_trace/gpu_only_trace.json.gz": "AMD",
+              "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz": "AMD",  # no versions: its hip* calls
+              "tracelens/b200/eager_trace.json.gz": "NVIDIA",
+              "hta/df_index_resolver/df_index_resolver.json.gz": "NVIDIA"}  # no versions: its cuda* calls
+    for path, vendor in expect.items():
+        assert gpu_vendor(load(corpus / "traces" / path)) == vendor, path
 
 
 def test_an_unknown_device_keeps_the_flops_and_says_which_option_to_pass(tmp_path: Path) -> None:
@@ -170,7 +223,8 @@ def test_the_verdict_carries_mfu_and_names_the_profiler_to_run_next(tmp_path: Pa
     # THEN the verdict carries the step's MFU and hands off to Nsight Systems, where the CPU side shows
     assert result.verdict is Verdict.LAUNCH_BOUND
     assert result.mfu_fraction == pytest.approx(MM_FLOPS / (1e-3 * 989.5e12))
-    assert result.profile_next == NSYS_COMMAND and "--capture-range=cudaProfilerApi" in NSYS_COMMAND
+    nsys = SYSTEMS_COMMANDS["NVIDIA"]
+    assert result.profile_next == nsys and nsys.startswith("nsys profile") and "--capture-range=cudaProfilerApi" in nsys
     # AND a GPU-bound step goes to Nsight Compute on the kernel furthest below its roofline
     slow = roofline(load_events(tmp_path / "slow", _doc(kernel_us=10_000)), peak_tflops=100.0,
                     peak_bandwidth_gbps=1000.0)
