@@ -29,6 +29,21 @@ def is_sync_runtime(name: pl.Expr) -> pl.Expr:
         name.str.contains("(?i)^(cuda|hip|cu)memcpy") & ~name.str.contains("(?i)async"))
 
 
+#: a copy between device memories (its direction in its name): no host memory, so never pageable or pinned
+DEVICE_COPY = r"DtoD|PtoP|DtoA|AtoD"
+
+
+def host_memory_unsaid(name: pl.Expr) -> pl.Expr:
+    """True for a copy to or from host memory whose name does not say whether that memory was pageable or pinned,
+    so that no pageable figure over it is exact.
+
+        Memcpy HtoD (Pageable -> Device), Memcpy DtoH (Device -> Pinned), Memcpy DtoD (Device -> Device) -> False
+        Memcpy HtoD (Host -> Device), Memcpy DtoH (Device -> Host)   (AMD's names)                     -> True
+    """
+    name = name.fill_null("")
+    return ~name.str.contains("Pageable|Pinned") & ~name.str.contains(DEVICE_COPY)
+
+
 def short_name(name: pl.Expr) -> pl.Expr:
     """A kernel's name without return type, template arguments and parameter list, for tables.
 

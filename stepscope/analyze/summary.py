@@ -43,7 +43,7 @@ import polars as pl
 
 from stepscope.analyze import intervals
 from stepscope.analyze._comm_events import CommSplit, comm_split, gpu_work, per_window, rank_calls
-from stepscope.analyze.blame import is_sync_runtime, short_name
+from stepscope.analyze.blame import host_memory_unsaid, is_sync_runtime, short_name
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
 from stepscope.analyze.info import trace_warnings
@@ -375,8 +375,7 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
     gpu = frames.gpu_by_step
     extra = gpu.group_by("step").agg(
         gpu_events=pl.len(),
-        pageable_ns=pl.col("dur_ns").filter((pl.col("kind") == Kind.MEMCPY.value)
-                                            & pl.col("name").str.contains("Pageable")).sum(),
+        pageable_ns=_pageable_ns(),
         tiny=(pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value) < TINY_KERNEL_NS).sum(),
         kernels=(pl.col("kind") == Kind.KERNEL.value).sum(),
     )
@@ -389,15 +388,24 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
     return (
         steps.join(extra, on="step", how="left", maintain_order="left")
         .join(sync, on="step", how="left", maintain_order="left")
-        .with_columns(pl.col("gpu_events", "pageable_ns", "tiny", "kernels", "sync_ns", "sync_calls", "gpu_busy_ns",
-                             "memcpy_ns").fill_null(0))
+        .with_columns(pl.col("gpu_events", "tiny", "kernels", "sync_ns", "sync_calls", "gpu_busy_ns",
+                             "memcpy_ns").fill_null(0),
+                      pageable_ns=pl.when(pl.col("gpu_events").is_null()).then(0).otherwise("pageable_ns"))
     )
 
 
-def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy: int, pageable: int,
+def _pageable_ns() -> pl.Expr:
+    """Over GPU events (kind, name, dur_ns): the time of the copies from or to pageable host memory; null where a
+    host copy's name does not say pageable or pinned (AMD's), since the figure would then read as "all pinned"."""
+    copy = pl.col("kind") == Kind.MEMCPY.value
+    return pl.when(~(copy & host_memory_unsaid(pl.col("name"))).any()).then(
+        pl.col("dur_ns").filter(copy & pl.col("name").str.contains("Pageable")).sum())
+
+
+def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy: int, pageable: int | None,
               tiny: int, kernels: int, idle: dict[str, int], exposed_comm: int) -> Evidence:
-    def frac(x: int) -> float | None:
-        return x / wall if wall else None
+    def frac(x: int | None) -> float | None:
+        return x / wall if wall and x is not None else None
 
     return {
         "gpu_events": float(gpu_events),
@@ -591,7 +599,9 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                          **{k: v for k, v in ev.items() if k != "gpu_events" and k not in work}})
         per_step = pl.DataFrame(rows, infer_schema_length=None)
         tot = per.select(pl.col("wall_ns", "gpu_busy_ns", "data_loading_exposed_ns", "sync_ns", "memcpy_ns",
-                                "pageable_ns", "tiny", "kernels", "exposed_comm_ns").sum()).row(0, named=True)
+                                "tiny", "kernels", "exposed_comm_ns").sum(),
+                         pageable_ns=pl.when(pl.col("pageable_ns").is_not_null().all())
+                         .then(pl.col("pageable_ns").sum())).row(0, named=True)
         calls = int(per["sync_calls"].sum())
         wall = int(tot["wall_ns"])
         ev = _evidence(wall, gpu_events, tot["gpu_busy_ns"], tot["data_loading_exposed_ns"], tot["sync_ns"],
@@ -610,7 +620,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         ev = _evidence(wall, gpu_events, gaps.busy_ns, gaps.data_loading_exposed_ns or 0,
                        int(syncs["dur_ns"].sum() or 0),
                        int(memcpy["dur_ns"].sum() or 0),
-                       int(memcpy.filter(pl.col("name").str.contains("Pageable"))["dur_ns"].sum() or 0),
+                       g.select(_pageable_ns()).item(),
                        int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle,
                        _length(intervals.clip(split.exposed, frames.analysis_window().lazy(), by=["device"])))
     ev = ev | work

@@ -8,7 +8,9 @@ call is a synchronize that ends after the copy does: what torch's `.to(device)` 
 overlapped by any kernel on the same device (the GPU had nothing else to do) — and `cpu_blocked_ns`, for a
 copy the host waited for, the issuing call's duration plus that synchronize's (the host waited that long;
 from pageable memory the issuing call itself stages the data). The Python line is the innermost Python frame
-on the launching thread around the issuing call (with_stack), else the op that issued it.
+on the launching thread around the issuing call (with_stack), else the op that issued it. A copy to or from
+host memory whose name does not say pageable or pinned (AMD's `Memcpy HtoD (Host -> Device)`) has neither, and
+a pageable count over it is None (`blame.host_memory_unsaid`), never a 0 that reads as "all pinned".
 
     kernels [0, 10] [20, 30] µs; copy [5, 25] µs  ->  exposed 10 µs (the [10, 20] stretch)
     cudaMemcpyAsync [0, 35] µs, copy [35, 40], cudaStreamSynchronize [36, 48]  ->  sync, cpu_blocked 47 µs
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze.blame import is_sync_runtime, python_lines
+from stepscope.analyze.blame import host_memory_unsaid, is_sync_runtime, python_lines
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.window import with_step
@@ -37,7 +39,7 @@ class TransfersResult:
     copy_time_ns: int
     exposed_ns: int
     copied_bytes: int
-    pageable_copies: int
+    pageable_copies: int | None  # None where a host copy's name does not say pageable or pinned (AMD's)
     sync_copies: int
     cpu_blocked_ns: int
     by_direction: pl.DataFrame
@@ -126,9 +128,10 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
         cpu_blocked_ns="cpu_blocked_ns",
         runtime="runtime_name", op="op_name", python_line="python_line", start_ns="start_ns",
     )
+    pageable = pl.when(~host_memory_unsaid(pl.col("name")).any()).then(pl.col("pageable").sum())  # exact or null
     by_direction = table.group_by("direction").agg(
         copies=pl.len(), copied_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
-        exposed_ns=pl.col("exposed_ns").sum(), pageable=pl.col("pageable").sum(), sync=pl.col("sync").sum(),
+        exposed_ns=pl.col("exposed_ns").sum(), pageable=pageable, sync=pl.col("sync").sum(),
         cpu_blocked_ns=pl.col("cpu_blocked_ns").sum(),
     ).with_columns(gbps=pl.col("copied_bytes") / pl.col("dur_ns")).sort("dur_ns", "direction",
                                                                        descending=[True, False])
@@ -143,7 +146,7 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
         copy_time_ns=int(table["dur_ns"].sum() or 0),
         exposed_ns=int(table["exposed_ns"].sum() or 0),
         copied_bytes=int(table["size_bytes"].sum() or 0),
-        pageable_copies=int(table["pageable"].sum() or 0),
+        pageable_copies=table.select(pageable).item() if table.height else 0,
         sync_copies=int(table["sync"].sum() or 0),
         cpu_blocked_ns=int(table["cpu_blocked_ns"].sum() or 0),
         by_direction=by_direction,

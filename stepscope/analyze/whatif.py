@@ -48,6 +48,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analyze._text import duration
+from stepscope.analyze.blame import host_memory_unsaid
 from stepscope.analyze.critical_path import attribution, path_segments
 from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, held_ns, replay, step_times
 from stepscope.analyze.frames import Source, frames_of
@@ -203,8 +204,13 @@ def _pinned(graph: DependencyGraph, w: np.ndarray, enabled: np.ndarray, notes: l
                  .group_by("direction").agg(bw=pl.col("copy_bytes").sum() / pl.col("natural_ns").sum()))
     pageable = copies.filter(pl.col("pageable").fill_null(False) & pl.col("_scope")).join(
         pinned_bw, on="direction", how="left", maintain_order="left")
+    unsaid = copies.filter(host_memory_unsaid(pl.col("name")) & pl.col("_scope")).height
+    if unsaid:
+        notes.append(f"--pinned: {unsaid:,} host {'copy' if unsaid == 1 else 'copies'} whose name does not say "
+                     "pageable or pinned (AMD's names) left as recorded")
     if pageable.height == 0:
-        notes.append("--pinned: the steps hold no pageable copy")
+        if not unsaid:
+            notes.append("--pinned: the steps hold no pageable copy")
         return w, enabled
     for direction in pageable.filter(pl.col("bw").is_null())["direction"].unique().sort():
         notes.append(f"--pinned: no pinned {direction} copy in the trace to measure; assumed {PINNED_SPEEDUP:g}x "

@@ -32,7 +32,8 @@ def render_summary(result: SummaryResult) -> str:
     if result.gpu_busy_fraction is not None:
         lines += [
             f"  memcpy (GPU)                {human_fraction(result.memcpy_fraction)}"
-            f" (pageable {human_fraction(result.pageable_memcpy_fraction)})",
+            + (f" (pageable {human_fraction(result.pageable_memcpy_fraction)})"
+               if result.pageable_memcpy_fraction is not None else " (pageable or pinned: not recorded)"),
             "  GPU idle, by cause:",
             f"    behind host syncs         {human_fraction(result.sync_idle_fraction)}",
             f"    waiting for copies        {human_fraction(result.memcpy_idle_fraction)}",

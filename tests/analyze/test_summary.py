@@ -122,6 +122,23 @@ def test_evidence_figures(tmp_path: Path) -> None:
     assert r.places.row(0, named=True)["total_ns"] == 20_000
 
 
+def test_a_pageable_share_over_copies_whose_names_do_not_say_is_refused(tmp_path: Path) -> None:
+    # GIVEN the transfer-bound step with its copy named as ROCm names copies ("Host -> Device": pageable or pinned
+    # unsaid), once with ProfilerStep and once without (whole-trace figures)
+    events = [e if e.get("cat") != "gpu_memcpy" else memcpy("HtoD", ts=10, dur=20, nbytes=1 << 20, correlation=9,
+                                                            src="Host") for e in CASES[Verdict.TRANSFER_BOUND]]
+    for name, doc in (("steps", trace(*events)), ("no_steps", trace(*events[1:]))):
+        r = verdict(load_events(tmp_path / name, doc))
+        # THEN the copy's share is there and its pageable share is refused, not 0 (the rule on it does not hold)
+        assert r.memcpy_fraction is not None and r.memcpy_fraction > 0, name
+        assert r.pageable_memcpy_fraction is None, name
+        if name == "steps":
+            assert r.per_step["pageable_memcpy_fraction"].to_list() == [None]
+    # AND with NVIDIA's names the share is exact (the case above: 20%)
+    assert verdict(load_events(tmp_path / "nvidia", trace(*CASES[Verdict.TRANSFER_BOUND]))
+                   ).pageable_memcpy_fraction == pytest.approx(0.2)
+
+
 def test_gpu_bound_places_group_template_instances(tmp_path: Path) -> None:
     """Two instances of one templated kernel (10 + 30 µs) outrank a 35 µs kernel as one place."""
     events = [step(1, ts=0, dur=100), *_launched("void at::native::elementwise_kernel<Add>(int)", 1, 10, 1, 0),

@@ -79,6 +79,27 @@ def test_amd_copy_names_and_hip_sync_api(tmp_path: Path) -> None:
         "HtoD", None, None, True, 40_000)
 
 
+def test_a_pageable_count_over_copies_whose_names_do_not_say_is_refused(tmp_path: Path) -> None:
+    # GIVEN AMD's names, which never say pageable or pinned, and a device-to-device copy (no host memory)
+    amd = trace(step(1, ts=0, dur=100),
+                runtime("hipMemcpyAsync", ts=1, dur=4, correlation=1),
+                memcpy("HtoD", ts=10, dur=20, nbytes=1_000, correlation=1, src="Host"),
+                runtime("hipMemcpyAsync", ts=40, dur=4, correlation=2),
+                memcpy("DtoD", ts=50, dur=5, nbytes=1_000, correlation=2, src="Device"))
+    r = transfers(load_events(tmp_path / "amd", amd))
+    # THEN no pageable count over the host copy (not a 0 that reads as "all pinned"); the DtoD one is exact: 0
+    assert r.pageable_copies is None
+    assert dict(r.by_direction.select("direction", "pageable").rows()) == {"HtoD": None, "DtoD": 0}
+    # AND with NVIDIA's names (one pageable, one pinned and the DtoD copy) every count is exact
+    nvidia = trace(step(1, ts=0, dur=100),
+                   memcpy("HtoD", ts=10, dur=20, nbytes=1_000), memcpy("DtoH", ts=35, dur=5, nbytes=1_000,
+                                                                        src="Device", dst="Pinned"),
+                   memcpy("DtoD", ts=50, dur=5, nbytes=1_000, src="Device"))
+    r = transfers(load_events(tmp_path / "nvidia", nvidia))
+    assert r.pageable_copies == 1
+    assert dict(r.by_direction.select("direction", "pageable").rows()) == {"HtoD": 1, "DtoH": 0, "DtoD": 0}
+
+
 def test_resnet50_num_workers_0_copies_per_the_corpus_readme(corpus: Path, tmp_path: Path) -> None:
     path = corpus / "traces/kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
     r = transfers(load(path, cache_dir=tmp_path))

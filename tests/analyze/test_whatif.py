@@ -89,6 +89,18 @@ def test_pinned_copies_without_a_pinned_copy_to_measure(tmp_path: Path) -> None:
     assert any("assumed 2x" in note for note in result.notes)
 
 
+def test_pinned_copies_whose_names_do_not_say_pageable(tmp_path: Path) -> None:
+    # GIVEN the same copy named as ROCm names copies ("Host -> Device"): whether it was pageable is unknown
+    doc = cp.pageable_copy()
+    doc["traceEvents"] = [e if e.get("cat") != "gpu_memcpy" else {**e, "name": "Memcpy HtoD (Host -> Device)"}
+                          for e in doc["traceEvents"]]
+    result = what_if(load_events(tmp_path, doc), WhatIf(pinned=True))
+    # THEN it is left as recorded, and the note says why (not "the steps hold no pageable copy")
+    assert int(result.steps["predicted_ns"][0]) == int(result.steps["measured_ns"][0])
+    assert result.notes == ["--pinned: 1 host copy whose name does not say pageable or pinned (AMD's names) left "
+                            "as recorded"]
+
+
 def test_speedup_parsing() -> None:
     assert parse_speedup("gemm=2") == ("gemm", 2.0)
     assert parse_speedup("flash.*fwd=1.5") == ("flash.*fwd", 1.5)
