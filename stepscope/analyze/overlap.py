@@ -6,8 +6,10 @@ ops on the threads that launch GPU work (the main/autograd threads); both = the 
 per stream. Queue depth per stream counts launched-but-unfinished work: +1 at the launch call, -1 when the
 GPU work ends; its time-weighted distribution shows whether the CPU keeps the GPU fed (depth 0 most of
 the time: the GPU waits on the CPU). Synchronizing runtime calls are listed with where in Python (or
-which op) they came from. A CPU-only trace has `gpu_events` 0, GPU shares None, and CPU busy over every
-thread with ops, measured over the CPU's own span.
+which op) they came from: in a trace with steps, the calls the steps made (starting inside a step's CPU
+span, as `summary` counts them; not the profiler harness's own syncs between steps), else every one. A
+CPU-only trace has `gpu_events` 0, GPU shares None, and CPU busy over every thread with ops, measured over
+the CPU's own span.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from stepscope.analyze import intervals
 from stepscope.analyze.blame import innermost, is_sync_runtime, nested, python_lines
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.window import cpu_spans, with_step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +146,15 @@ def _sync_sources(syncs: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _in_steps(frames: TraceFrames, syncs: pl.DataFrame) -> pl.DataFrame:
+    """The sync calls a step made (those starting inside a step's CPU span, as `summary` counts them) where the
+    trace has steps; every one otherwise (the window is then the whole trace's)."""
+    if frames.profiler_steps.height == 0:
+        return syncs
+    return with_step(syncs, cpu_spans(frames.profiler_steps), at="ts_ns").filter(
+        pl.col("step").is_not_null()).drop("step")
+
+
 def cpu_gpu_overlap(source: Source) -> OverlapResult:
     """Utilization, CPU busy, overlap, launch latency per stream, queue depth per stream, sync calls."""
     frames = frames_of(source)
@@ -159,7 +171,7 @@ def cpu_gpu_overlap(source: Source) -> OverlapResult:
     def share(value: int) -> float | None:
         return value / window_ns if window_ns else None
 
-    syncs = sync_calls(frames.trace)
+    syncs = _in_steps(frames, sync_calls(frames.trace))
     return OverlapResult(
         gpu_events=gpu.height,
         window_ns=window_ns,

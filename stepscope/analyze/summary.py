@@ -379,12 +379,9 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
         tiny=(pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value) < TINY_KERNEL_NS).sum(),
         kernels=(pl.col("kind") == Kind.KERNEL.value).sum(),
     )
-    spans = steps.select("step", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
-    sync = (
-        syncs.sort("ts_ns").join_asof(spans, left_on="ts_ns", right_on="cpu_start_ns", strategy="backward")
-        .filter(pl.col("ts_ns") < pl.col("cpu_end_ns"))
-        .group_by("step").agg(sync_ns=pl.col("dur_ns").sum(), sync_calls=pl.len())
-    )
+    spans = steps.select("step", start_ns="cpu_start_ns", end_ns="cpu_end_ns")  # a step's own calls (`cpu_spans`)
+    sync = with_step(syncs, spans, at="ts_ns").filter(pl.col("step").is_not_null()).group_by("step").agg(
+        sync_ns=pl.col("dur_ns").sum(), sync_calls=pl.len())
     return (
         steps.join(extra, on="step", how="left", maintain_order="left")
         .join(sync, on="step", how="left", maintain_order="left")

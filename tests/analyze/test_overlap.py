@@ -8,6 +8,7 @@ import pytest
 from builders import cpu_op, kernel, load_events, python_fn, runtime, step, trace
 
 from stepscope.analyze.overlap import cpu_gpu_overlap
+from stepscope.analyze.summary import verdict
 
 
 def test_shares_latency_depth_and_syncs(tmp_path: Path) -> None:
@@ -30,6 +31,24 @@ def test_shares_latency_depth_and_syncs(tmp_path: Path) -> None:
     q = r.queue_depth.row(0, named=True)
     assert q["max_depth"] == 2
     assert r.sync_sources.rows() == [("cudaDeviceSynchronize", "train.py(9): step", 1, 5_000)]
+
+
+def test_the_syncs_are_the_steps_own_as_summary_counts_them(tmp_path: Path) -> None:
+    # GIVEN a step that synchronizes once (5 µs), and the profiler harness's own syncs before and after it
+    events = [runtime("cudaDeviceSynchronize", ts=0, dur=20),
+              step(1, ts=30, dur=100),
+              runtime("cudaLaunchKernel", ts=35, dur=2, correlation=1), kernel("k", ts=40, dur=50, correlation=1),
+              runtime("cudaStreamSynchronize", ts=60, dur=5),
+              runtime("cudaDeviceSynchronize", ts=140, dur=7)]
+    t = load_events(tmp_path / "steps", trace(*events))
+    r = cpu_gpu_overlap(t)
+    # THEN only the step's own sync is counted and listed, as summary counts it
+    assert (r.sync_calls, r.sync_ns) == (1, 5_000)
+    assert r.sync_sources["name"].to_list() == ["cudaStreamSynchronize"]
+    assert (verdict(t).sync_calls, verdict(t).sync_fraction) == (1, pytest.approx(5_000 / r.window_ns))
+    # AND without steps every sync counts (the window is then the whole trace's)
+    r = cpu_gpu_overlap(load_events(tmp_path / "no_steps", trace(*events[:1], *events[2:])))
+    assert (r.sync_calls, r.sync_ns) == (3, 32_000)
 
 
 def test_cpu_only_trace_has_no_gpu_shares(tmp_path: Path) -> None:
