@@ -43,8 +43,8 @@ def command(trace: Path, by: str | None, peak_tflops: float | None, peak_bandwid
     record_shapes=True), its kernels' GPU time, achieved TFLOP/s and GB/s, arithmetic intensity and share of
     the roofline (peaks from the device table, or --peak-tflops / --peak-bandwidth), MFU per step, and the
     command of the GPU vendor's kernel profiler (ncu, rocprof-compute) for the kernels furthest below their
-    roofline. With --graph-capture, the ops of graph
-    replays count once per replay, with their shapes at capture time."""
+    roofline. With --graph-capture, the ops of graph replays count once per replay, with their shapes at capture
+    time."""
     from stepscope.analyze.roofline import roofline
     from stepscope.reports.text import render_frame, render_headline, result_headline
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
