@@ -54,7 +54,7 @@ from stepscope.analyze.schema import Kind
 from stepscope.analyze.serving import ServingResult, serving_iterations
 from stepscope.analyze.steps import DATALOADER_PATTERN, StepsResult, step_breakdown
 from stepscope.analyze.trace import Trace
-from stepscope.analyze.window import with_step
+from stepscope.analyze.window import cpu_spans, with_step
 from stepscope.analyze.workload import workload_evidence
 
 TINY_KERNEL_NS = 10_000
@@ -379,9 +379,8 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
         tiny=(pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value) < TINY_KERNEL_NS).sum(),
         kernels=(pl.col("kind") == Kind.KERNEL.value).sum(),
     )
-    spans = steps.select("step", start_ns="cpu_start_ns", end_ns="cpu_end_ns")  # a step's own calls (`cpu_spans`)
-    sync = with_step(syncs, spans, at="ts_ns").filter(pl.col("step").is_not_null()).group_by("step").agg(
-        sync_ns=pl.col("dur_ns").sum(), sync_calls=pl.len())
+    sync = with_step(syncs, cpu_spans(frames.profiler_steps), at="ts_ns").filter(  # a step's own calls
+        pl.col("step").is_not_null()).group_by("step").agg(sync_ns=pl.col("dur_ns").sum(), sync_calls=pl.len())
     return (
         steps.join(extra, on="step", how="left", maintain_order="left")
         .join(sync, on="step", how="left", maintain_order="left")
