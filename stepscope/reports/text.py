@@ -192,6 +192,7 @@ def render_frame(frame: pl.DataFrame, *, title: str | None = None, max_rows: int
 
 def render_headline(headline: Mapping[str, Any]) -> str:
     """`name: value` lines for headline figures, values formatted by unit."""
+    headline = {k: v for k, v in headline.items() if v != ""}  # an empty note says nothing: no blank row
     if not headline:
         return ""
     label = {k: d.replace("_", " ") for k, d in zip(headline, _display_names(list(headline)), strict=True)}

@@ -31,6 +31,8 @@ def test_graphs_finds_the_capture_in_the_run_directory_and_says_so(tmp_path: Pat
     first = out.stdout.splitlines()[0]
     assert first.startswith("graph capture:") and "found in the run directory" in first and "6 of 6" in first
     assert "serve.py(10): decode" in out.stdout and "aten::mm" in out.stdout
+    # every replayed kernel mapped: nothing to note, and no blank `note` row in the headline
+    assert not any(line.split() == ["note"] for line in out.stdout.splitlines()), out.stdout
 
 
 def test_graphs_json_without_a_capture(tmp_path: Path) -> None:
