@@ -49,9 +49,11 @@ def short_name(name: pl.Expr) -> pl.Expr:
 
         void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>, …>(int, …)
         -> at::native::vectorized_elementwise_kernel
+        void at::native::(anonymous namespace)::CatArrayBatchedCopy<…>(…)  -> at::native::CatArrayBatchedCopy
     """
     cpp = name.str.contains("::") | name.str.starts_with("void ")
-    return pl.when(cpp).then(name.str.replace(r"^void ", "").str.replace(r"[<(].*$", "")).otherwise(name)
+    bare = name.str.replace_all("(anonymous namespace)::", "", literal=True)  # its "(" is no parameter list
+    return pl.when(cpp).then(bare.str.replace(r"^void ", "").str.replace(r"[<(].*$", "")).otherwise(name)
 
 
 #: what `innermost` reads of the events that span time

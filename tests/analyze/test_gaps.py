@@ -29,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepscope.analyze import load
-from stepscope.analyze.blame import is_library_frame
+from stepscope.analyze.blame import is_library_frame, short_name
 from stepscope.analyze.gaps import BACK_TO_BACK_NS, gpu_gaps
 
 
@@ -86,6 +86,23 @@ def test_the_python_line_is_the_users_not_a_frame_inside_torch(tmp_path: Path) -
     # THEN the line shown is the user's innermost one, and the torch frame under it is the context
     assert (gap["blamed_python"], gap["blamed_library"]) == (
         "model.py(42): forward", "torch/utils/_device.py(99): __torch_function__")
+
+
+def test_short_kernel_names() -> None:
+    """Namespaces kept, return type, template arguments and parameters cut; an anonymous namespace's "(" is no
+    parameter list (it cut CatArrayBatchedCopy to "at::native::", which every kernel name matches)."""
+    names = {
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int, float)":
+            "at::native::vectorized_elementwise_kernel",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType"
+        "<2u>, unsigned int, 4, 64, 64>(at::native::(anonymous namespace)::OpaqueType<2u>*)":
+            "at::native::CatArrayBatchedCopy",
+        "void (anonymous namespace)::elementwise_kernel_with_index<int>(int)": "elementwise_kernel_with_index",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn",
+        "Memcpy HtoD (Pageable -> Device)": "Memcpy HtoD (Pageable -> Device)",
+    }
+    got = pl.select(short_name(pl.Series(list(names)))).to_series().to_list()
+    assert got == list(names.values())
 
 
 def test_library_frames() -> None:
