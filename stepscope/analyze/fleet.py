@@ -32,6 +32,7 @@ import polars as pl
 from stepscope.analyze._workers import surviving_map, usable_cores
 from stepscope.analyze.engines import Engine, import_ray, ray_map
 from stepscope.analyze.inputs import Input, RunDir, resolve, workload_traces
+from stepscope.analyze.meta import DeviceProperties
 from stepscope.errors import StepscopeError, UsageError, failure_line
 
 FLEET_SCHEMA: dict[str, type[pl.DataType]] = {
@@ -81,6 +82,15 @@ def fleet_row(path: str, run: str | None = None, host: str | None = None,
         return failed_row(path, run, host, exc)
 
 
+def _device_name(devices: Sequence[DeviceProperties], launches: pl.DataFrame) -> str | None:
+    """The name of the listed GPU that ran the most GPU time (the one whose peaks the MFU takes), else of the first
+    listed GPU: Kineto lists every GPU the process could see (the vLLM trace lists eight and ran on device 2)."""
+    busiest = (launches.filter(pl.col("device").is_not_null()).group_by("device").agg(ns=pl.col("dur_ns").sum())
+               .sort("ns", "device", descending=[True, False]).head(1))
+    ran = [d for d in devices if busiest.height and d.id == busiest["device"][0]]
+    return next((d.name for d in (ran or devices)), None)
+
+
 def failed_row(path: str, run: str | None, host: str | None, exc: BaseException) -> dict[str, Any]:
     """The row of a trace that could not be analysed: its names and its one-line failure."""
     row: dict[str, Any] = dict.fromkeys(FLEET_SCHEMA)
@@ -104,7 +114,7 @@ def _row(path: str, run: str | None, host: str | None, cache_dir: str | None) ->
         "trace": trace.trace_id,
         "rank": trace.rank,
         "host": host or _host_of(meta.distributed, meta.top_level),
-        "device": meta.devices[0].name if meta.devices else None,
+        "device": _device_name(meta.devices, bundle.frames.launches),
         "steps": bundle.steps.steps_found,
         "step_p50_ns": _finite(wall.quantile(0.5, "linear")) if wall is not None else None,
         "step_p95_ns": _finite(wall.quantile(0.95, "linear")) if wall is not None else None,

@@ -188,7 +188,7 @@ def read_meta(directory: Path) -> TraceMeta:
 def _device(d: Mapping[str, Any]) -> DeviceProperties:
     return DeviceProperties(
         id=_int(d.get("id")),
-        name=_str(d.get("name")),
+        name=_str(d.get("name")) or None,  # ROCm may write "": no name, as when absent
         total_memory_bytes=_int(d.get("total_memory_bytes")),
         num_sms=_int(d.get("num_sms")),
         compute_capability=_str(d.get("compute_capability")),

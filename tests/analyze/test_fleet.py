@@ -55,6 +55,19 @@ def test_rows_are_each_traces_own_figures(tmp_path: Path) -> None:
     assert busy["jobArank0.pt.trace.json"] > busy["jobBrank0.pt.trace.json"] > busy["jobArank1.pt.trace.json"]
 
 
+def test_the_device_is_the_listed_gpu_that_ran_the_work(tmp_path: Path) -> None:
+    """Kineto lists every GPU the process could see; the row names the one the kernels ran on, and a name ROCm
+    leaves empty is unknown, not ''."""
+    listed = [{"id": i, "name": name, "totalGlobalMem": 2**30} for i, name in enumerate(("GPU A", "GPU B", ""))]
+    events = [step(0, 0, 100), kernel("gemm", 1, 50, device=1)]
+    write_trace(tmp_path / "src" / "b", trace(*events, deviceProperties=listed), "on_b.pt.trace.json")
+    write_trace(tmp_path / "src" / "c", trace(step(0, 0, 100), kernel("gemm", 1, 50, device=2),
+                                              deviceProperties=listed), "on_c.pt.trace.json")
+    write_trace(tmp_path / "src" / "none", trace(step(0, 0, 100), deviceProperties=listed), "cpu.pt.trace.json")
+    table = fleet(tmp_path / "src", jobs=1).fleet
+    assert dict(table.select("run", "device").rows()) == {"b": "GPU B", "c": None, "none": "GPU A"}
+
+
 def test_a_dataset_and_its_raw_files_give_the_same_rows(tmp_path: Path) -> None:
     src = _job(tmp_path / "src")
     ingest_many([src], tmp_path / "ds", jobs=1)

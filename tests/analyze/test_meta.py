@@ -32,14 +32,15 @@ def test_an_ingested_trace_has_typed_meta_and_keeps_every_key(tmp_path: Path) ->
 
 def test_missing_keys_and_wrong_types_read_as_unknown() -> None:
     # GIVEN a meta.json from another ingest version, with keys missing and values of the wrong type
-    doc = {"rank": "3", "world_size": True, "devices": [{"id": 0, "name": 7}, "junk"], "counts": {"events": 5},
+    doc = {"rank": "3", "world_size": True, "devices": [{"id": 0, "name": 7}, "junk", {"id": 1, "name": ""}],
+           "counts": {"events": 5},
            "threads": {"1/2": {"name": "main"}, "1/3": {}, "1/4": "junk"}, "extra_key": [1, 2]}
     # WHEN it is typed
     meta = TraceMeta.from_dict(doc, fallback_id="dir-name")
     # THEN odd values are None (never -1, never an exception) and nothing is lost
     assert meta.rank is None and meta.world_size is None and meta.rank_source is None
     assert meta.trace_id == "dir-name" and meta.source.name == "dir-name" and meta.source.sha256 == ""
-    assert [(d.id, d.name) for d in meta.devices] == [(0, None)]
+    assert [(d.id, d.name) for d in meta.devices] == [(0, None), (1, None)]  # "": ROCm's unnamed GPUs
     assert (meta.counts.events, meta.counts.flows, dict(meta.counts.by_kind)) == (5, 0, {})
     assert meta.time.span_ns is None and meta.distributed is None and dict(meta.profiler_options) == {}
     assert meta.thread_names == {("1", "2"): "main"}
