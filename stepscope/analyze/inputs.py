@@ -502,6 +502,39 @@ def describe(inp: Input) -> str:
     return "an export_memory_timeline file"
 
 
+#: what `memory_file` looks for: the kind, its name in messages, and the file names worth sniffing
+_MEMORY_FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "snapshot": ("a CUDA memory snapshot (.pickle)", "CUDA memory snapshots (.pickle)", (".pickle", ".pkl")),
+    "memory_timeline": ("an export_memory_timeline file", "export_memory_timeline files (.raw.json.gz / .json)",
+                        (".json", ".gz")),
+}
+
+
+def memory_file(path: str | Path, kind: Literal["snapshot", "memory_timeline"]) -> Path:
+    """The one CUDA memory snapshot or export_memory_timeline file that `path` is, or that a directory (a capture
+    run's, or any) holds; found by name, then by its first bytes (`sniff`).
+
+    Raises UsageError for an input of another kind ("is a Chrome trace, not a CUDA memory snapshot (.pickle)") and
+    for a directory holding several ("holds 2 CUDA memory snapshots (.pickle): pass one: a.pickle, b.pickle");
+    InputError for a directory holding none, and what `resolve` raises for a file.
+    """
+    one, many, suffixes = _MEMORY_FILES[kind]
+    local = Path(path)
+    if as_url(path) is None and local.is_dir():
+        found = sorted(f for f in local.rglob("*") if f.is_file() and f.name.endswith(suffixes)
+                       and not f.name.startswith(".") and sniff(f) == kind)
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise InputError(f"holds no {many}", path=local)
+        names = ", ".join(str(f.relative_to(local)) for f in found[:5]) + (", …" if len(found) > 5 else "")
+        raise UsageError(f"holds {len(found)} {many}: pass one: {names}", path=local)
+    source = resolve(path)
+    if not isinstance(source, Snapshot if kind == "snapshot" else MemoryTimeline):
+        raise UsageError(f"is {describe(source)}, not {one}", path=path)
+    return source.path
+
+
 def traces_of(inp: Input) -> tuple[Path, ...]:
     """Every trace an input holds (raw files or ingested directories); () for snapshots and memory timelines."""
     if isinstance(inp, TraceFile | IngestedTrace):

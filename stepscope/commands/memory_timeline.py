@@ -10,19 +10,15 @@ from stepscope.commands._options import emit_result, format_options, resolve_for
 
 
 @click.command("memory-timeline")
-@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("file", metavar="FILE|DIR", type=click.Path(path_type=Path))
 @format_options
 def command(file: Path, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
             output: Path | None) -> None:
     """Bytes per category (parameter, optimizer state, input, temporary, activation, gradient, autograd
     detail, unknown) over time and at the peak, from torch.profiler's export_memory_timeline output
-    (`*.raw.json.gz` as written by stepscope capture, or the [times, sizes] JSON)."""
-    from stepscope.analyze.inputs import MemoryTimeline, describe, resolve
+    (`*.raw.json.gz` as written by stepscope capture, or the [times, sizes] JSON; or the one a directory, such as
+    a capture run, holds)."""
+    from stepscope.analyze.inputs import memory_file
     from stepscope.analyze.memory_categories import memory_categories
-    source = resolve(file)
-    if not isinstance(source, MemoryTimeline):
-        from stepscope.errors import UsageError
-
-        raise UsageError(f"is {describe(source)}, not an export_memory_timeline file", path=file)
-    emit_result(memory_categories(file), resolve_format(fmt, as_json, as_csv, table), output, table=table,
-                max_rows=20)
+    result = memory_categories(memory_file(file, "memory_timeline"))
+    emit_result(result, resolve_format(fmt, as_json, as_csv, table), output, table=table, max_rows=20)

@@ -70,3 +70,34 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
 def test_conflicting_formats_are_a_usage_error(corpus: Path) -> None:
     res = CliRunner().invoke(cli, ["snapshot", str(corpus / "snapshots/decomfl/memory.pickle"), "--json", "--csv"])
     assert res.exit_code == 2 and "conflicting output formats" in res.output
+
+
+def test_a_directory_holding_one_snapshot_or_timeline_is_that_file(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A capture run's directory (or any) with one snapshot / one timeline export: the command reads it; none or
+    several: one line saying so (exit 2), naming the ones found."""
+    run = tmp_path / "run"
+    (run / "rank0").mkdir(parents=True)
+    (run / "rank0" / "snapshot.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": []}))
+    (run / "rank0" / "memory_timeline.raw.json").write_text("[[1, 0, 512, 2], [2, 0, 1024, 1]]")
+    (run / "trace.json").write_text('{"traceEvents": []}')
+    res = CliRunner().invoke(cli, ["snapshot", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["source"] == str(run / "rank0" / "snapshot.pickle")
+    res = CliRunner().invoke(cli, ["memory-timeline", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["source"] == str(run / "rank0" / "memory_timeline.raw.json")
+
+    (run / "snapshot_2.pkl").write_bytes(pickle.dumps({"segments": [], "device_traces": []}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "trace.json").write_text('{"traceEvents": []}')
+    for args, needle in (
+            (["snapshot", str(run)],
+             f"{run}: holds 2 CUDA memory snapshots (.pickle): pass one: rank0/snapshot.pickle, snapshot_2.pkl"),
+            (["snapshot", str(empty)], f"{empty}: holds no CUDA memory snapshots"),
+            (["memory-timeline", str(empty)], f"{empty}: holds no export_memory_timeline files")):
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and len(err) == 1 and needle in err[0]
