@@ -32,7 +32,7 @@ import polars as pl
 from stepscope.analyze._workers import surviving_map, usable_cores
 from stepscope.analyze.engines import Engine, import_ray, ray_map
 from stepscope.analyze.inputs import Input, RunDir, resolve, workload_traces
-from stepscope.analyze.meta import DeviceProperties
+from stepscope.analyze.meta import DeviceProperties, devices_by_id
 from stepscope.errors import StepscopeError, UsageError, failure_line
 
 FLEET_SCHEMA: dict[str, type[pl.DataType]] = {
@@ -83,11 +83,13 @@ def fleet_row(path: str, run: str | None = None, host: str | None = None,
 
 
 def _device_name(devices: Sequence[DeviceProperties], launches: pl.DataFrame) -> str | None:
-    """The name of the listed GPU that ran the most GPU time (the one whose peaks the MFU takes), else of the first
-    listed GPU: Kineto lists every GPU the process could see (the vLLM trace lists eight and ran on device 2)."""
-    busiest = (launches.filter(pl.col("device").is_not_null()).group_by("device").agg(ns=pl.col("dur_ns").sum())
-               .sort("ns", "device", descending=[True, False]).head(1))
-    ran = [d for d in devices if busiest.height and d.id == busiest["device"][0]]
+    """The name of the listed GPU that ran the most GPU time (`meta.devices_by_id`; the one whose peaks the MFU
+    takes), else of the first listed GPU: Kineto lists every GPU the process could see (the vLLM trace lists
+    eight and ran on device 2)."""
+    busy = (launches.filter(pl.col("device").is_not_null()).group_by("device").agg(ns=pl.col("dur_ns").sum())
+            .sort("ns", "device", descending=[True, False]))
+    listed = devices_by_id(devices, busy["device"].to_list())
+    ran = [listed[i] for i in busy["device"].head(1).to_list() if i in listed]
     return next((d.name for d in (ran or devices)), None)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
+from stepscope.analyze.meta import devices_by_id
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
 
@@ -201,9 +202,10 @@ def trace_info(source: Source) -> TraceInfo:
         engine="in-memory")
     lo, hi = gpu_span.row(0)
     used = trace.gpu.group_by("device").agg(gpu_events=pl.len()).collect(engine="in-memory")
+    listed = devices_by_id(meta.devices, used["device"].drop_nulls().to_list())
     props = pl.DataFrame(
-        [{"id": d.id, "name": d.name, "total_memory_bytes": d.total_memory_bytes, "num_sms": d.num_sms,
-          "compute_capability": d.compute_capability} for d in meta.devices],
+        [{"id": i, "name": d.name, "total_memory_bytes": d.total_memory_bytes, "num_sms": d.num_sms,
+          "compute_capability": d.compute_capability} for i, d in listed.items()],
         schema={"id": pl.Int64, "name": pl.String, "total_memory_bytes": pl.Int64, "num_sms": pl.Int64,
                 "compute_capability": pl.String},
     ).rename({"id": "device"})

@@ -13,7 +13,7 @@ written by many torch versions.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -183,6 +183,22 @@ def read_meta(directory: Path) -> TraceMeta:
     """Read `directory/meta.json` (an ingested trace's directory)."""
     doc = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
     return TraceMeta.from_dict(doc if isinstance(doc, dict) else {}, fallback_id=directory.name)
+
+
+def devices_by_id(devices: Sequence[DeviceProperties], used: Iterable[int]) -> dict[int, DeviceProperties]:
+    """The listed device of each GPU id the trace's GPU work ran on (`used`): the one of the same id, or, where the
+    trace lists one device and the work ran on one id, that device. A process that sees one GPU runs on it, and
+    ROCm lists the devices a process sees from 0 while it numbers the work by the physical GPU (the MI300X
+    traces list device 0 and ran on device 2).
+
+        listed 0..3, used {1}  -> {1: device 1}        listed [0], used {2}  -> {2: device 0}
+        listed [0], used {1, 2} -> {}                  listed [0, 1], used {2} -> {}
+    """
+    ids = set(used)
+    by_id = {d.id: d for d in devices if d.id is not None}
+    if len(devices) == 1 and len(ids) == 1 and not ids & by_id.keys():
+        return {next(iter(ids)): devices[0]}
+    return {i: by_id[i] for i in ids if i in by_id}
 
 
 def _device(d: Mapping[str, Any]) -> DeviceProperties:

@@ -41,6 +41,18 @@ def test_clean_trace_has_no_warnings_and_reports_what_it_holds(tmp_path: Path) -
     assert info.gpu_span_ns == 10_000
 
 
+def test_devices_are_named_by_the_listed_gpu_the_work_ran_on(tmp_path: Path) -> None:
+    """ROCm lists the one GPU a process sees as device 0 and numbers its work by the physical GPU (2): the lone
+    listed device is the one that ran it. Several listed: by id only."""
+    one = [{"id": 0, "name": "AMD Instinct MI300X", "totalGlobalMem": 192 * 2**30, "numSms": 304}]
+    info = trace_info(load_events(tmp_path / "one", trace(kernel("k", 0, 10, device=2), deviceProperties=one)))
+    assert info.devices.select("device", "gpu_events", "name", "num_sms").rows() == [(2, 1, "AMD Instinct MI300X", 304)]
+    two = [{"id": i, "name": f"GPU {i}"} for i in range(2)]
+    info = trace_info(load_events(tmp_path / "two", trace(kernel("k", 0, 10, device=1), kernel("k", 20, 10, device=3),
+                                                          deviceProperties=two)))
+    assert info.devices.select("device", "name").rows() == [(1, "GPU 1"), (3, None)]
+
+
 def test_each_warning_fires_on_its_oddity(tmp_path: Path) -> None:
     doc = trace(
         step(1, ts=100, dur=50), step(3, ts=150, dur=50),                    # step 2 missing

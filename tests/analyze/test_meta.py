@@ -7,7 +7,7 @@ from pathlib import Path
 from builders import kernel, step, trace, write_trace
 
 from stepscope.analyze import load
-from stepscope.analyze.meta import TraceMeta
+from stepscope.analyze.meta import DeviceProperties, TraceMeta, devices_by_id
 
 
 def test_an_ingested_trace_has_typed_meta_and_keeps_every_key(tmp_path: Path) -> None:
@@ -45,3 +45,17 @@ def test_missing_keys_and_wrong_types_read_as_unknown() -> None:
     assert meta.time.span_ns is None and meta.distributed is None and dict(meta.profiler_options) == {}
     assert meta.thread_names == {("1", "2"): "main"}
     assert meta.raw["extra_key"] == [1, 2]
+
+
+def test_devices_by_id() -> None:
+    def dev(i: int | None) -> DeviceProperties:
+        return DeviceProperties(id=i, name=f"GPU {i}", total_memory_bytes=None, num_sms=None, compute_capability=None)
+
+    four = [dev(i) for i in range(4)]
+    assert devices_by_id(four, [1]) == {1: four[1]}
+    assert devices_by_id(four, [1, 5]) == {1: four[1]}  # 5 is listed nowhere
+    assert devices_by_id([four[0]], [2]) == {2: four[0]}  # the one GPU the process saw (ROCm's numbering)
+    assert devices_by_id([four[0]], [0]) == {0: four[0]}
+    assert devices_by_id([four[0]], [1, 2]) == {}  # two GPUs ran work; which is the listed one is not said
+    assert devices_by_id(four[:2], [2]) == {}
+    assert devices_by_id([], [0]) == {}
