@@ -273,6 +273,10 @@ def roofline_figure(result: RooflineResult, n: int = 12) -> bytes | None:
         ax.plot(xs, np.minimum(result.peak_tflops, xs * result.bandwidth_gbps / 1e3), color="#333333", linewidth=1.5,
                 label=f"roofline: {result.device} ({result.dtype}, {result.peak_tflops:g} TFLOP/s, "
                       f"{result.bandwidth_gbps:g} GB/s)")
+    else:  # the points alone: say why the line is missing rather than leave the reader looking for it
+        ax.text(0.99, 0.99, "no roofline: the device's peaks are unknown (flops --peak-tflops, --peak-bandwidth)",
+                transform=ax.transAxes, ha="right", va="top", fontsize=7, color="#555555")
+    ax.set_xlim(lo, hi)  # room for the labels right of the points
     for family in sorted(set(ops["family"].to_list())):
         mask = [f == family for f in ops["family"].to_list()]
         ax.scatter([v for v, m in zip(x, mask, strict=True) if m], [v for v, m in zip(y, mask, strict=True) if m],
@@ -286,7 +290,8 @@ def roofline_figure(result: RooflineResult, n: int = 12) -> bytes | None:
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.set_title("Ops against the roofline (point size: GPU time)", fontsize=11, loc="left")
-    ax.legend(loc="lower right", fontsize=7, frameon=True, framealpha=0.85)
+    # upper left: above the memory-bound slope, where no op can be
+    ax.legend(loc="upper left", fontsize=7, frameon=True, framealpha=0.85)
     ax.grid(True, which="both", alpha=0.2)
     style(ax)
     fig.tight_layout()

@@ -174,3 +174,30 @@ def test_to_png_is_matplotlibs_tight_png_drawn_once(monkeypatch: Any) -> None:
     monkeypatch.setattr(Figure, "draw", counted)
     assert _plot.to_png(build()) == buf.getvalue()
     assert len(draws) == 1
+
+
+def test_roofline_without_peaks_says_why_it_has_no_line(corpus: Path, monkeypatch: Any) -> None:
+    """Peaks known: the roofline line, its legend label naming the device. Unknown: the points alone, and a note
+    saying why the line is missing; the axes leave room right of every point for its label."""
+    from stepscope.analyze.roofline import roofline
+
+    drawn: list[Figure] = []
+
+    def keep(fig: Figure) -> bytes:
+        drawn.append(fig)
+        return b""
+
+    monkeypatch.setattr(figures, "to_png", keep)
+    result = roofline(load(corpus / "traces/tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"))
+    unknown = dataclasses.replace(result, peak_tflops=None, bandwidth_gbps=None, ridge_flop_per_byte=None)
+    for res in (result, unknown):
+        figures.roofline_figure(res)
+    known_ax, unknown_ax = (fig.axes[0] for fig in drawn)
+    legend = known_ax.get_legend()
+    assert legend is not None and any("roofline: NVIDIA H100" in t.get_text() for t in legend.get_texts())
+    assert not any("no roofline" in t.get_text() for t in known_ax.texts)
+    assert not unknown_ax.lines and any("no roofline: the device's peaks are unknown" in t.get_text()
+                                        for t in unknown_ax.texts)
+    x = unknown.ops.filter(pl.col("tflops") > 0)["intensity_flop_per_byte"].drop_nulls().to_list()
+    assert unknown_ax.get_xlim()[1] >= 4 * max(x)
+    plt.close("all")
