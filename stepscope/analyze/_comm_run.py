@@ -141,10 +141,10 @@ def _one_world(loaded: list[_Loaded], warnings: list[str]) -> tuple[int | None, 
         return None, loaded
     world = sizes.most_common(1)[0][0]
     if other := [x for x in loaded if x.trace.meta.world_size not in (None, world)]:
-        warnings.append(f"mixed run: left out {len(other)} trace(s) of another world size than {world}: "
+        warnings.append(f"mixed run: left out {len(other):,} trace(s) of another world size than {world}: "
                         + ", ".join(f"{x.trace.source_name} ({x.trace.meta.world_size})" for x in other))
     if unstated := [x for x in loaded if x.trace.meta.world_size is None]:
-        warnings.append(f"mixed run: left out {len(unstated)} trace(s) that state no world size (no distributedInfo) "
+        warnings.append(f"mixed run: left out {len(unstated):,} trace(s) that state no world size (no distributedInfo) "
                         f"beside traces of world size {world}: " + ", ".join(x.trace.source_name for x in unstated))
     return world, [x for x in loaded if x.trace.meta.world_size == world]
 

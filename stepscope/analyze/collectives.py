@@ -313,7 +313,7 @@ def _ranks(ranks: Sequence[RankCalls], waits: pl.DataFrame, offsets: dict[str, i
 def _note(run: RunCalls, calls: pl.DataFrame) -> str | None:
     if len(run.ranks) == 1:
         return (f"one rank (rank {run.ranks[0].rank}): no matching across ranks is possible; its "
-                f"{calls.height} collective(s) are listed with their duration as latency")
+                f"{calls.height:,} collective(s) are listed with their duration as latency")
     return None
 
 

@@ -492,11 +492,11 @@ def describe(inp: Input) -> str:
     if isinstance(inp, IngestedTrace):
         return "an ingested trace"
     if isinstance(inp, RunDir):
-        return f"a capture run ({len(inp.ranks)} rank(s), {len(inp.traces)} trace(s))"
+        return f"a capture run ({len(inp.ranks):,} rank(s), {len(inp.traces):,} trace(s))"
     if isinstance(inp, Dataset):
-        return f"a dataset of {len(inp.traces)} trace(s)"
+        return f"a dataset of {len(inp.traces):,} trace(s)"
     if isinstance(inp, TraceBatch):
-        return f"a directory of {len(inp.traces)} traces"
+        return f"a directory of {len(inp.traces):,} traces"
     if isinstance(inp, Snapshot):
         return "a CUDA memory snapshot"
     return "an export_memory_timeline file"
@@ -528,7 +528,7 @@ def memory_file(path: str | Path, kind: Literal["snapshot", "memory_timeline"]) 
         if not found:
             raise InputError(f"holds no {many}", path=local)
         names = ", ".join(str(f.relative_to(local)) for f in found[:5]) + (", …" if len(found) > 5 else "")
-        raise UsageError(f"holds {len(found)} {many}: pass one: {names}", path=local)
+        raise UsageError(f"holds {len(found):,} {many}: pass one: {names}", path=local)
     source = resolve(path)
     if not isinstance(source, Snapshot if kind == "snapshot" else MemoryTimeline):
         raise UsageError(f"is {describe(source)}, not {one}", path=path)

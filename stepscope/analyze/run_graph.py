@@ -420,7 +420,7 @@ def run_what_if(run: RunGraph, change: WhatIf) -> WhatIfResult:
     """`whatif.what_if` over the run's graph: the changes on every rank, or on `change.rank` only."""
     if change.rank is not None and change.rank not in run.ranks:
         raise UsageError(f"--rank {change.rank}: the run's ranks are {', '.join(map(str, run.ranks))}")
-    notes = [f"run of {len(run.ranks)} rank(s) on aligned clocks, {run.collectives_joined} collective(s) joined "
+    notes = [f"run of {len(run.ranks):,} rank(s) on aligned clocks, {run.collectives_joined:,} collective(s) joined "
              "across ranks; step N runs from the earliest rank's start to the latest rank's end", *run.notes]
     return what_if_graph(run.graph, change, notes=notes)
 

@@ -535,7 +535,7 @@ def _comm_note(calls: pl.DataFrame, excess: int, wall: int) -> str | None:
     if calls.height == 0:
         return None
     share = f"{excess / wall:.1%} of the step" if wall else "some time"
-    return (f"one rank's view: {calls.height} collective(s); {share} is collective time above the fastest call of "
+    return (f"one rank's view: {calls.height:,} collective(s); {share} is collective time above the fastest call of "
             "its kind (same collective and size) on this rank: waiting for a later rank or a slower transfer. A "
             "straggler cannot be seen from one rank: `stepscope summary RUN` on every rank's trace names it")
 

@@ -296,7 +296,7 @@ def _moved_notes(table: pl.DataFrame, base_times: pl.DataFrame, after_times: pl.
     if not moved.height:
         return []
     top = moved.row(0, named=True)
-    return [f"{moved.height} step(s) predicted longer than measured, as each now starts earlier (step {top['step']}: "
+    return [f"{moved.height:,} step(s) predicted longer than measured, as each now starts earlier (step {top['step']}: "
             f"{duration(-top['saving_ns'])} longer, starting {duration(top['was'] - top['now'])} earlier): a step "
             "starts where the previous one ended when that is after its own CPU start, so the previous step's GPU "
             "work ending sooner moves time into it; the mean counts that time once"]

@@ -105,7 +105,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
         kind, failed, total = "trace", [], 1
     for line in failed:
         echo_failure(line)
-    click.echo(f"wrote {out / 'index.html'} ({kind}, {total - len(failed)} report(s), {len(failed)} failed) "
+    click.echo(f"wrote {out / 'index.html'} ({kind}, {total - len(failed):,} report(s), {len(failed):,} failed) "
                f"in {time.perf_counter() - start:.1f} s")
     end_batch(failed, total)
 

@@ -132,7 +132,7 @@ def busy_figure(busy_fraction: Sequence[float | None], verdicts: Sequence[str | 
     ax.set_ylim(0, max(float(bottom.max()), 1.0) * 1.15)
     ax.set_xlabel("GPU busy (busy time over all steps' wall time, the verdict's figure)")
     ax.set_ylabel("traces")
-    ax.set_title(f"GPU busy across traces ({len(pairs)} traces), stacked by verdict", fontsize=10)
+    ax.set_title(f"GPU busy across traces ({len(pairs):,} traces), stacked by verdict", fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     style(ax)
     ax.grid(axis="x", visible=False)

@@ -134,7 +134,7 @@ def busbw_figure(coll: CollectivesResult) -> bytes | None:
     for name in sorted(calls["collective"].unique().to_list()):
         part = calls.filter(pl.col("collective") == name)
         ax.scatter(part["message_bytes"].to_numpy(), part["busbw_gbps"].to_numpy(), s=22, alpha=0.75,
-                   color=color(name), edgecolor="#333333", linewidth=0.3, label=f"{name} ({part.height})")
+                   color=color(name), edgecolor="#333333", linewidth=0.3, label=f"{name} ({part.height:,})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
