@@ -218,7 +218,8 @@ def steps_section(ctx: ReportContext) -> Section | None:
         notes.append("No ProfilerStep#N spans in this trace (profile with a schedule and call prof.step()): "
                      "the timeline shows the whole trace.")
     if timeline is not None:
-        which = f"step {ctx.step}" if ctx.step is not None else "the median-duration step (--step N for another)"
+        which = ("the whole trace" if timeline.step is None else f"step {ctx.step}" if ctx.step is not None
+                 else "the median-duration step (--step N for another)")
         path = ("; the top row is the step's critical path, the chain of dependent work that set its time "
                 "(stepscope critical-path): kernels by category, CPU, launch, sync and idle time by kind"
                 if timeline.path is not None else "")

@@ -44,6 +44,12 @@ def test_cpu_only_trace_says_what_is_missing(tmp_path: Path) -> None:
     assert 'id="steps"' not in page  # no steps and no GPU work: no section
 
 
+def test_a_trace_without_steps_shows_the_whole_trace_and_says_so(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(kernel("sgemm", ts=0, dur=10), kernel("sgemm", ts=30, dur=10)))
+    page = report(t, "nosteps.json")
+    assert "GPU timeline of the whole trace:" in page and "median-duration step" not in page
+
+
 def test_a_failing_section_becomes_a_problem_line(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     def broken(ctx: H.ReportContext) -> H.Section:
         raise RuntimeError("boom <b>")
