@@ -92,7 +92,7 @@ def analyze_run(run: RunCalls, *, link_bandwidth_gbps: float | None = None) -> C
     if unaligned := sorted({c for c in parts["clock"].unique().to_list() if c not in offsets}):
         warnings.append(f"clock(s) {', '.join(unaligned)} share no collective with the others: not aligned")
     if (n := calls.filter(pl.col("missing_ranks").list.len() > 0).height):
-        warnings.append(f"{n} call(s) not seen on every rank of their group (see missing_ranks in the calls table)")
+        warnings.append(f"{n:,} call(s) not seen on every rank of their group (see missing_ranks in the calls table)")
     straggler = _straggler(calls, waits)
     sources = set(parts["source"].unique().to_list())
     return CollectivesResult(

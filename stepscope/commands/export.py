@@ -46,6 +46,6 @@ def command(inputs: tuple[Path, ...], output: Path, only: str | None, steps: tup
     for line in result.warnings:
         click.echo(f"warning: {line}", err=True)
     ranks = f", {len(result.ranks)} rank(s)" if result.ranks else ""
-    click.echo(f"wrote {output} ({human_bytes(result.size_bytes)}{ranks}): {result.original_events} original "
-               f"event(s), {result.added_events} added on {sum(len(t) for t in result.tracks.values())} track(s); "
+    click.echo(f"wrote {output} ({human_bytes(result.size_bytes)}{ranks}): {result.original_events:,} original "
+               f"event(s), {result.added_events:,} added on {sum(len(t) for t in result.tracks.values())} track(s); "
                "open it in chrome://tracing or a local Perfetto UI", err=True)
