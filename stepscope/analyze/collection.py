@@ -71,7 +71,8 @@ class SideFile:
 
 def page_names(inp: Collection) -> list[tuple[Path, str]]:
     """Each trace of the collection with the name of its page: rank<N> (rank<N>_w<k> for a rank's k-th
-    profiler window) in a run, `<trace id>_rank=<r>` in a dataset, the file's own name in a directory."""
+    profiler window) in a run, `<trace id>_rank=<r>` in a dataset, the file's path under a directory
+    (`h100_trace` for h100/trace.json.gz)."""
     if isinstance(inp, RunDir):
         if len(inp.traces) == 1:
             return [(inp.traces[0], "trace")]
@@ -83,7 +84,17 @@ def page_names(inp: Collection) -> list[tuple[Path, str]]:
     if isinstance(inp, Dataset):
         kept = set(workload_traces(inp))
         return _unique([(t.path, _slug(f"{t.trace_id}_rank={t.rank}")) for t in inp.traces if t.path in kept])
-    return _unique([(p, _slug(p.name.removesuffix(".gz").removesuffix(".json"))) for p in workload_traces(inp)])
+    return _unique([(p, _slug(relative_name(p, inp.path).removesuffix(".gz").removesuffix(".json")))
+                    for p in workload_traces(inp)])
+
+
+def relative_name(path: Path, root: Path) -> str:
+    """A trace of a directory by its path under the directory, so that two files of one name in different folders
+    read apart (`h100/trace.json.gz`, `mi300/trace.json.gz`); its file name where it is not under it."""
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return path.name
 
 
 def _slug(text: str) -> str:

@@ -158,8 +158,8 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
     With `perfetto`, a capture run's ranks in one exported file that the index and every rank's page link; in a
     batch, each trace's own beside its page. A capture run stays here (its ranks are read together for its
     verdict): with --engine ray it says so in one line."""
-    from stepscope.analyze.collection import page_names, run_facts, side_files, straggler
-    from stepscope.analyze.inputs import RunDir
+    from stepscope.analyze.collection import page_names, relative_name, run_facts, side_files, straggler
+    from stepscope.analyze.inputs import RunDir, TraceBatch
     from stepscope.reports.assemble import index_page
     from stepscope.reports.html import plural
     from stepscope.reports.perfetto import ExportOptions, export_run
@@ -179,7 +179,9 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
     order = {name: i for i, (_path, name) in enumerate(named)}
     results = sorted(_progress(written, len(named)), key=lambda w: order[w[0].name])  # (Ray's come as they finish)
     done = [m for m, _row, _steps in results]
-    rows = [row for _m, row, _steps in results]
+    # a directory's traces by their path under it: two files of one name in different folders read apart
+    rows = [{**row, "trace": relative_name(m.path, input_path)} if isinstance(inp, TraceBatch) else row
+            for m, row, _steps in results]
     seen = {s for _m, _row, steps in results for s in steps}  # every member's steps, for --step
     lead = done[0] if run and len(named) == 1 and done[0].bundle is not None else None
     failed = [m.failure for m in done if m.failure]

@@ -46,6 +46,19 @@ def test_batch_with_a_bad_trace(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "a.pt.trace" / "index.html").is_file()
 
 
+def test_a_batch_names_its_traces_by_their_path_under_the_directory(tmp_path: Path) -> None:
+    # GIVEN two traces of one file name in two folders (an H100 and an MI300X capture of one model, say)
+    write_trace(tmp_path / "in" / "h100", gpu_doc(), "trace.json")
+    write_trace(tmp_path / "in" / "mi300", gpu_doc(scale=2), "trace.json")
+    code, out = run("report", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--batch")
+    assert code == 0, out
+    # THEN the index reads them apart, each linking to its own page
+    index = (tmp_path / "out" / "index.html").read_text()
+    for folder in ("h100", "mi300"):
+        assert f'<a href="{folder}_trace/index.html">{folder}/trace.json</a>' in index
+        assert (tmp_path / "out" / f"{folder}_trace" / "index.html").is_file()
+
+
 def test_directory_of_traces_without_batch_says_so(tmp_path: Path) -> None:
     write_trace(tmp_path / "in", gpu_doc(), "a.pt.trace.json")
     write_trace(tmp_path / "in", gpu_doc(), "b.pt.trace.json")
