@@ -22,19 +22,35 @@ if TYPE_CHECKING:
     from stepscope.analyze.snapshot import SnapshotResult
 
 
+#: a device whose allocated bytes never reach this gets no panel of its own beside others (`memory_figure`)
+TINY_PEAK_BYTES = 1 << 20
+
+
 def memory_figure(result: MemoryTimeline) -> bytes | None:
-    """Allocated and reserved bytes over time, one panel per device, the peak marked with its op and step."""
+    """Allocated and reserved bytes over time, one panel per device, the peak marked with its op and step; a
+    device that never held TINY_PEAK_BYTES is named below the others instead of drawn."""
     tl = result.timeline
     if result.memory_events == 0 or tl.height == 0:
         return None
-    devices = tl["device_name"].unique(maintain_order=True).to_list()
-    fig, axes = subplots(len(devices), 1, figsize=(10, 2.8 * len(devices) + 0.6), squeeze=False)
     peaks = {r["device_name"]: r for r in result.devices.iter_rows(named=True)}
+    known = tl.group_by("device_name", maintain_order=True).agg(pl.col("allocated_bytes").is_not_null().any())
+    listed = known.filter("allocated_bytes")["device_name"].to_list()  # (a device without totals: nothing to draw)
+    if not listed:
+        return None
+    # a device that never held TINY_PEAK_BYTES (the CPU's 8 bytes beside a GPU's gigabytes) gets no panel of its
+    # own, and the figure says so
+    tiny = [dev for dev in listed if (peaks.get(dev) or {}).get("peak_allocated_bytes") is not None
+            and peaks[dev]["peak_allocated_bytes"] < TINY_PEAK_BYTES]
+    devices = [dev for dev in listed if dev not in tiny] or listed
+    left_out = [dev for dev in listed if dev not in devices]
+    fig, axes = subplots(len(devices), 1, figsize=(10, 2.8 * len(devices) + 0.6 + 0.3 * bool(left_out)),
+                         squeeze=False)
     for ax, dev in zip(axes[:, 0], devices, strict=True):
         d = tl.filter(pl.col("device_name") == dev).sort("offset_ns")
         x = d["offset_ns"].to_list()
         alloc = d["allocated_bytes"].to_list()
-        ax.step(x, d["reserved_bytes"].to_list(), where="post", color=color("reserved"), label="reserved")
+        if d["reserved_bytes"].fill_null(0).max():  # (a CPU reserves nothing: no line at zero)
+            ax.step(x, d["reserved_bytes"].to_list(), where="post", color=color("reserved"), label="reserved")
         ax.step(x, alloc, where="post", color=color("allocated"), label="allocated")
         ax.fill_between(x, alloc, step="post", color=color("allocated"), alpha=0.15)
         p = peaks.get(dev)
@@ -55,7 +71,11 @@ def memory_figure(result: MemoryTimeline) -> bytes | None:
         ax.set_ylim(bottom=0)
         ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.85)
         style(ax)
-    fig.tight_layout()
+    if left_out:
+        fig.text(0.01, 0.005, "not drawn (peak under " + human_bytes(TINY_PEAK_BYTES) + "): " + ", ".join(
+            f"{dev} (peak {human_bytes(peaks[dev]['peak_allocated_bytes'])})" for dev in left_out),
+            fontsize=8, color="#555555", va="bottom")
+    fig.tight_layout(rect=(0, 0.03 if left_out else 0, 1, 1))
     return to_png(fig)
 
 

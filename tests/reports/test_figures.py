@@ -12,7 +12,7 @@ import critical_path_traces as cp
 import matplotlib.image as mpimg
 import matplotlib.pyplot as plt
 import polars as pl
-from builders import cpu_op, kernel, load_events, memcpy, step, trace
+from builders import cpu_op, kernel, load_events, memcpy, memory, step, trace
 from matplotlib.figure import Figure
 from report_traces import gpu_doc
 
@@ -200,4 +200,32 @@ def test_roofline_without_peaks_says_why_it_has_no_line(corpus: Path, monkeypatc
                                         for t in unknown_ax.texts)
     x = unknown.ops.filter(pl.col("tflops") > 0)["intensity_flop_per_byte"].drop_nulls().to_list()
     assert unknown_ax.get_xlim()[1] >= 4 * max(x)
+    plt.close("all")
+
+
+def test_memory_figure_names_a_device_too_small_to_draw(tmp_path: Path, monkeypatch: Any) -> None:
+    """The CPU's 8 bytes beside a GPU's megabytes: one panel (the GPU's, its reserved line drawn) and a line naming
+    the CPU; alone, a small device is still drawn (it is all there is), without a reserved line it never had."""
+    drawn: list[Figure] = []
+
+    def keep(fig: Figure) -> bytes:
+        drawn.append(fig)
+        return b""
+
+    monkeypatch.setattr(memory_figures, "to_png", keep)
+    gpu = [memory(10, 4 << 20, total_allocated=4 << 20, total_reserved=8 << 20),
+           memory(20, -(4 << 20), total_allocated=0, total_reserved=8 << 20)]
+    cpu = [memory(12, 8, total_allocated=8, device=-1), memory(14, -8, total_allocated=0, device=-1)]
+    memory_figures.memory_figure(memory_timeline(load_events(tmp_path / "both", trace(*gpu, *cpu))))
+    memory_figures.memory_figure(memory_timeline(load_events(tmp_path / "cpu", trace(*cpu))))
+    # the CPU's events without totals beside the GPU's with them: no allocated figure of the CPU to draw
+    untotalled = [memory(12, 8, device=-1), memory(14, -8, device=-1)]
+    memory_figures.memory_figure(memory_timeline(load_events(tmp_path / "untotalled", trace(*gpu, *untotalled))))
+    both, alone, gpu_only = drawn
+    assert [ax.get_title() for ax in gpu_only.axes] == ["Memory on cuda:0"] and not gpu_only.texts
+    assert [ax.get_title() for ax in both.axes] == ["Memory on cuda:0"]
+    assert [line.get_label() for line in both.axes[0].get_lines()][:2] == ["reserved", "allocated"]
+    assert [t.get_text() for t in both.texts] == ["not drawn (peak under 1 MiB): cpu (peak 8 B)"]
+    assert [ax.get_title() for ax in alone.axes] == ["Memory on cpu"] and not alone.texts
+    assert "reserved" not in [line.get_label() for line in alone.axes[0].get_lines()]
     plt.close("all")
