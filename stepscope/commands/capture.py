@@ -66,5 +66,8 @@ def command(out_dir: Path, overwrite: bool, skip_first: int, baseline: int, wait
     traces = sum(1 for p in session.files if p.name.endswith(".pt.trace.json.gz"))
     ratio = session.manifest.get("overhead_ratio")
     overhead = f", profiled/baseline step {ratio:.2f}x" if ratio else ""
-    click.echo(f"{out_dir}: {traces:,} trace(s), {session.steps_seen:,} steps{overhead}; "
+    profiled = (session.manifest.get("profiled") or {}).get("steps")
+    steps = (f"{profiled:,} of {session.steps_seen:,} steps profiled" if isinstance(profiled, int)
+             else f"{session.steps_seen:,} steps")
+    click.echo(f"{out_dir}: {traces:,} trace(s), {steps}{overhead}; "
                f"next: stepscope report {out_dir}", err=True)
