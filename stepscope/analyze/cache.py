@@ -5,6 +5,8 @@ renamed away whole):
 
     CACHE/<sha[:2]>/<sha>/{events.parquet, flows.parquet, meta.json}     one entry; its mtime = its last use
     CACHE/<sha[:2]>/.<sha>.lock                                         flock: who is using / writing it
+    CACHE/hashes/<hash of the source's path>.json                        the source's sha256 against its stat
+                                                                        (`source_sha256`)
 
 Concurrency (POSIX flock; where there is none, as on Windows, entries are still written atomically but not
 guarded against eviction while in use):
@@ -24,6 +26,8 @@ guarded against eviction while in use):
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from stepscope.analyze._locations import default_cache_dir as default_cache_dir  # the cache's home
+from stepscope.analyze.inputs import file_sha256 as file_sha256  # (tests count its calls here)
 from stepscope.analyze.inputs import is_ingested
 from stepscope.errors import UsageError
 
@@ -136,6 +141,53 @@ def _lock(entry: Path, *, shared: bool, wait: bool) -> Lease | None:
         if same:
             return Lease(fh)
         fh.close()
+
+
+# ------------------------------------------------------------------------------------------- source hashes
+
+#: where the cache remembers its sources' hashes (`source_sha256`): one small JSON file per source path
+HASHES = "hashes"
+#: a file changed less than this long ago is hashed each time, never remembered: a file system with coarse
+#: timestamps could see it written again within the same tick, with the same times (git's "racy" index entries)
+RACY_S = 2.0
+
+
+def source_sha256(cache_dir: Path, path: Path) -> str:
+    """`inputs.file_sha256(path)`, the key of the file's entry, remembered in the cache against the file's identity
+    and change times (device, inode, size, mtime and ctime in ns: what git's index compares), so that each command
+    on a cached multi-GB trace does not read it whole again to find its entry (sha256 runs at about 1 GB/s).
+
+    A file whose stat differs from the remembered one (rewritten, replaced, touched) is hashed again; ctime cannot
+    be set back, so a rewrite that restores the old mtime is seen too. A file changed within RACY_S before it was
+    hashed, or while it was, is not remembered. The memo is written atomically; one that cannot be read or written
+    (a read-only cache) only costs the hash.
+
+        summary big.json  -> hashed (3.6 GB: 3.5 s), remembered     gaps big.json -> stat matches: no read
+        (big.json rewritten) report big.json -> stat differs: hashed, re-ingested under its new hash
+    """
+    before = os.stat(path)
+    memo = cache_dir / HASHES / f"{hashlib.sha256(os.fsencode(os.path.abspath(path))).hexdigest()[:40]}.json"
+    try:
+        saved = json.loads(memo.read_bytes())
+        if saved.get("stat") == _identity(before) and _ENTRY.fullmatch(str(saved.get("sha256"))):
+            return str(saved["sha256"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    sha = file_sha256(path)
+    changed_s = max(before.st_mtime_ns, before.st_ctime_ns) / 1e9
+    if time.time() - changed_s >= RACY_S and _identity(os.stat(path)) == _identity(before):
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"path": os.path.abspath(path), "stat": _identity(before), "sha256": sha}))
+            os.replace(tmp, memo)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    return sha
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def open_entry(cache_dir: Path, sha256: str, fill: Callable[[Path], object]) -> tuple[Path, Lease]:
@@ -299,8 +351,9 @@ def cache_info(cache_dir: Path | None = None, *, sources: bool = True) -> CacheI
 
 def prune(cache_dir: Path | None = None, max_bytes: int = 0) -> PruneResult:
     """Remove least recently used entries until the cache holds at most `max_bytes` (0: remove every entry,
-    `stepscope cache clear`). An entry another process is using or writing is skipped, never removed; so are
-    leftovers of an interrupted ingest younger than an hour (they may be another process's work)."""
+    `stepscope cache clear`, which forgets the remembered source hashes too). An entry another process is using or
+    writing is skipped, never removed; so are leftovers of an interrupted ingest younger than an hour (they may be
+    another process's work)."""
     info = cache_info(cache_dir, sources=False)
     total = info.total_bytes
     removed = removed_bytes = in_use = 0
@@ -325,6 +378,8 @@ def prune(cache_dir: Path | None = None, max_bytes: int = 0) -> PruneResult:
         removed += 1
         removed_bytes += entry.bytes
     _sweep(info.location)
+    if max_bytes == 0:  # cleared: the remembered source hashes go too (they only save reading a source again)
+        shutil.rmtree(info.location / HASHES, ignore_errors=True)
     return PruneResult(location=info.location, removed=removed, removed_bytes=removed_bytes,
                        kept=len(info.entries) - removed, kept_bytes=total, in_use=in_use)
 

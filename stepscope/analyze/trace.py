@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from stepscope.analyze._workers import usable_cores
-from stepscope.analyze.cache import Lease, default_cache_dir, open_entry
+from stepscope.analyze.cache import Lease, default_cache_dir, open_entry, source_sha256
 from stepscope.analyze.ingest import ingest_trace
-from stepscope.analyze.inputs import IngestedTrace, Input, expect_trace, file_sha256, resolve
+from stepscope.analyze.inputs import IngestedTrace, Input, expect_trace, resolve
 from stepscope.analyze.meta import TraceMeta, read_meta
 from stepscope.analyze.schema import CPU_KINDS, GPU_KINDS, Kind
 
@@ -245,10 +245,11 @@ def load(path: str | Path | Input, *, cache_dir: Path | None = None) -> Trace:
     one = expect_trace(path if isinstance(path, Input) else resolve(path))
     if isinstance(one, IngestedTrace):
         return Trace(directory=one.path, meta=read_meta(one.path))
-    sha = file_sha256(one.path)
+    cache = cache_dir or default_cache_dir()
+    sha = source_sha256(cache, one.path)
     source = one.path
-    # the cache is keyed by content: a hit needs no read of the trace; two processes loading one file ingest it
-    # once, and the entry stays whole while this Trace lives (see analyze/cache.py)
-    target, lease = open_entry(cache_dir or default_cache_dir(), sha,
+    # the cache is keyed by content: a hit needs no read of the trace (its hash remembered against its stat); two
+    # processes loading one file ingest it once, and the entry stays whole while this Trace lives (analyze/cache.py)
+    target, lease = open_entry(cache, sha,
                                lambda entry: ingest_trace(source, entry, force=True, jobs=usable_cores(), sha256=sha))
     return Trace(directory=target, meta=read_meta(target), lease=lease)

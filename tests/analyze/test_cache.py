@@ -241,3 +241,44 @@ def test_one_process_loads_a_file_again_while_its_first_trace_lives(tmp_path: Pa
     worker.start()
     worker.join(timeout=60)
     assert again == [3] and first.events.collect().height == 3
+
+
+def test_a_cached_sources_hash_is_remembered_against_its_stat(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second load of an unchanged file reads none of it to find its entry; a file rewritten (same size, even
+    its old mtime put back) is hashed again and loads its new content; a file changed just now is not remembered;
+    `cache clear` forgets every hash."""
+    import hashlib
+
+    cache = tmp_path / "cache"
+    (src,) = _traces(tmp_path / "src", 1)
+    hashed: list[Path] = []
+    real = cache_module.file_sha256
+
+    def counted(path: Path) -> str:
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(cache_module, "file_sha256", counted)
+    # a file changed within RACY_S: hashed each time, never remembered
+    for _ in range(2):
+        assert load(src, cache_dir=cache).directory.name == hashlib.sha256(src.read_bytes()).hexdigest()
+    assert len(hashed) == 2 and not (cache / cache_module.HASHES).exists()
+    # an older file: hashed once, then found by its stat
+    monkeypatch.setattr(cache_module, "RACY_S", 0.0)
+    first = load(src, cache_dir=cache).directory.name
+    assert load(src, cache_dir=cache).directory.name == first and len(hashed) == 3
+    # rewritten with the same size and its old mtime put back: ctime moved, so hashed again, the new content loaded
+    before = src.stat()
+    src.write_bytes(src.read_bytes().replace(b'"t0k0"', b'"t0kX"'))
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert src.stat().st_size == before.st_size
+    again = load(src, cache_dir=cache)
+    assert len(hashed) == 4 and again.directory.name == hashlib.sha256(src.read_bytes()).hexdigest() != first
+    assert "t0kX" in again.events.collect()["name"].to_list()
+    # a memo that cannot be read costs only the hash
+    for memo in (cache / cache_module.HASHES).iterdir():
+        memo.write_text("{not json")
+    assert load(src, cache_dir=cache).directory.name == again.directory.name and len(hashed) == 5
+    prune(cache, 0)
+    assert not (cache / cache_module.HASHES).exists()
