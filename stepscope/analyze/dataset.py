@@ -26,10 +26,10 @@ from pathlib import Path
 
 from stepscope.analyze._read import json_size
 from stepscope.analyze._workers import mark_import_threads, surviving_map, usable_cores
+from stepscope.analyze.cache import default_cache_dir, source_sha256
 from stepscope.analyze.engines import Engine, import_ray, ray_map
 from stepscope.analyze.ingest import ingest_trace
 from stepscope.analyze.inputs import (
-    file_sha256,
     find_trace_files,
     hash_meanwhile,
     is_ingested,
@@ -99,8 +99,8 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, sp
         stem = trace_stem(src)
         if spare_core and (force or not any(root.glob(f"trace={glob.escape(stem)}-*"))):
             sha = hash_meanwhile(src)  # no partition of a file of this name: nothing to skip, no need to wait
-        else:
-            sha = file_sha256(src)
+        else:  # (the hash remembered in the trace cache against the file's stat: an unchanged file is not read)
+            sha = source_sha256(default_cache_dir(), src)
             done = existing_partition(root, trace_id_for(src, sha))
             if not force and done is not None and is_ingested(done, sha, drop_added=drop_added):
                 meta = read_meta(done)

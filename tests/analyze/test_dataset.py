@@ -67,6 +67,31 @@ def test_unchanged_files_are_skipped_on_a_second_run(tmp_path: Path) -> None:
     assert not list((tmp_path / "ds").glob(".staging-*"))
 
 
+def test_a_run_again_reads_no_unchanged_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resuming a batch hashes each file once (its hash then remembered against its stat, in the trace cache):
+    after that, an unchanged file is skipped without a read; a rewritten one is hashed and ingested."""
+    from stepscope.analyze import cache
+
+    monkeypatch.setattr(cache, "RACY_S", 0.0)  # (the test's files are seconds old)
+    src = _inputs(tmp_path)
+    (src / "broken.json").unlink()
+    ingest_many([src], tmp_path / "ds", jobs=1)
+    hashed: list[Path] = []
+    real = cache.file_sha256
+
+    def counted(path: Path) -> str:
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(cache, "file_sha256", counted)
+    runs = [ingest_many([src], tmp_path / "ds", jobs=1) for _ in range(2)]
+    assert all({o.status for o in r.outcomes} == {"skipped"} for r in runs) and len(hashed) == 4  # the first only
+    write_trace(src, trace(kernel("new", ts=0, dur=9)), "rank0.pt.trace.json")
+    changed = ingest_many([src], tmp_path / "ds", jobs=1)
+    assert hashed[4:] == [src / "rank0.pt.trace.json"]
+    assert sorted(o.status for o in changed.outcomes) == ["ingested", "skipped", "skipped", "skipped"]
+
+
 def test_a_file_with_nothing_to_skip_is_hashed_while_it_is_ingested(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A file no partition of its name exists for cannot be skipped, so its sha256 is computed by a thread while
