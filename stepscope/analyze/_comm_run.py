@@ -31,6 +31,7 @@ from typing import TypeVar
 import polars as pl
 
 from stepscope.analyze._comm_events import pg_config_of, rank_calls
+from stepscope.analyze._text import numbers
 from stepscope.analyze._workers import broken_how, pool_processes, usable_cores, worker_pool
 from stepscope.analyze.inputs import MemoryTimeline, RunDir, Snapshot, describe, resolve, traces_of
 from stepscope.analyze.trace import Trace, load
@@ -88,9 +89,9 @@ def run_calls(paths: Sequence[str | Path], *, cache_dir: Path | None = None) -> 
     tables = parallel_map(_calls_of, [([x.path for x in items], cache_dir) for _, items in ordered])
     ranks = tuple(_rank_calls(rank, items, calls) for (rank, items), calls in zip(ordered, tables, strict=True))
     if world is not None and (missing := sorted(set(range(world)) - set(by_rank))):
-        warnings.append(f"rank(s) {_list(missing)} of world size {world} have no trace: results for the rest")
+        warnings.append(f"rank(s) {numbers(missing)} of world size {world} have no trace: results for the rest")
     if idle := [r.rank for r in ranks if r.calls.height == 0]:
-        warnings.append(f"rank(s) {_list(idle)} ran no collective (no NCCL/RCCL kernel, no gloo:* or "
+        warnings.append(f"rank(s) {numbers(idle)} ran no collective (no NCCL/RCCL kernel, no gloo:* or "
                         "record_param_comms op)")
     return RunCalls(ranks=ranks, world_size=world, warnings=tuple(warnings))
 
@@ -229,5 +230,3 @@ def parallel_map(fn: Callable[[_T], _R], jobs: Iterable[_T]) -> list[_R]:
     raise StepscopeError(f"the run's traces could not all be analysed: {broken_how(workers, 'a')}")
 
 
-def _list(values: Sequence[int]) -> str:
-    return ", ".join(map(str, values))

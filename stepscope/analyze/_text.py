@@ -1,6 +1,9 @@
-"""Durations in the analyses' own notes and descriptions (the reports and the CLI have their own units)."""
+"""Durations and lists of numbers in the analyses' own notes and descriptions (the reports and the CLI have their
+own units)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 
 def duration(ns: float) -> str:
@@ -9,3 +12,20 @@ def duration(ns: float) -> str:
         if abs(ns) >= scale:
             return f"{ns / scale:.3g} {unit}"
     return f"{ns:.0f} ns"
+
+
+def numbers(values: Iterable[int]) -> str:
+    """Integers (ranks, steps) with each run of consecutive ones as first..last, in order.
+
+        [2, 3, 4, ..., 127]  -> 2..127          [0, 2, 3, 4, 9]  -> 0, 2..4, 9          [1, 2]  -> 1, 2
+    """
+    ordered = sorted(set(values))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts += [f"{ordered[i]}..{ordered[j]}"] if j - i >= 2 else [str(v) for v in ordered[i:j + 1]]
+        i = j + 1
+    return ", ".join(parts)

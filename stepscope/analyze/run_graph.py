@@ -46,6 +46,7 @@ import polars as pl
 
 from stepscope.analyze._comm_events import COMM_ANNOTATION, COMM_KERNEL, PARAM_COMMS
 from stepscope.analyze._comm_run import RunCalls, parallel_map, run_calls
+from stepscope.analyze._text import numbers
 from stepscope.analyze.collectives import clock_offsets, match
 from stepscope.analyze.critical_path import held_notes, path_table
 from stepscope.analyze.depgraph import (
@@ -345,7 +346,7 @@ def _common_steps(windows: pl.DataFrame, ends: pl.DataFrame) -> tuple[pl.DataFra
     if common.len() == 0:
         raise UsageError("the ranks of this run share no ProfilerStep number: no step can be compared across them "
                          "(pass one rank's trace, or --annotation REGEX for a region every rank ran)")
-    note = (f"steps {', '.join(map(str, left.to_list()))} are not on every rank: left out (the run's steps are "
+    note = (f"steps {numbers(left.to_list())} are not on every rank: left out (the run's steps are "
             "those every rank holds)") if left.len() else None
     keep = common.implode()
     return (windows.filter(pl.col("step").is_in(keep)).sort("rank", "start_ns"),
@@ -419,7 +420,7 @@ def run_critical_path(run: RunGraph, *, top: int = 15) -> RunCriticalPathResult:
 def run_what_if(run: RunGraph, change: WhatIf) -> WhatIfResult:
     """`whatif.what_if` over the run's graph: the changes on every rank, or on `change.rank` only."""
     if change.rank is not None and change.rank not in run.ranks:
-        raise UsageError(f"--rank {change.rank}: the run's ranks are {', '.join(map(str, run.ranks))}")
+        raise UsageError(f"--rank {change.rank}: the run's ranks are {numbers(run.ranks)}")
     notes = [f"run of {len(run.ranks):,} rank(s) on aligned clocks, {run.collectives_joined:,} collective(s) joined "
              "across ranks; step N runs from the earliest rank's start to the latest rank's end", *run.notes]
     return what_if_graph(run.graph, change, notes=notes)

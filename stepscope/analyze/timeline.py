@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from stepscope.analyze._text import numbers
 from stepscope.analyze.critical_path import path_segments
 from stepscope.analyze.depgraph import build_graph, replay
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
@@ -102,7 +103,7 @@ def gpu_timeline(source: Source, *, step: int | None = None, gaps: GapsResult | 
         else:
             row = windows.filter(pl.col("step") == step)
             if row.height == 0:
-                raise UsageError(f"no step {step} in this trace (steps: {', '.join(map(str, windows['step']))})")
+                raise UsageError(f"no step {step} in this trace (steps: {numbers(windows['step'])})")
         step, start, end, cpu_ns = (int(row[c][0]) for c in ("step", "start_ns", "end_ns", "cpu_ns"))
     else:
         step = None

@@ -131,9 +131,11 @@ def _check_step(bundle: TraceAnalysis, step: int) -> None:
     """--step of a single trace must be one of its steps (as `stepscope plot timeline --step` says), checked
     before anything is written: the report's sections would only note the problem. In a run or a batch, a
     member without the step says so on its page, and a step no member has is the same error."""
+    from stepscope.analyze._text import numbers
+
     steps = bundle.frames.step_windows["step"].to_list()
     if step not in steps:
-        raise UsageError(f"no step {step} in this trace (steps: {', '.join(map(str, steps)) or 'none'})")
+        raise UsageError(f"no step {step} in this trace (steps: {numbers(steps) or 'none'})")
 
 
 def _export(write: Callable[[Path], ExportResult], directory: Path, name: str, href: str = "") -> PerfettoLink:

@@ -14,6 +14,7 @@ from builders import annotation, cpu_op, kernel, runtime, trace, write_trace
 from conftest import reference_comm
 
 from stepscope.analyze._comm_events import canonical_dtype, collective_type
+from stepscope.analyze._text import numbers
 from stepscope.analyze.collectives import CollectivesResult, collectives
 
 AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -294,6 +295,13 @@ def test_dlrm_bytes_and_bandwidth(dlrm: tuple[CollectivesResult, dict[str, Any]]
     for row in ours.calls.iter_rows(named=True):
         factor = 1.75 if row["collective"] == "all_reduce" else 7 / 8
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor)
+
+
+def test_missing_ranks_are_named_as_ranges(corpus: Path, tmp_path: Path) -> None:
+    # two ranks' traces of a world of 128: the other 126 read as one range, not 126 numbers
+    res = analyze(corpus / "traces" / "hta" / "trace_filter", tmp_path)
+    assert "rank(s) 2..127 of world size 128 have no trace: results for the rest" in res.warnings
+    assert numbers([0, 2, 3, 4, 9, 10]) == "0, 2..4, 9, 10" and numbers([7, 5, 6, 6]) == "5..7" and numbers([]) == ""
 
 
 def test_bytes_and_bandwidth_where_the_trace_has_collective_args(corpus: Path, tmp_path: Path) -> None:
