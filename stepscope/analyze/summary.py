@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -485,8 +486,8 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
 
 
 def _kind_name() -> pl.Expr:
-    """A collective's kind as one place: its type and message size ("all_reduce 4096 B"), the type alone where the
-    trace records no size."""
+    """A collective's kind as one place: its type and message size ("all_reduce 4096 B"; shown "4,096 B"), the type
+    alone where the trace records no size."""
     return (pl.when(pl.col("message_bytes").is_not_null())
             .then(pl.format("{} {} B", "collective", "message_bytes")).otherwise(pl.col("collective")))
 
@@ -527,7 +528,10 @@ def _comm_places(calls: pl.DataFrame, split: CommSplit) -> pl.DataFrame:
              .agg(total_ns=pl.col("excess_ns").sum(), count=(pl.col("excess_ns") > 0).sum())
              .filter(pl.col("total_ns") > 0).sort("total_ns", "name", descending=[True, False])
              .with_columns(what=pl.lit("above its fastest call (wait?)")))
-    return pl.concat([kinds.head(2), waits.head(1)], how="diagonal_relaxed")
+    places = pl.concat([kinds.head(2), waits.head(1)], how="diagonal_relaxed")
+    # grouped and ordered by the exact name above; shown with the size's digits grouped ("all_reduce 1,285,084 B")
+    return places.with_columns(name=pl.Series([re.sub(r"\b(\d{4,}) B$", lambda m: f"{int(m.group(1)):,} B", n)
+                                                for n in places["name"].to_list()], dtype=pl.String))
 
 
 def _comm_note(calls: pl.DataFrame, excess: int, wall: int) -> str | None:

@@ -163,8 +163,8 @@ def _write_collection(inp: Collection, tmp: Path, input_path: Path, *, batch: bo
     from stepscope.analyze.collection import page_names, relative_name, run_facts, side_files, straggler
     from stepscope.analyze.inputs import RunDir, TraceBatch
     from stepscope.reports.assemble import index_page
-    from stepscope.reports.html import plural
     from stepscope.reports.perfetto import ExportOptions, export_run
+    from stepscope.reports.units import plural
 
     run = isinstance(inp, RunDir)
     run_link = _export(lambda target: export_run([input_path], target, ExportOptions()), tmp, RUN_FILE) \

@@ -24,7 +24,7 @@ import polars as pl
 from stepscope import __version__
 from stepscope.reports._render import INLINE, FigureRenderer, PendingPng
 from stepscope.reports.text import format_value, result_headline
-from stepscope.reports.units import human_bytes, human_fraction, human_ns
+from stepscope.reports.units import human_bytes, human_fraction, human_ns, plural
 
 if TYPE_CHECKING:
     from stepscope.analyze.bundle import TraceAnalysis
@@ -92,12 +92,6 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
-
-
-def plural(count: int, noun: str, many: str | None = None) -> str:
-    """A count and its noun, singular for one: (1, 'trace') -> '1 trace', (2, 'copy', 'copies') -> '2 copies'.
-    Also the template filter `plural`."""
-    return f"{count:,} {noun if count == 1 else many or noun + 's'}"
 
 
 def display_name(name: str) -> str:

@@ -7,7 +7,7 @@ import polars as pl
 from stepscope.analyze.run_summary import RunSummaryResult
 from stepscope.analyze.summary import SummaryResult
 from stepscope.reports.text import render_frame
-from stepscope.reports.units import human_fraction, human_ns
+from stepscope.reports.units import human_fraction, human_ns, plural
 
 
 def render_summary(result: SummaryResult) -> str:
@@ -78,7 +78,7 @@ def render_run_summary(result: RunSummaryResult) -> str:
     look."""
     lines = [f"verdict: {result.verdict.value}  ({result.reason})", f"advice:  {result.advice}", ""]
     lines += [f"warning: {w}" for w in result.warnings] + ([f"note: {result.note}"] if result.note else [])
-    lines.append(f"{result.rank_count:,} ranks, {result.step_count:,} step{'' if result.step_count == 1 else 's'}; "
+    lines.append(f"{plural(result.rank_count, 'rank')}, {plural(result.step_count, 'step')}; "
                  "rank verdicts: " + ", ".join(f"{v} ×{n}" for v, n in result.rank_verdicts.items()))
     if result.straggler is not None:
         cost = (f"the others wait {human_ns(result.straggler_wait_cost_per_step_ns)} per step in all, "

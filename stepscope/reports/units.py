@@ -56,3 +56,9 @@ def human_fraction(value: float | None) -> str:
     if value is None or missing(value):
         return "-"
     return f"{100 * value:.1f}%"
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """A count and its noun, singular for one: (1, 'trace') -> '1 trace', (2, 'copy', 'copies') -> '2 copies'.
+    Also the HTML templates' filter `plural`."""
+    return f"{count:,} {noun if count == 1 else many or noun + 's'}"

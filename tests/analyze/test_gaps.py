@@ -101,7 +101,7 @@ def test_short_kernel_names() -> None:
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn",
         "Memcpy HtoD (Pageable -> Device)": "Memcpy HtoD (Pageable -> Device)",
     }
-    got = pl.select(short_name(pl.Series(list(names)))).to_series().to_list()
+    got = pl.DataFrame({"name": list(names)}).select(short_name(pl.col("name")))["name"].to_list()
     assert got == list(names.values())
 
 

@@ -56,7 +56,7 @@ def test_exposed_communication_each_side_of_the_threshold(tmp_path: Path, expose
     assert r.verdict is expected and r.per_step["verdict"].to_list() == [expected.value]
     assert r.per_step["exposed_comm_fraction"].to_list() == pytest.approx([exposed_us / 100])
     if expected is Verdict.COMMUNICATION_BOUND:
-        assert r.places.row(0, named=True) == {"what": "collective, exposed time", "name": "all_reduce 4096 B",
+        assert r.places.row(0, named=True) == {"what": "collective, exposed time", "name": "all_reduce 4,096 B",
                                                "total_ns": exposed_us * 1000, "count": 1}
         assert "bucket_cap_mb" in r.advice and "stepscope summary RUN" in r.advice
     else:  # the margin says how close communication_bound was
@@ -192,9 +192,9 @@ def test_the_places_hold_each_call_s_exposed_time_as_counted(tmp_path: Path) -> 
     def counted(device: int) -> list[dict[str, Any]]:
         return [e for e in events if e.get("cat") != "kernel" or e["args"].get("device") == device]
     expected = {
-        "all_reduce 4096 B": sum(exposed_by_count(counted(d), 0, 50) for d in (0, 1)),
-        "all_reduce 8192 B": sum(exposed_by_count(counted(d), 20 + s, 60 + s) for d, s in ((0, 0), (1, 5))),
+        "all_reduce 4,096 B": sum(exposed_by_count(counted(d), 0, 50) for d in (0, 1)),
+        "all_reduce 8,192 B": sum(exposed_by_count(counted(d), 20 + s, 60 + s) for d, s in ((0, 0), (1, 5))),
     }
     places = {row["name"]: row["total_ns"] for row in r.places.to_dicts() if row["what"] == "collective, exposed time"}
     assert places == {name: us * 1000 for name, us in expected.items()}
-    assert expected == {"all_reduce 4096 B": 80, "all_reduce 8192 B": 60}
+    assert expected == {"all_reduce 4,096 B": 80, "all_reduce 8,192 B": 60}

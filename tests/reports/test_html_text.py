@@ -12,13 +12,14 @@ from markupsafe import escape
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.reports import html as H
 from stepscope.reports.labels import top_kernels
+from stepscope.reports.units import plural
 
 
 def test_plural() -> None:
-    assert H.plural(1, "trace") == "1 trace"
-    assert H.plural(0, "trace") == "0 traces"
-    assert H.plural(2, "rank") == "2 ranks"
-    assert H.plural(1, "copy", "copies") == "1 copy" and H.plural(1024, "copy", "copies") == "1,024 copies"
+    assert plural(1, "trace") == "1 trace"
+    assert plural(0, "trace") == "0 traces"
+    assert plural(2, "rank") == "2 ranks"
+    assert plural(1, "copy", "copies") == "1 copy" and plural(1024, "copy", "copies") == "1,024 copies"
 
 
 def test_the_page_counts_rows_in_the_right_number() -> None:
