@@ -45,15 +45,46 @@ def host_memory_unsaid(name: pl.Expr) -> pl.Expr:
 
 
 def short_name(name: pl.Expr) -> pl.Expr:
-    """A kernel's name without return type, template arguments and parameter list, for tables.
+    """A kernel's name without return type, template arguments and parameter list, for tables (`cpp_function_name`
+    of each distinct C++ name; other names as they are).
 
         void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>, …>(int, …)
         -> at::native::vectorized_elementwise_kernel
         void at::native::(anonymous namespace)::CatArrayBatchedCopy<…>(…)  -> at::native::CatArrayBatchedCopy
+        std::enable_if<…, void>::type vllm::fused_add_rms_norm_kernel<…>(…)  -> vllm::fused_add_rms_norm_kernel
     """
-    cpp = name.str.contains("::") | name.str.starts_with("void ")
-    bare = name.str.replace_all("(anonymous namespace)::", "", literal=True)  # its "(" is no parameter list
-    return pl.when(cpp).then(bare.str.replace(r"^void ", "").str.replace(r"[<(].*$", "")).otherwise(name)
+    return name.map_batches(_short_names, return_dtype=pl.String)
+
+
+def _short_names(names: pl.Series) -> pl.Series:
+    distinct = names.unique().drop_nulls()
+    short = [cpp_function_name(n) if "::" in n or n.startswith("void ") else n for n in distinct.to_list()]
+    return names.replace_strict(distinct, pl.Series(short, dtype=pl.String), default=None, return_dtype=pl.String)
+
+
+def cpp_function_name(name: str) -> str:
+    """The qualified name of the function a demangled C++ signature names: the last word before the parameter list
+    (what precedes it is the return type) without its template arguments; `(anonymous namespace)::` left out.
+    Parentheses inside template arguments (`enable_if<(8)>(0)>`) are no parameter list, and a `>` inside them
+    closes no template. The name itself where none is found."""
+    bare = name.replace("(anonymous namespace)::", "")
+    angle = paren = start = 0
+    end = len(bare)
+    for i, ch in enumerate(bare):
+        if ch == "(":
+            if angle == 0 and paren == 0:
+                end = i
+                break
+            paren += 1
+        elif ch == ")":
+            paren -= 1
+        elif paren == 0 and ch in "<>":
+            angle += 1 if ch == "<" else -1
+        elif ch == " " and angle == 0 and paren == 0:
+            start = i + 1
+    function = bare[start:end]
+    cut = function.find("<")
+    return (function[:cut] if cut > 0 else function) or name
 
 
 #: what `innermost` reads of the events that span time

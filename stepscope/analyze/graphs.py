@@ -197,7 +197,8 @@ def _replays(trace: Trace, rep: pl.DataFrame, sigs: pl.DataFrame, mapped_ids: pl
 def _graphs(replays: pl.DataFrame, rep: pl.DataFrame, launches: pl.DataFrame, mapped: bool,
             total: int) -> pl.DataFrame:
     """One row per distinct graph (replays summed), first replay's Python line and kernels, its mapped ops."""
-    ends = rep.sort("ts_ns").group_by("correlation").agg(first_kernel=short_name(pl.col("name").first()))
+    ends = rep.sort("ts_ns").group_by("correlation").agg(first_kernel=pl.col("name").first()).with_columns(
+        first_kernel=short_name(pl.col("first_kernel")))
     ops = (rep.filter(pl.col("op_name").is_not_null())
            .join(replays.select("correlation", "graph"), on="correlation")
            .group_by("graph", "op_name").agg(ns=pl.col("dur_ns").sum())
