@@ -50,7 +50,9 @@ def test_the_straggler_is_the_slowest_median_step_and_needs_two_ranks(tmp_path: 
 def test_page_names_are_unique() -> None:
     rows = [Member(name="a", path=Path("a"), bundle=None, row={"median_step_ns": 5})]
     assert straggler(rows) is None
-    assert [n for _, n in page_names(_batch(["x/t.json", "y/t.json"]))] == ["t", "t_"]
+    # a directory's traces by their path under it; two that still read alike get a '_' more
+    assert [n for _, n in page_names(_batch(["x/t.json", "y/t.json"]))] == ["x_t", "y_t"]
+    assert [n for _, n in page_names(_batch(["x/t.json", "x_t.json"]))] == ["x_t", "x_t_"]
 
 
 def _batch(paths: list[str]) -> TraceBatch:
