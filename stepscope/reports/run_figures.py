@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 from matplotlib.colors import LinearSegmentedColormap
-from matplotlib.ticker import FuncFormatter, LogLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from stepscope.reports._plot import ns_axis, style, subplots, to_png
 from stepscope.reports.palette import color
@@ -142,6 +142,10 @@ def busbw_figure(coll: CollectivesResult) -> bytes | None:
     if coll.link_bandwidth_gbps:
         ax.axhline(coll.link_bandwidth_gbps, color=color("peak"), linestyle="--", linewidth=1,
                    label=f"link {coll.link_bandwidth_gbps:g} GB/s")
+    # plain numbers (0.4, 20), not 4×10⁻¹: the minor ticks labelled too where the axis spans less than a decade
+    low, high = ax.get_ylim()
+    ax.yaxis.set_major_formatter(FuncFormatter(_gbps_tick))
+    ax.yaxis.set_minor_formatter(FuncFormatter(_gbps_tick) if high < 10 * low else NullFormatter())
     ax.set_xlabel("message size")
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title("Collective bandwidth by message size (busbw, nccl-tests' factors)", fontsize=11)
@@ -149,6 +153,10 @@ def busbw_figure(coll: CollectivesResult) -> bytes | None:
     _grid(ax)
     fig.tight_layout()
     return to_png(fig)
+
+
+def _gbps_tick(value: float, _pos: Any) -> str:
+    return f"{value:.3g}"
 
 
 def _bytes_tick(value: float, _pos: Any) -> str:

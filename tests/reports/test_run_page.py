@@ -4,6 +4,7 @@ page fits a laptop screen in a real browser."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -94,3 +95,30 @@ def test_run_page_fits_a_laptop_screen(tmp_path: Path) -> None:
     page = tmp_path / "report" / "index.html"
     assert 'id="run-verdict"' in page.read_text()
     assert overflows(exe, page, tmp_path / "profile") == []
+
+
+def test_bandwidth_axis_reads_as_plain_numbers(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """busbw ticks read 0.1, 10 (not 10⁻¹); on an axis spanning under a decade the minor ticks are labelled too."""
+    from matplotlib.figure import Figure
+
+    from stepscope.analyze.collectives import collectives
+    from stepscope.reports import run_figures
+
+    drawn: list[Figure] = []
+
+    def keep(fig: Figure) -> bytes:
+        drawn.append(fig)
+        return b""
+
+    monkeypatch.setattr(run_figures, "to_png", keep)
+    coll = collectives(corpus / "traces/param/dlrm_kineto")
+    narrow = coll.calls.filter(pl.col("collective") == "all_reduce", pl.col("message_bytes") > 100_000)
+    for calls in (coll.calls, narrow):
+        run_figures.busbw_figure(dataclasses.replace(coll, calls=calls))
+    for fig in drawn:
+        fig.canvas.draw()
+    wide, close = (fig.axes[0].yaxis for fig in drawn)
+    assert {"0.1", "1", "10"} <= {t.get_text() for t in wide.get_majorticklabels()}
+    assert not any(t.get_text() for t in wide.get_minorticklabels())
+    labels = [t.get_text() for t in close.get_minorticklabels() if t.get_text()]
+    assert len(labels) >= 3 and all(float(x) > 0 for x in labels)  # "24", "26", …: plain numbers
