@@ -166,7 +166,8 @@ def source_sha256(cache_dir: Path, path: Path) -> str:
         (big.json rewritten) report big.json -> stat differs: hashed, re-ingested under its new hash
     """
     before = os.stat(path)
-    memo = cache_dir / HASHES / f"{hashlib.sha256(os.fsencode(os.path.abspath(path))).hexdigest()[:40]}.json"
+    where = hashlib.blake2b(os.fsencode(os.path.abspath(path)), digest_size=20).hexdigest()  # (a name, not a key)
+    memo = cache_dir / HASHES / f"{where}.json"
     try:
         saved = json.loads(memo.read_bytes())
         if saved.get("stat") == _identity(before) and _ENTRY.fullmatch(str(saved.get("sha256"))):
