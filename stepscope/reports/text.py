@@ -202,9 +202,14 @@ def render_headline(headline: Mapping[str, Any]) -> str:
         if isinstance(v, Mapping):
             v = ", ".join(f"{kk}={format_value(k, vv)}" for kk, vv in v.items()) or "-"
             out.append(f"{label[k]:<{width}}  {v}")
-        elif isinstance(v, str) and len(v) > MAX_CELL:  # a sentence (a note, a source): wrapped, never cut
-            lines = textwrap.wrap(v.replace("\n", " "), width=max(40, 100 - width - 2), break_on_hyphens=False,
-                                  break_long_words=False)
+        elif isinstance(v, str) and len(v) > MAX_CELL or (  # a sentence (a note, a source): wrapped, never cut
+                isinstance(v, (list, tuple)) and v and all(isinstance(x, str) for x in v)
+                and sum(map(len, v)) > MAX_CELL):  # sentences (notes): each on lines of its own
+            indent = "" if isinstance(v, str) else "  "  # (several: each one's own lines indented after its first)
+            lines = [line for text in ([v] if isinstance(v, str) else v)
+                     for line in textwrap.wrap(text.replace("\n", " "), width=max(40, 100 - width - 2),
+                                               subsequent_indent=indent, break_on_hyphens=False,
+                                               break_long_words=False)]
             out.append(f"{label[k]:<{width}}  " + f"\n{'':<{width}}  ".join(lines))
         else:
             out.append(f"{label[k]:<{width}}  {format_value(k, v)}")

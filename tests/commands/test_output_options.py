@@ -67,3 +67,16 @@ def test_output_into_a_missing_or_read_only_directory_isrefused(tmp_path: Path,
         return
     err = refused(["steps", str(path), "--json", "-o", str(locked / "x.json")], capsys)
     assert "not writable" in err and list(locked.iterdir()) == []
+
+
+def test_headline_sentences_are_wrapped_whole_and_an_empty_note_is_left_out() -> None:
+    from stepscope.reports.text import MAX_CELL, render_headline
+
+    long = "the first note, " + "long enough to wrap " * 8 + "END1"
+    text = render_headline({"notes": [long, "a second note that ends with END2"], "note": "", "count": 3})
+    lines = text.splitlines()
+    assert lines[0].startswith("notes  the first note,") and "END1" in text and "END2" in text
+    # a note's own continuation lines indented two more; the next note starts at the value's column
+    assert lines[1].startswith("         wrap") and lines[2] == "       a second note that ends with END2"
+    assert not any(line.split() == ["note"] for line in lines) and lines[-1].startswith("count  3")
+    assert len(long) > MAX_CELL
