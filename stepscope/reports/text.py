@@ -174,7 +174,10 @@ def render_frame(frame: pl.DataFrame, *, title: str | None = None, max_rows: int
     shown = frame if max_rows is None else frame.head(max_rows)
     names = [(column_names or {}).get(c, d) for c, d in zip(shown.columns, _display_names(shown.columns),
                                                             strict=True)]
-    cells = [[format_value(c, v) for c, v in zip(shown.columns, row, strict=True)] for row in shown.iter_rows()]
+    # text in the last column is shown whole (a warning's detail, a Python line): nothing to its right to align
+    last = len(shown.columns) - 1 if shown.dtypes[-1] == pl.String else None
+    cells = [[" ".join(v.split()) if i == last and v is not None else format_value(c, v)
+              for i, (c, v) in enumerate(zip(shown.columns, row, strict=True))] for row in shown.iter_rows()]
     numeric = [t.is_numeric() for t in shown.dtypes]
     widths = [max(len(n), *(len(r[i]) for r in cells)) for i, n in enumerate(names)]
 

@@ -80,3 +80,15 @@ def test_headline_sentences_are_wrapped_whole_and_an_empty_note_is_left_out() ->
     assert lines[1].startswith("         wrap") and lines[2] == "       a second note that ends with END2"
     assert not any(line.split() == ["note"] for line in lines) and lines[-1].startswith("count  3")
     assert len(long) > MAX_CELL
+
+
+def test_a_tables_last_text_column_is_shown_whole() -> None:
+    import polars as pl
+
+    from stepscope.reports.text import MAX_CELL, render_frame
+
+    detail = "a warning's detail " * 10 + "END"
+    name = "k" * (MAX_CELL + 20)
+    text = render_frame(pl.DataFrame({"name": [name], "count": [3], "detail": [detail]}))
+    assert detail in text  # the last column: nothing to its right to align
+    assert name not in text and "k" * (MAX_CELL - 1) + "…" in text  # any other column: cut to MAX_CELL
