@@ -28,32 +28,29 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     cause), steps (CPU phases and GPU busy/idle per step), gaps (idle by cause, gap-length histogram),
     kernels (GPU time by category, top kernels), ops (top ops by self CPU and device time), memory
     (allocated/reserved over time, peak marked; by category for an export_memory_timeline file) or
-    snapshot (a CUDA memory snapshot .pickle as TRACE) or transfers (copy time and bytes per step) or roofline
-    (ops as points on the device's roofline, log-log, sized by GPU time)."""
+    snapshot (a CUDA memory snapshot .pickle, or a directory holding one, as TRACE) or transfers (copy time and
+    bytes per step) or roofline (ops as points on the device's roofline, log-log, sized by GPU time)."""
     from stepscope._io import atomic_write_bytes, check_output_path
     from stepscope.analyze import load
     from stepscope.analyze.bundle import TraceAnalysis
-    from stepscope.analyze.inputs import MemoryTimeline, Snapshot, describe, resolve
+    from stepscope.analyze.inputs import MemoryTimeline, memory_file, resolve
 
     png: bytes | None
-    source = resolve(trace)
     check_output_path(output)
-    if kind == "snapshot" and not isinstance(source, Snapshot):
-        from stepscope.errors import UsageError
-
-        raise UsageError(f"is {describe(source)}, not a CUDA memory snapshot (.pickle)", path=trace)
-    if kind == "snapshot" or (kind == "memory" and isinstance(source, MemoryTimeline)):
+    # a snapshot, or the one a directory (a capture run's) holds
+    source = memory_file(trace, "snapshot") if kind == "snapshot" else resolve(trace)
+    if isinstance(source, Path) or (kind == "memory" and isinstance(source, MemoryTimeline)):
         from stepscope.reports import memory_figures  # matplotlib: imported only when a figure is drawn
 
-        if kind == "snapshot":
+        if isinstance(source, Path):
             from stepscope.analyze.snapshot import analyze_snapshot
             from stepscope.analyze.snapshot_read import read_snapshot
 
-            png = memory_figures.snapshot_figure(analyze_snapshot(read_snapshot(trace)))
+            png = memory_figures.snapshot_figure(analyze_snapshot(read_snapshot(source)))
         else:
             from stepscope.analyze.memory_categories import memory_categories
 
-            png = memory_figures.memory_categories_figure(memory_categories(trace))
+            png = memory_figures.memory_categories_figure(memory_categories(source.path))
         if png is None:
             click.echo(f"no allocation history in {trace}: nothing to plot, {output} not written")
             return

@@ -35,6 +35,12 @@ def test_plot_snapshot(corpus: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["plot", "snapshot", str(snap), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert mpimg.imread(out).shape[1] > 600
+    # a directory holding the snapshot (a capture run's) is that snapshot, as for `stepscope snapshot`
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "rank0.memory_snapshot.pickle").symlink_to(snap)
+    result = CliRunner().invoke(cli, ["plot", "snapshot", str(tmp_path / "run"), "-o", str(tmp_path / "run.png")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run.png").read_bytes() == out.read_bytes()
 
 
 def test_plot_roofline(corpus: Path, tmp_path: Path) -> None:
