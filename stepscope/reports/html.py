@@ -118,11 +118,14 @@ def frame_table(frame: pl.DataFrame, title: str, *, max_rows: int | None = MAX_T
     shown = frame.select(cols)
     if max_rows is not None:
         shown = shown.head(max_rows)
-    rows = [[Cell(text=format_value(c, v), sort=_sort_value(v)) for c, v in zip(cols, r, strict=True)]
-            for r in shown.iter_rows()]
+    # text in the last column shown whole, wrapping (a warning's detail); a cell cut elsewhere keeps its full text
+    # in its tooltip (report.html.j2)
+    last = len(cols) - 1 if cols and frame.schema[cols[-1]] == pl.String else None
+    rows = [[Cell(text=" ".join(v.split()) if i == last and v is not None else format_value(c, v), sort=_sort_value(v))
+             for i, (c, v) in enumerate(zip(cols, r, strict=True))] for r in shown.iter_rows()]
     numeric = [frame.schema[c].is_numeric() for c in cols]
     return Table(title=title, columns=[display_name(c) for c in cols], rows=rows, total_rows=frame.height,
-                 numeric=numeric)
+                 numeric=numeric, wrap=[i == last for i in range(len(cols))])
 
 
 def headline_items(result: Any, skip: Sequence[str] = ()) -> list[tuple[str, str]]:
@@ -131,7 +134,8 @@ def headline_items(result: Any, skip: Sequence[str] = ()) -> list[tuple[str, str
     for name, value in result_headline(result).items():
         if name in skip or isinstance(value, dict) or value is None or value == "" or value == []:
             continue
-        out.append((display_name(name), format_value(name, value)))
+        text = " ".join(value.split()) if isinstance(value, str) else format_value(name, value)  # (cards wrap)
+        out.append((display_name(name), text))
     return out
 
 

@@ -3,6 +3,7 @@ names behind the top-kernel bar labels."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import polars as pl
@@ -47,3 +48,24 @@ def test_kernel_bar_labels_have_their_full_names_beside_the_figure(tmp_path: Pat
     assert top["label"].n_unique() == 3
     for label, full in zip(top["label"], top["name"], strict=True):
         assert f">{escape(label)}</td>" in table and f">{full}</td>" in table  # the whole name, not cut
+
+
+def test_long_text_is_never_lost_on_the_page() -> None:
+    """A table's last text column whole (a warning's detail, wrapping); a cell cut elsewhere (a kernel name) keeps
+    its full text as its tooltip; a headline sentence whole in its card."""
+    from stepscope.reports.text import MAX_CELL
+
+    name, detail = "k" * (MAX_CELL + 30), "a detail " * 20 + "END"
+    table = H.frame_table(pl.DataFrame({"name": [name], "count": [1], "detail": [detail]}), "t")
+    cells = table.rows[0]
+    assert cells[2].text == detail.strip() and table.wrap == [False, False, True]
+    assert cells[0].text.endswith("…") and cells[0].sort == name
+    page = H.render_page(title="t", subtitle="s", sections=[H.Section(id="s", title="S", tables=[table])])
+    assert f'title="{name}"' in page and detail.strip() in page
+
+    @dataclasses.dataclass
+    class Result:
+        serving: str
+
+    assert H.headline_items(Result(serving="vLLM " + "words " * 40 + "END")) == [
+        ("serving", "vLLM " + "words " * 40 + "END")]
