@@ -61,6 +61,22 @@ def reference_comm() -> ModuleType:
     return module
 
 
+@pytest.fixture
+def cache_hashes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every file the trace cache reads to hash (`cache.file_sha256`, under `cache.source_sha256`) from here on."""
+    from stepscope.analyze import cache
+
+    hashed: list[Path] = []
+    real = cache.file_sha256
+
+    def counted(path: Path) -> str:
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(cache, "file_sha256", counted)
+    return hashed
+
+
 def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run the console entry point expecting a usage error: exit 2 and one line on stderr, returned."""
     from stepscope.cli import main

@@ -243,8 +243,8 @@ def test_one_process_loads_a_file_again_while_its_first_trace_lives(tmp_path: Pa
     assert again == [3] and first.events.collect().height == 3
 
 
-def test_a_cached_sources_hash_is_remembered_against_its_stat(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cached_sources_hash_is_remembered_against_its_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              cache_hashes: list[Path]) -> None:
     """The second load of an unchanged file reads none of it to find its entry; a file rewritten (same size, even
     its old mtime put back) is hashed again and loads its new content; a file changed just now is not remembered;
     `cache clear` forgets every hash."""
@@ -252,14 +252,7 @@ def test_a_cached_sources_hash_is_remembered_against_its_stat(tmp_path: Path,
 
     cache = tmp_path / "cache"
     (src,) = _traces(tmp_path / "src", 1)
-    hashed: list[Path] = []
-    real = cache_module.file_sha256
-
-    def counted(path: Path) -> str:
-        hashed.append(path)
-        return real(path)
-
-    monkeypatch.setattr(cache_module, "file_sha256", counted)
+    hashed = cache_hashes
     # a file changed within RACY_S: hashed each time, never remembered
     for _ in range(2):
         assert load(src, cache_dir=cache).directory.name == hashlib.sha256(src.read_bytes()).hexdigest()
