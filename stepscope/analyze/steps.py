@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
+from stepscope.analyze._text import duration
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
 from stepscope.analyze.loading import DATALOADER_PATTERN as DATALOADER_PATTERN  # summary reads it here
@@ -73,6 +74,23 @@ class StepsResult:
     stats: pl.DataFrame
     idle_by_cause: pl.DataFrame
     modules: pl.DataFrame
+    note: str = ""  # why a step's CPU time can exceed its wall time, where one does (`_cpu_beyond_wall`)
+
+
+def _cpu_beyond_wall(steps: pl.DataFrame) -> str:
+    """What the reader needs where a step's `cpu` exceeds its `wall`: the two are different spans by the window
+    rule (analyze/window.py), and nothing is counted twice.
+
+        step 6: CPU span 47.2 ms from ts 0, its window [14.2, 49.4 ms)  ->  a note naming step 6
+    """
+    over = steps.filter(pl.col("cpu_ns") > pl.col("wall_ns"))
+    if over.height == 0:
+        return ""
+    first = over.row(0, named=True)
+    return (f"{over.height:,} of {steps.height:,} step(s) with more CPU time than wall time (step {first['step']}: "
+            f"cpu {duration(first['cpu_ns'])}, wall {duration(first['wall_ns'])}): a step's window opens only once "
+            "the GPU work before it is done (the previous step's, or work launched before the trace), while its CPU "
+            "span (cpu, which the phases split) starts with its ProfilerStep")
 
 
 def _covered_length(windows: pl.DataFrame, ivs: pl.DataFrame) -> pl.DataFrame:
@@ -344,6 +362,7 @@ def step_breakdown(source: Source, *, gaps: GapsResult | None = None) -> StepsRe
         stats=_stats(out.drop("outlier")),
         idle_by_cause=idle_by_cause(gaps, out),
         modules=modules,
+        note=_cpu_beyond_wall(out),
     )
 
 
