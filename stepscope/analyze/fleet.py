@@ -83,14 +83,15 @@ def fleet_row(path: str, run: str | None = None, host: str | None = None,
 
 
 def _device_name(devices: Sequence[DeviceProperties], launches: pl.DataFrame) -> str | None:
-    """The name of the listed GPU that ran the most GPU time (`meta.devices_by_id`; the one whose peaks the MFU
-    takes), else of the first listed GPU: Kineto lists every GPU the process could see (the vLLM trace lists
-    eight and ran on device 2)."""
-    busy = (launches.filter(pl.col("device").is_not_null()).group_by("device").agg(ns=pl.col("dur_ns").sum())
-            .sort("ns", "device", descending=[True, False]))
-    listed = devices_by_id(devices, busy["device"].to_list())
-    ran = [listed[i] for i in busy["device"].head(1).to_list() if i in listed]
-    return next((d.name for d in (ran or devices)), None)
+    """The name of the listed GPU that ran the most kernel time (`peaks.busiest_gpu`, the one whose peaks the MFU
+    takes; `meta.devices_by_id`), else of the first listed GPU: Kineto lists every GPU the process could see (the
+    vLLM trace lists eight and ran on device 2)."""
+    from stepscope.analyze.peaks import busiest_gpu  # (with the trace's frames, as `_row` imports them)
+
+    busiest = busiest_gpu(launches)
+    used = launches.filter(pl.col("device").is_not_null())["device"].unique().to_list()
+    listed = devices_by_id(devices, used)
+    return next((d.name for d in ([listed[busiest]] if busiest in listed else devices)), None)
 
 
 def failed_row(path: str, run: str | None, host: str | None, exc: BaseException) -> dict[str, Any]:

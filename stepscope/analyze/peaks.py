@@ -33,6 +33,7 @@ from typing import Literal
 import polars as pl
 
 from stepscope.analyze.frames import Source, frames_of
+from stepscope.analyze.schema import Kind
 from stepscope.analyze.vocab import DTYPES as DTYPES  # re-exported with Dtype: callers import them from here
 from stepscope.analyze.vocab import Dtype as Dtype
 from stepscope.errors import UsageError
@@ -194,6 +195,14 @@ def ridge_point(peaks: DevicePeaks, dtype: Dtype) -> float | None:
     """
     tflops = peaks.peak_tflops(dtype)
     return None if tflops is None else _ridge(tflops, peaks.bandwidth_gbps)
+
+
+def busiest_gpu(launches: pl.DataFrame) -> int | None:
+    """The GPU id that ran the most kernel time in `launches` (`TraceFrames.launches`), the lower id on a tie:
+    the GPU whose peaks a trace's roofline and MFU take; None without kernels."""
+    busiest = (launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("device").is_not_null())
+               .group_by("device").agg(ns=pl.col("dur_ns").sum()).sort("ns", "device", descending=[True, False]))
+    return int(busiest["device"][0]) if busiest.height else None
 
 
 def resolve_device(name: str | None, *, device_id: int | None = None, peak_tflops: float | None = None,

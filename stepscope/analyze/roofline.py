@@ -41,7 +41,15 @@ import polars as pl
 from stepscope.analyze.blame import innermost, short_name
 from stepscope.analyze.flops import FLOP_FAMILIES, FlopsResult, op_flops
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
-from stepscope.analyze.peaks import DTYPES, Dtype, ResolvedDevice, Vendor, gpu_vendor, resolve_peaks
+from stepscope.analyze.peaks import (
+    DTYPES,
+    Dtype,
+    ResolvedDevice,
+    Vendor,
+    busiest_gpu,
+    gpu_vendor,
+    resolve_peaks,
+)
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.window import cpu_spans, with_step
 
@@ -203,10 +211,8 @@ def _device(frames: TraceFrames, peak_tflops: float | None, peak_bandwidth_gbps:
     resolved = resolve_peaks(frames, peak_tflops=peak_tflops, peak_bandwidth_gbps=peak_bandwidth_gbps, dtype=dtype)
     if not resolved.devices:
         return None
-    busiest = (frames.launches.filter(pl.col("kind") == Kind.KERNEL.value).group_by("device")
-               .agg(ns=pl.col("dur_ns").sum()).sort("ns", "device", descending=[True, False]).head(1))
-    device = resolved.for_device(int(busiest["device"][0])) if busiest.height and busiest["device"][0] is not None \
-        else None
+    busiest = busiest_gpu(frames.launches)
+    device = resolved.for_device(busiest) if busiest is not None else None
     return device or resolved.devices[0]
 
 
