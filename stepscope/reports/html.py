@@ -23,7 +23,7 @@ import polars as pl
 
 from stepscope import __version__
 from stepscope.reports._render import INLINE, FigureRenderer, PendingPng
-from stepscope.reports.text import format_value, result_headline
+from stepscope.reports.text import format_value, result_headline, whole_text_column
 from stepscope.reports.units import human_bytes, human_fraction, human_ns, plural
 
 if TYPE_CHECKING:
@@ -120,8 +120,8 @@ def frame_table(frame: pl.DataFrame, title: str, *, max_rows: int | None = MAX_T
         shown = shown.head(max_rows)
     # text in the last column shown whole, wrapping (a warning's detail); a cell cut elsewhere keeps its full text
     # in its tooltip (report.html.j2)
-    last = len(cols) - 1 if cols and frame.schema[cols[-1]] == pl.String else None
-    rows = [[Cell(text=" ".join(v.split()) if i == last and v is not None else format_value(c, v), sort=_sort_value(v))
+    last = whole_text_column(shown)
+    rows = [[Cell(text=format_value(c, v, whole=i == last), sort=_sort_value(v))
              for i, (c, v) in enumerate(zip(cols, r, strict=True))] for r in shown.iter_rows()]
     numeric = [frame.schema[c].is_numeric() for c in cols]
     return Table(title=title, columns=[display_name(c) for c in cols], rows=rows, total_rows=frame.height,
@@ -134,8 +134,7 @@ def headline_items(result: Any, skip: Sequence[str] = ()) -> list[tuple[str, str
     for name, value in result_headline(result).items():
         if name in skip or isinstance(value, dict) or value is None or value == "" or value == []:
             continue
-        text = " ".join(value.split()) if isinstance(value, str) else format_value(name, value)  # (cards wrap)
-        out.append((display_name(name), text))
+        out.append((display_name(name), format_value(name, value, whole=True)))  # (a card wraps a sentence)
     return out
 
 

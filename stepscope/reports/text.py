@@ -118,8 +118,14 @@ def render_csv(result: Any, table: str | None = None, *, max_rows: int | None = 
     return join_csv_tables(csv_tables(result, table))
 
 
-def format_value(name: str, value: Any) -> str:
-    """Format one value by the unit its name carries."""
+def whole_text_column(frame: pl.DataFrame) -> int | None:
+    """The index of the column whose text a table shows whole (`format_value(whole=True)`): the last, where it is
+    text (a warning's detail, a Python line), since nothing to its right needs aligning; None otherwise."""
+    return frame.width - 1 if frame.width and frame.dtypes[-1] == pl.String else None
+
+
+def format_value(name: str, value: Any, *, whole: bool = False) -> str:
+    """Format one value by the unit its name carries; text longer than MAX_CELL is cut, unless `whole`."""
     if value is None:
         return "-"
     if isinstance(value, enum.Enum):
@@ -141,9 +147,9 @@ def format_value(name: str, value: Any) -> str:
             return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
         return f"{value:,}"
     if isinstance(value, (list, tuple)):
-        return ", ".join(format_value(name, v) for v in value) or "none"
-    text = str(value).replace("\n", " ")
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+        return ", ".join(format_value(name, v, whole=whole) for v in value) or "none"
+    text = " ".join(str(value).split()) if whole else str(value).replace("\n", " ")
+    return text if whole or len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
 def _display_names(names: Sequence[str]) -> list[str]:
@@ -174,10 +180,9 @@ def render_frame(frame: pl.DataFrame, *, title: str | None = None, max_rows: int
     shown = frame if max_rows is None else frame.head(max_rows)
     names = [(column_names or {}).get(c, d) for c, d in zip(shown.columns, _display_names(shown.columns),
                                                             strict=True)]
-    # text in the last column is shown whole (a warning's detail, a Python line): nothing to its right to align
-    last = len(shown.columns) - 1 if shown.dtypes[-1] == pl.String else None
-    cells = [[" ".join(v.split()) if i == last and v is not None else format_value(c, v)
-              for i, (c, v) in enumerate(zip(shown.columns, row, strict=True))] for row in shown.iter_rows()]
+    last = whole_text_column(shown)
+    cells = [[format_value(c, v, whole=i == last) for i, (c, v) in enumerate(zip(shown.columns, row, strict=True))]
+             for row in shown.iter_rows()]
     numeric = [t.is_numeric() for t in shown.dtypes]
     widths = [max(len(n), *(len(r[i]) for r in cells)) for i, n in enumerate(names)]
 
