@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+#: what `steps`, `plot steps` and the report say of a trace with no steps, read or inferred (iterations.py)
+NO_STEPS = ("no ProfilerStep#N spans in this trace, and no repeating structure to infer iterations from "
+            "(optimizer steps, DataLoader calls, top-level annotations or module calls)")
+#: and what to do about it
+STEPS_ADVICE = "profile with a schedule and call prof.step() once per iteration to get per-step figures"
+
 
 def duration(ns: float) -> str:
     """A duration in the unit that reads best: 26.4 ms, 812 µs, 1.2 s, 40 ns."""

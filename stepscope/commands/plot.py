@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from stepscope.analyze._text import NO_STEPS
 from stepscope.commands._options import trace_argument
 
 if TYPE_CHECKING:
@@ -84,12 +85,12 @@ _TRACE_FIGURES: dict[str, tuple[Callable[[TraceAnalysis, int | None], bytes | No
     "timeline": (lambda b, step: _figures().timeline_figure(b.timeline(step)),
                  "no GPU work (kernels, memcpy, memset) in this trace"),
     "gaps": (lambda b, _: _figures().gaps_figure(b.gaps), "no GPU idle gaps in this trace (no GPU work, or none idle)"),
-    "steps": (lambda b, _: _figures().step_breakdown_figure(b.steps), "no ProfilerStep#N spans in this trace"),
+    "steps": (lambda b, _: _figures().step_breakdown_figure(b.steps), NO_STEPS),
     "transfers": (lambda b, _: _figures().transfers_figure(b.transfers), "no host/device copies in this trace"),
     "kernels": (lambda b, _: _figures().kernels_figure(b.kernels), "no GPU work in this trace"),
     "ops": (lambda b, _: _figures().ops_figure(b.ops), "no ops in this trace"),
     "roofline": (lambda b, _: _figures().roofline_figure(b.roofline),
                  "no op with FLOPs and GPU time, or no known peak (see `stepscope flops`)"),
     "memory": (lambda b, _: _memory_figures().memory_figure(b.memory),
-               "no [memory] events in this trace: capture with profile_memory=True"),
+               "no [memory] events with allocated totals in this trace (capture with profile_memory=True)"),
 }

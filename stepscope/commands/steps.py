@@ -20,12 +20,11 @@ def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: st
     """Per ProfilerStep of TRACE: window, GPU busy/idle, kernel/memcpy/memset time, data loading / forward /
     backward / optimizer CPU time, stats across steps, outlier steps and per-module time."""
     from stepscope.analyze import load
+    from stepscope.analyze._text import NO_STEPS, STEPS_ADVICE
     from stepscope.analyze.steps import step_breakdown
     result = step_breakdown(load(trace))
     if result.steps_found == 0:
-        emit("no ProfilerStep#N spans in this trace, and no repeating structure to infer iterations from "
-             "(optimizer steps, DataLoader calls, top-level annotations or module calls): profile with a schedule "
-             "and call prof.step() once per iteration to get per-step figures\n", output)
+        emit(f"{NO_STEPS}: {STEPS_ADVICE}\n", output)
         return
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
     if out_fmt == "table":

@@ -22,6 +22,7 @@ import jinja2
 import polars as pl
 
 from stepscope import __version__
+from stepscope.analyze._text import NO_STEPS, STEPS_ADVICE
 from stepscope.reports._render import INLINE, FigureRenderer, PendingPng
 from stepscope.reports.text import format_value, result_headline, whole_text_column
 from stepscope.reports.units import human_bytes, human_fraction, human_ns, plural
@@ -212,8 +213,7 @@ def steps_section(ctx: ReportContext) -> Section | None:
         if result.outlier_steps:
             notes.append(f"Outlier steps (wall time far from the median): {', '.join(map(str, result.outlier_steps))}.")
     else:
-        notes.append("No ProfilerStep#N spans in this trace (profile with a schedule and call prof.step()): "
-                     "the timeline shows the whole trace.")
+        notes.append(f"{NO_STEPS[0].upper()}{NO_STEPS[1:]}: the timeline shows the whole trace ({STEPS_ADVICE}).")
     if timeline is not None:
         which = ("the whole trace" if timeline.step is None else f"step {ctx.step}" if ctx.step is not None
                  else "the median-duration step (--step N for another)")
