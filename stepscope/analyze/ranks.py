@@ -15,8 +15,9 @@ every interval clipped to the step window, GPU figures summed over the rank's de
     cpu              the step's CPU span, its ProfilerStep (steps.py)
     wait             the rank's wait in the step's collectives (its duration minus the call's latency)
 
-A call belongs to the step whose window holds its start on its lowest rank. A trace without ProfilerStep
-spans is one window (step null) from its first event to its last.
+A call belongs to the step whose window holds its start on its lowest rank. A trace without steps (neither
+ProfilerStep spans nor inferred iterations) is one window (step null): its GPU span, first GPU event to last (the
+window of `summary` on the trace alone), or from its first event to its last where it has no GPU work (gloo).
 
     rank 0: compute [0,60) [80,90)   comm [50,100)   -> compute 70, comm 50, exposed 30 ([60,80) [90,100))
 
@@ -47,6 +48,7 @@ from stepscope.analyze import intervals
 from stepscope.analyze._comm_events import comm_split, gpu_work
 from stepscope.analyze._comm_events import per_window as per_window  # re-exported: the window sums of `ranks`
 from stepscope.analyze._comm_run import RankCalls, RunCalls, parallel_map, run_calls
+from stepscope.analyze._text import numbers
 from stepscope.analyze.blame import innermost, python_lines
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.collectives import CollectivesResult, analyze_run
@@ -145,7 +147,7 @@ def run_ranks(run: RunCalls, *, verdicts: bool = False, known: Mapping[Path, Sum
     by_step = _last_arrivals(waits)
     stragglers = _stragglers(by_step, waits, steps, pl.concat([p.compute for p in per_rank.values()]))
     stragglers = _with_host_blame(stragglers, {r.rank: r for r in run.ranks})
-    step_count = steps.select(pl.col("step").n_unique()).item() if steps.height else 0
+    step_count = steps["step"].drop_nulls().n_unique()  # (a trace without steps: one window, step null)
     per_rank_table = _per_rank(steps)
     cause, host_op, host_line = _straggler_cause(stragglers, coll.straggler_rank)
     result = RanksResult(
@@ -153,7 +155,8 @@ def run_ranks(run: RunCalls, *, verdicts: bool = False, known: Mapping[Path, Sum
         straggler_last_arrivals=coll.straggler_last_arrivals, straggler_wait_cost_ns=coll.straggler_wait_cost_ns,
         straggler_wait_cost_per_step_ns=_cost_per_step(by_step, coll.straggler_rank, waits),
         straggler_cause=cause, straggler_host_op=host_op, straggler_host_line=host_line,
-        note=_note(coll), warnings=list(coll.warnings), ranks=per_rank_table, imbalance=imbalance(per_rank_table),
+        note=_note(coll, steps), warnings=list(coll.warnings), ranks=per_rank_table,
+        imbalance=imbalance(per_rank_table),
         stragglers=stragglers.drop("ts_ns"),
         steps=steps.select("rank", "step", *METRICS, "last_arrivals").sort("step", "rank", nulls_last=True),
     )
@@ -195,7 +198,8 @@ def _windows(bundle: TraceAnalysis) -> pl.DataFrame:
     """step, start_ns, end_ns, wall_ns, data_loading_ns, cpu_ns of a trace's steps (the step windows, and the
     DataLoader time in each step's CPU span: `steps`' data_loading_ns, the first phase, so its union), without
     the rest of `steps`' analysis (idle causes, blame), which ranks does not show; without steps one window,
-    step null, from its first event to its last."""
+    step null: the trace's GPU span (first GPU event to last, as `summary` of the trace alone takes it), or on a
+    CPU backend, where there is no GPU work, its first event to its last."""
     spans = bundle.frames.step_windows
     if spans.height:
         loading = merge(loading_intervals(bundle.trace, spans).lazy(), ["step"]).collect(engine="in-memory")
@@ -203,7 +207,9 @@ def _windows(bundle: TraceAnalysis) -> pl.DataFrame:
         return (spans.join(per_step, on="step", how="left", maintain_order="left")
                 .with_columns(pl.col("data_loading_ns").fill_null(0))
                 .select(list(_WINDOW_SCHEMA)).cast(_WINDOW_SCHEMA))  # type: ignore[arg-type]
-    first, last = bundle.trace.meta.time.first_ns, bundle.trace.meta.time.last_ns
+    gpu = bundle.frames.analysis_window()  # (without steps: each device's first to last GPU event)
+    first, last = ((gpu["start_ns"].min(), gpu["end_ns"].max()) if gpu.height
+                   else (bundle.trace.meta.time.first_ns, bundle.trace.meta.time.last_ns))
     if first is None or last is None:
         return pl.DataFrame(schema=_WINDOW_SCHEMA)
     return pl.DataFrame({"step": [None], "start_ns": [first], "end_ns": [last], "wall_ns": [last - first],
@@ -353,12 +359,13 @@ def _straggler_cause(stragglers: pl.DataFrame, straggler: int | None) -> tuple[C
 
 
 def _per_rank(steps: pl.DataFrame) -> pl.DataFrame:
-    """One row per rank: steps, the mean per step of each metric, the share of comm that compute overlaps
-    (1 - exposed / comm, HTA's comm/comp overlap; null without GPU compute) and its last arrivals."""
+    """One row per rank: steps (0 for a trace without: one window), the mean per window of each metric, the share
+    of comm that compute overlaps (1 - exposed / comm, HTA's comm/comp overlap; null without GPU compute) and its
+    last arrivals."""
     means = [pl.col(m).mean().round().cast(pl.Int64) for m in METRICS]
     overlap = 1 - pl.col("exposed_comm_ns").sum() / pl.col("comm_ns").sum()
     return steps.group_by("rank").agg(
-        pl.len().cast(pl.Int64).alias("steps"), *means,
+        pl.col("step").is_not_null().sum().cast(pl.Int64).alias("steps"), *means,
         comm_overlap_fraction=pl.when((pl.col("comm_ns").sum() > 0) & pl.col("compute_ns").is_not_null().any())
         .then(overlap),
         last_arrivals=pl.col("last_arrivals").sum()).sort("rank")
@@ -384,7 +391,14 @@ def imbalance(per_rank: pl.DataFrame) -> pl.DataFrame:
                                       "max_rank": pl.Int64, "imbalance": pl.Float64})
 
 
-def _note(coll: CollectivesResult) -> str | None:
-    if coll.rank_count == 1:
-        return "one rank: no imbalance or straggler across ranks; its row and steps below"
-    return coll.note
+def _note(coll: CollectivesResult, steps: pl.DataFrame) -> str | None:
+    """The collectives' note (one rank: what that leaves out), and the ranks whose traces have no steps (each
+    one window, step null: `_windows`)."""
+    notes = ["one rank: no imbalance or straggler across ranks; its row and steps below" if coll.rank_count == 1
+             else coll.note]
+    stepless = sorted(steps.filter(pl.col("step").is_null())["rank"].unique().to_list())
+    if stepless:
+        ranks = f"rank{'s' if len(stepless) > 1 else ''} {numbers(stepless)}"
+        notes.append(f"{ranks}: no steps (no ProfilerStep#N, no iterations inferred), so each trace is one window: "
+                     "its GPU span, or first event to last without GPU work")
+    return "; ".join(n for n in notes if n) or None

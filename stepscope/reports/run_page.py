@@ -67,7 +67,7 @@ def run_section(analysis: RunAnalysis, pages: Mapping[int, str], source: str) ->
         if png is not None:
             figures.append(Figure(title=title, png=png))
     lead = [f"{s.verdict.value.replace('_', ' ')}: {s.reason}", s.advice]
-    headline = [("ranks", str(s.rank_count)), ("steps", str(s.step_count)),
+    headline = [("ranks", str(s.rank_count)), ("steps", str(s.step_count) if s.step_count else "none"),
                 ("rank verdicts", ", ".join(f"{v.replace('_', ' ')} ×{n}" for v, n in s.rank_verdicts.items()))]
     notes = [line for line in (straggler_line(s), s.note) if line] + [f"warning: {w}" for w in s.warnings]
     tables = [_rank_table(s, pages)]

@@ -78,7 +78,8 @@ def render_run_summary(result: RunSummaryResult) -> str:
     look."""
     lines = [f"verdict: {result.verdict.value}  ({result.reason})", f"advice:  {result.advice}", ""]
     lines += [f"warning: {w}" for w in result.warnings] + ([f"note: {result.note}"] if result.note else [])
-    lines.append(f"{plural(result.rank_count, 'rank')}, {plural(result.step_count, 'step')}; "
+    steps = plural(result.step_count, 'step') if result.step_count else "no steps"
+    lines.append(f"{plural(result.rank_count, 'rank')}, {steps}; "
                  "rank verdicts: " + ", ".join(f"{v} ×{n}" for v, n in result.rank_verdicts.items()))
     if result.straggler is not None:
         cost = (f"the others wait {human_ns(result.straggler_wait_cost_per_step_ns)} per step in all, "

@@ -140,11 +140,26 @@ def test_one_rank_says_so_and_keeps_its_row(tmp_path: Path) -> None:
     assert row(res, 0)["compute_ns"] == 250 * US and res.ranks.height == 1
 
 
-def test_a_trace_without_steps_is_one_window(tmp_path: Path) -> None:
+def test_a_trace_without_steps_is_one_window_its_gpu_span(tmp_path: Path) -> None:
+    """No steps: one window, the GPU span (first kernel's start 100 µs to the all_reduce's end 700 µs), which is
+    the window `summary` of the trace alone takes; counted as no step, and said so."""
+    from stepscope.analyze import load
+    from stepscope.analyze.summary import verdict
+
     events = [e for e in rank_events() if not e["name"].startswith("ProfilerStep")]
-    res = analyze(write_trace(tmp_path / "nostep", trace(*events), "solo.pt.trace.json"), tmp_path)
+    path = write_trace(tmp_path / "nostep", trace(*events), "solo.pt.trace.json")
+    res = analyze(path, tmp_path)
     r = row(res, 0)
-    assert r["step"] is None and r["wall_ns"] == 1000 * US and r["comm_ns"] == 300 * US
+    assert r["step"] is None and r["wall_ns"] == 600 * US and r["comm_ns"] == 300 * US
+    assert r["wall_ns"] == verdict(load(path, cache_dir=tmp_path / "cache")).wall_ns
+    assert res.step_count == 0 and res.ranks["steps"].to_list() == [0]
+    assert res.note is not None and "rank 0: no steps" in res.note
+
+
+def test_a_cpu_trace_without_steps_is_one_window_first_event_to_last(tmp_path: Path) -> None:
+    events = [e for e in rank_events() if not e["name"].startswith("ProfilerStep") and e.get("cat") != "kernel"]
+    res = analyze(write_trace(tmp_path / "cpu", trace(*events), "solo.pt.trace.json"), tmp_path)
+    assert row(res, 0)["wall_ns"] == 1000 * US and res.step_count == 0
 
 
 # ------------------------------------------------------------------------ the real 8-rank NCCL set vs HTA
