@@ -63,6 +63,7 @@ class MemoryTimeline:
     mem_ops: pl.DataFrame
     never_freed: pl.DataFrame
     timeline: pl.DataFrame
+    note: str = ""  # `_device_note`: the [memory] events and the GPU work number one GPU apart
 
 
 def _device_name() -> pl.Expr:
@@ -210,6 +211,7 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
             .sort(pl.col("device").is_null(), "device", "offset_ns")
             .drop("device")
         )
+    note = _device_note(gpu.select("device_name", "device"), frames.launches["device"])
     has_totals = trace.memory.select(pl.col("total_allocated_bytes").is_not_null().any()).collect(
         engine="in-memory").item()
     return MemoryTimeline(
@@ -219,7 +221,23 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
         peak_device=head.get("device_name"), peak_allocated_bytes=head.get("peak_allocated_bytes"),
         peak_offset_ns=head.get("peak_offset_ns"), peak_step=head.get("peak_step"), peak_op=head.get("peak_op"),
         devices=devices, mem_ops=_mem_ops(series, ops).head(top), never_freed=never_freed, timeline=timeline,
+        note=note,
     )
+
+
+def _device_note(memory_gpus: pl.DataFrame, work_devices: pl.Series) -> str:
+    """Where the [memory] events name one GPU and the trace's GPU work ran on one GPU of another number, that
+    they are the same GPU: a process that saw one GPU ran on it, and ROCm numbers the GPUs a process sees from 0
+    in its [memory] events while it numbers the work by the physical GPU (`meta.devices_by_id`: the MI300X traces,
+    hip:0 and device 2). Empty otherwise (CUDA numbers both alike).
+
+        memory hip:0, work on device 2  ->  "hip:0 is the GPU the trace's work ran on as device 2 (…)"
+    """
+    work = work_devices.drop_nulls().unique().to_list()
+    if memory_gpus.height != 1 or len(work) != 1 or memory_gpus["device"][0] == work[0]:
+        return ""
+    return (f"{memory_gpus['device_name'][0]} is the GPU the trace's work ran on as device {work[0]}: the process saw "
+            "one GPU, which ROCm numbers from 0 in [memory] events and by the physical GPU in its work")
 
 
 def mem_ops(source: Source, n: int = 20) -> pl.DataFrame:

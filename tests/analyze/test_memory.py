@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from builders import PID, cpu_op, load_events, memory, python_fn, step, trace
+from builders import PID, cpu_op, kernel, load_events, memory, python_fn, step, trace
 
 from stepscope.analyze import load
 from stepscope.analyze.memory import activation_memory, mem_ops, memory_series, memory_timeline
@@ -47,6 +47,16 @@ def test_peak_time_step_and_innermost_op(tmp_path: Path) -> None:
     assert (dev["peak_reserved_bytes"], dev["final_allocated_bytes"]) == (20 * MIB, 8 * MIB)
     assert dev["max_reserved_minus_allocated_bytes"] == 16 * MIB
     assert r.devices["device_name"].to_list() == ["cuda:0", "cpu"]
+
+
+@pytest.mark.parametrize(("work_device", "noted"), [(2, True), (0, False)])
+def test_memory_and_work_numbering_one_gpu_apart_are_said_to_be_one(tmp_path: Path, work_device: int,
+                                                                      noted: bool) -> None:
+    """ROCm: [memory] events on hip:0 (the one GPU the process sees), kernels on device 2 (the physical GPU)."""
+    t = load_events(tmp_path, trace(step(1, 0, 100), kernel("k", 10, 20, device=work_device),
+                                    memory(15, MIB, total_allocated=MIB, total_reserved=MIB)))
+    note = memory_timeline(t).note
+    assert (note.startswith("cuda:0 is the GPU the trace's work ran on as device 2") if noted else note == "")
 
 
 def test_mem_ops_self_and_inclusive(tmp_path: Path) -> None:
