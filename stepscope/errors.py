@@ -67,7 +67,7 @@ class BatchFailed(StepscopeError):
     def __init__(self, failed: int, total: int) -> None:
         self.failed = failed
         self.total = total
-        super().__init__(f"{failed:,} of {total:,} input(s) failed (reported above)")
+        super().__init__(f"{failed:,} of {total:,} input{'' if total == 1 else 's'} failed (reported above)")
 
 
 def failure_line(exc: BaseException, path: str | Path) -> str:

@@ -31,7 +31,7 @@ from typing import TypeVar
 import polars as pl
 
 from stepscope.analyze._comm_events import pg_config_of, rank_calls
-from stepscope.analyze._text import numbers
+from stepscope.analyze._text import numbered, plural
 from stepscope.analyze._workers import broken_how, pool_processes, usable_cores, worker_pool
 from stepscope.analyze.inputs import MemoryTimeline, RunDir, Snapshot, describe, resolve, traces_of
 from stepscope.analyze.trace import Trace, load
@@ -89,9 +89,10 @@ def run_calls(paths: Sequence[str | Path], *, cache_dir: Path | None = None) -> 
     tables = parallel_map(_calls_of, [([x.path for x in items], cache_dir) for _, items in ordered])
     ranks = tuple(_rank_calls(rank, items, calls) for (rank, items), calls in zip(ordered, tables, strict=True))
     if world is not None and (missing := sorted(set(range(world)) - set(by_rank))):
-        warnings.append(f"rank(s) {numbers(missing)} of world size {world} have no trace: results for the rest")
+        have = "has" if len(missing) == 1 else "have"
+        warnings.append(f"{numbered('rank', missing)} of world size {world} {have} no trace: results for the rest")
     if idle := [r.rank for r in ranks if r.calls.height == 0]:
-        warnings.append(f"rank(s) {numbers(idle)} ran no collective (no NCCL/RCCL kernel, no gloo:* or "
+        warnings.append(f"{numbered('rank', idle)} ran no collective (no NCCL/RCCL kernel, no gloo:* or "
                         "record_param_comms op)")
     return RunCalls(ranks=ranks, world_size=world, warnings=tuple(warnings))
 
@@ -142,11 +143,12 @@ def _one_world(loaded: list[_Loaded], warnings: list[str]) -> tuple[int | None, 
         return None, loaded
     world = sizes.most_common(1)[0][0]
     if other := [x for x in loaded if x.trace.meta.world_size not in (None, world)]:
-        warnings.append(f"mixed run: left out {len(other):,} trace(s) of another world size than {world}: "
+        warnings.append(f"mixed run: left out {plural(len(other), 'trace')} of another world size than {world}: "
                         + ", ".join(f"{x.trace.source_name} ({x.trace.meta.world_size})" for x in other))
     if unstated := [x for x in loaded if x.trace.meta.world_size is None]:
-        warnings.append(f"mixed run: left out {len(unstated):,} trace(s) that state no world size (no distributedInfo) "
-                        f"beside traces of world size {world}: " + ", ".join(x.trace.source_name for x in unstated))
+        warnings.append(f"mixed run: left out {plural(len(unstated), 'trace')} that state no world size "
+                        f"(no distributedInfo) beside traces of world size {world}: "
+                        + ", ".join(x.trace.source_name for x in unstated))
     return world, [x for x in loaded if x.trace.meta.world_size == world]
 
 

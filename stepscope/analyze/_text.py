@@ -12,6 +12,19 @@ NO_STEPS = ("no ProfilerStep#N spans in this trace, and no repeating structure t
 STEPS_ADVICE = "profile with a schedule and call prof.step() once per iteration to get per-step figures"
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """A count and its noun, singular for one: (1, 'trace') -> '1 trace', (2, 'copy', 'copies') -> '2 copies'.
+    Also the HTML templates' filter `plural` (`reports.units` re-exports it)."""
+    return f"{count:,} {noun if count == 1 else many or noun + 's'}"
+
+
+def numbered(noun: str, values: Iterable[int]) -> str:
+    """A noun and the numbers it names (`numbers`), plural for several: ('rank', [70]) -> 'rank 70',
+    ('rank', [2, 3, 4]) -> 'ranks 2..4'."""
+    ordered = sorted(set(values))
+    return f"{noun}{'s' if len(ordered) > 1 else ''} {numbers(ordered)}"
+
+
 def duration(ns: float) -> str:
     """A duration in the unit that reads best: 26.4 ms, 812 µs, 1.2 s, 40 ns."""
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):

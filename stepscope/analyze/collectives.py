@@ -33,6 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.analyze._comm_run import RankCalls, RunCalls, run_calls
+from stepscope.analyze._text import plural
 from stepscope.analyze.links import RunLink, device_name, run_link
 
 #: collectives whose message size is the same on every rank (part of the matching key)
@@ -90,9 +91,11 @@ def analyze_run(run: RunCalls, *, link_bandwidth_gbps: float | None = None) -> C
     waits = _waits(parts, calls)
     warnings = list(run.warnings)
     if unaligned := sorted({c for c in parts["clock"].unique().to_list() if c not in offsets}):
-        warnings.append(f"clock(s) {', '.join(unaligned)} share no collective with the others: not aligned")
+        warnings.append(f"clock{'s' if len(unaligned) > 1 else ''} {', '.join(unaligned)} "
+                        f"share{'' if len(unaligned) > 1 else 's'} no collective with the others: not aligned")
     if (n := calls.filter(pl.col("missing_ranks").list.len() > 0).height):
-        warnings.append(f"{n:,} call(s) not seen on every rank of their group (see missing_ranks in the calls table)")
+        warnings.append(f"{plural(n, 'call')} not seen on every rank of their group (see missing_ranks in the calls "
+                        "table)")
     straggler = _straggler(calls, waits)
     sources = set(parts["source"].unique().to_list())
     return CollectivesResult(
@@ -313,7 +316,8 @@ def _ranks(ranks: Sequence[RankCalls], waits: pl.DataFrame, offsets: dict[str, i
 def _note(run: RunCalls, calls: pl.DataFrame) -> str | None:
     if len(run.ranks) == 1:
         return (f"one rank (rank {run.ranks[0].rank}): no matching across ranks is possible; its "
-                f"{calls.height:,} collective(s) are listed with their duration as latency")
+                f"{plural(calls.height, 'collective')} {'is' if calls.height == 1 else 'are'} listed with "
+                "their duration as latency")
     return None
 
 

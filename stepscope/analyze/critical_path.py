@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from stepscope.analyze._text import duration
+from stepscope.analyze._text import duration, plural
 from stepscope.analyze.blame import python_lines, short_name
 from stepscope.analyze.depgraph import (
     ARRIVAL_LANE,
@@ -242,8 +242,9 @@ def held_notes(segments: pl.DataFrame) -> list[str]:
         return []
     total, longest = int(held["dur_ns"].sum()), int(held["dur_ns"].max())  # type: ignore[arg-type]
     bound = duration(NO_TYPICAL_BOUND_NS)
-    return [f"{held.height:,} GPU start(s) on the path came more than {HELD_FACTOR}x the typical launch latency "
-            f"({bound} without one) after their launch onto an idle stream ({duration(total)} in all, the longest "
+    their = "its" if held.height == 1 else "their"
+    return [f"{plural(held.height, 'GPU start')} on the path came more than {HELD_FACTOR}x the typical launch latency "
+            f"({bound} without one) after {their} launch onto an idle stream ({duration(total)} in all, the longest "
             f"{duration(longest)}): the launch's own part (the typical latency, or its call's time) counts as launch "
             f"overhead, the rest as idle {HELD_START}, held by something the trace does not record (an event wait "
             "whose record is missing, work outside the trace, or a clock offset between CPU and GPU)"]

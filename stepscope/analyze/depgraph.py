@@ -57,6 +57,7 @@ import polars as pl
 from stepscope.analyze import intervals
 from stepscope.analyze import window as _window
 from stepscope.analyze._native import scan as _scan
+from stepscope.analyze._text import plural
 from stepscope.analyze.blame import is_sync_runtime
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.kernels import category_expr
@@ -194,8 +195,9 @@ def launch_notes(graph: DependencyGraph) -> list[str]:
         return []
     if n == 0:
         return [QUEUED_NOTE]
-    return [f"only {n} launch(es) found their stream idle, fewer than {MIN_LATENCY_SAMPLES}: too few to say what a "
-            "typical launch latency is, so launch edges weigh 0"]
+    found = f"{plural(n, 'launch', 'launches')} found {'its' if n == 1 else 'their'} stream idle"
+    return [f"only {found}, fewer than {MIN_LATENCY_SAMPLES}: too few to say what a typical launch latency is, so "
+            "launch edges weigh 0"]
 
 
 def held_ns(edges: pl.DataFrame, span: IntArray) -> IntArray:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeAlias
 
+from stepscope.analyze._text import plural
 from stepscope.analyze.remote import as_url, fetch
 from stepscope.analyze.schema import INGEST_SCHEMA_VERSION
 from stepscope.errors import InputError, UsageError
@@ -492,9 +493,9 @@ def describe(inp: Input) -> str:
     if isinstance(inp, IngestedTrace):
         return "an ingested trace"
     if isinstance(inp, RunDir):
-        return f"a capture run ({len(inp.ranks):,} rank(s), {len(inp.traces):,} trace(s))"
+        return f"a capture run ({plural(len(inp.ranks), 'rank')}, {plural(len(inp.traces), 'trace')})"
     if isinstance(inp, Dataset):
-        return f"a dataset of {len(inp.traces):,} trace(s)"
+        return f"a dataset of {plural(len(inp.traces), 'trace')}"
     if isinstance(inp, TraceBatch):
         return f"a directory of {len(inp.traces):,} traces"
     if isinstance(inp, Snapshot):

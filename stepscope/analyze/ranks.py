@@ -48,7 +48,7 @@ from stepscope.analyze import intervals
 from stepscope.analyze._comm_events import comm_split, gpu_work
 from stepscope.analyze._comm_events import per_window as per_window  # re-exported: the window sums of `ranks`
 from stepscope.analyze._comm_run import RankCalls, RunCalls, parallel_map, run_calls
-from stepscope.analyze._text import numbers
+from stepscope.analyze._text import numbered
 from stepscope.analyze.blame import innermost, python_lines
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.collectives import CollectivesResult, analyze_run
@@ -398,7 +398,6 @@ def _note(coll: CollectivesResult, steps: pl.DataFrame) -> str | None:
              else coll.note]
     stepless = sorted(steps.filter(pl.col("step").is_null())["rank"].unique().to_list())
     if stepless:
-        ranks = f"rank{'s' if len(stepless) > 1 else ''} {numbers(stepless)}"
-        notes.append(f"{ranks}: no steps (no ProfilerStep#N, no iterations inferred), so each trace is one window: "
-                     "its GPU span, or first event to last without GPU work")
+        notes.append(f"{numbered('rank', stepless)}: no steps (no ProfilerStep#N, no iterations inferred), so each "
+                     "trace is one window: its GPU span, or first event to last without GPU work")
     return "; ".join(n for n in notes if n) or None

@@ -46,7 +46,7 @@ import polars as pl
 
 from stepscope.analyze._comm_events import COMM_ANNOTATION, COMM_KERNEL, PARAM_COMMS
 from stepscope.analyze._comm_run import RunCalls, parallel_map, run_calls
-from stepscope.analyze._text import numbers
+from stepscope.analyze._text import numbers, plural
 from stepscope.analyze.collectives import clock_offsets, match
 from stepscope.analyze.critical_path import held_notes, path_table
 from stepscope.analyze.depgraph import (
@@ -144,8 +144,8 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
                                 samples=samples)
     backwards += late
     if backwards:
-        notes.append(f"{backwards} collective or comm-wait edge(s) ran backwards on the aligned clocks (a rank's end "
-                     "before another's arrival: the alignment's residual) and were dropped")
+        notes.append(f"{plural(backwards, 'collective or comm-wait edge')} ran backwards on the aligned clocks (a "
+                     "rank's end before another's arrival: the alignment's residual) and were dropped")
     sources = set(parts["source"].unique().to_list()) if parts.height else set()
     return RunGraph(graph=graph, ranks=tuple(r.rank for r in run.ranks),
                     traces={r.rank: r.traces for r in run.ranks}, offsets_ns=by_rank,
@@ -421,8 +421,9 @@ def run_what_if(run: RunGraph, change: WhatIf) -> WhatIfResult:
     """`whatif.what_if` over the run's graph: the changes on every rank, or on `change.rank` only."""
     if change.rank is not None and change.rank not in run.ranks:
         raise UsageError(f"--rank {change.rank}: the run's ranks are {numbers(run.ranks)}")
-    notes = [f"run of {len(run.ranks):,} rank(s) on aligned clocks, {run.collectives_joined:,} collective(s) joined "
-             "across ranks; step N runs from the earliest rank's start to the latest rank's end", *run.notes]
+    joined = plural(run.collectives_joined, "collective")
+    notes = [f"run of {plural(len(run.ranks), 'rank')} on aligned clocks, {joined} joined across ranks; step N runs "
+             "from the earliest rank's start to the latest rank's end", *run.notes]
     return what_if_graph(run.graph, change, notes=notes)
 
 

@@ -52,7 +52,7 @@ import polars as pl
 
 from stepscope.analyze import intervals
 from stepscope.analyze import window as _window
-from stepscope.analyze._text import duration
+from stepscope.analyze._text import duration, plural
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
@@ -436,7 +436,8 @@ def _note(family: _Family, its: pl.DataFrame) -> str:
     waited = its.filter(_waited_long).sort("gpu_wait_ns", descending=True, maintain_order=True)
     if waited.height:
         top = waited.row(0, named=True)
-        notes.append(f"{waited.height:,} iteration(s) wait long for the GPU to start their work (step "
+        wait = "waits long for the GPU to start its" if waited.height == 1 else "wait long for the GPU to start their"
+        notes.append(f"{plural(waited.height, 'iteration')} {wait} work (step "
                      f"{top['step']}: {duration(top['gpu_wait_ns'])} from its first launch to its first GPU work, "
                      f"of a {duration(top['wall_ns'])} wall): work queued before it (an earlier iteration's, or "
                      "work outside the profile), or a GPU clock offset")
@@ -444,8 +445,9 @@ def _note(family: _Family, its: pl.DataFrame) -> str:
         notes.append(f"iterations from {family.source} only: batch sizes and tokens are not recorded (enable the "
                      "engine's profiler annotations for them)")
     elif its["total_tokens"].null_count():
-        notes.append(f"{its['total_tokens'].null_count():,} iteration(s) do not say their tokens: tokens/s is left "
-                     "out for their phase")
+        unsaid = its["total_tokens"].null_count()
+        notes.append(f"{plural(unsaid, 'iteration')} {'does' if unsaid == 1 else 'do'} not say their tokens: "
+                     "tokens/s is left out for their phase")
     return "; ".join(notes)
 
 

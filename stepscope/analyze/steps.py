@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analyze import intervals
-from stepscope.analyze._text import duration
+from stepscope.analyze._text import duration, plural
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
 from stepscope.analyze.loading import DATALOADER_PATTERN as DATALOADER_PATTERN  # summary reads it here
@@ -87,10 +87,10 @@ def _cpu_beyond_wall(steps: pl.DataFrame) -> str:
     if over.height == 0:
         return ""
     first = over.row(0, named=True)
-    return (f"{over.height:,} of {steps.height:,} step(s) with more CPU time than wall time (step {first['step']}: "
-            f"cpu {duration(first['cpu_ns'])}, wall {duration(first['wall_ns'])}): a step's window opens only once "
-            "the GPU work before it is done (the previous step's, or work launched before the trace), while its CPU "
-            "span (cpu, which the phases split) starts with its ProfilerStep")
+    return (f"{over.height:,} of {plural(steps.height, 'step')} with more CPU time than wall time "
+            f"(step {first['step']}: cpu {duration(first['cpu_ns'])}, wall {duration(first['wall_ns'])}): a step's "
+            "window opens only once the GPU work before it is done (the previous step's, or work launched before the "
+            "trace), while its CPU span (cpu, which the phases split) starts with its ProfilerStep")
 
 
 def _covered_length(windows: pl.DataFrame, ivs: pl.DataFrame) -> pl.DataFrame:

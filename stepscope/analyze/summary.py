@@ -44,6 +44,7 @@ import polars as pl
 
 from stepscope.analyze import intervals
 from stepscope.analyze._comm_events import CommSplit, comm_split, gpu_work, per_window, rank_calls
+from stepscope.analyze._text import plural
 from stepscope.analyze.blame import host_memory_unsaid, is_sync_runtime, short_name
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
@@ -539,9 +540,9 @@ def _comm_note(calls: pl.DataFrame, excess: int, wall: int) -> str | None:
     if calls.height == 0:
         return None
     share = f"{excess / wall:.1%} of the step" if wall else "some time"
-    return (f"one rank's view: {calls.height:,} collective(s); {share} is collective time above the fastest call of "
-            "its kind (same collective and size) on this rank: waiting for a later rank or a slower transfer. A "
-            "straggler cannot be seen from one rank: `stepscope summary RUN` on every rank's trace names it")
+    return (f"one rank's view: {plural(calls.height, 'collective')}; {share} is collective time above the fastest "
+            "call of its kind (same collective and size) on this rank: waiting for a later rank or a slower transfer. "
+            "A straggler cannot be seen from one rank: `stepscope summary RUN` on every rank's trace names it")
 
 
 def _length(frame: pl.LazyFrame) -> int:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from stepscope.analyze._text import duration
+from stepscope.analyze._text import duration, plural
 from stepscope.analyze.blame import host_memory_unsaid
 from stepscope.analyze.critical_path import attribution, path_segments
 from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, held_ns, replay, step_times
@@ -278,7 +278,7 @@ def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str
         bound_by_measured=_bound_by(before_path),
         bound_by_predicted=_bound_by(after_path),
         notes=[*notes, *change_notes, *_moved_notes(table, base_times, after_times)]
-        + ([f"{graph.dropped_edges} dependency edge(s) ran backwards in time (clock skew) and were dropped"]
+        + ([f"{plural(graph.dropped_edges, 'dependency edge')} ran backwards in time (clock skew) and were dropped"]
            if graph.dropped_edges else []),
         steps=table,
         path=path,
@@ -296,10 +296,10 @@ def _moved_notes(table: pl.DataFrame, base_times: pl.DataFrame, after_times: pl.
     if not moved.height:
         return []
     top = moved.row(0, named=True)
-    return [f"{moved.height:,} step(s) predicted longer than measured, as each now starts earlier (step {top['step']}: "
-            f"{duration(-top['saving_ns'])} longer, starting {duration(top['was'] - top['now'])} earlier): a step "
-            "starts where the previous one ended when that is after its own CPU start, so the previous step's GPU "
-            "work ending sooner moves time into it; the mean counts that time once"]
+    return [f"{plural(moved.height, 'step')} predicted longer than measured, as each now starts earlier "
+            f"(step {top['step']}: {duration(-top['saving_ns'])} longer, starting {duration(top['was'] - top['now'])} "
+            "earlier): a step starts where the previous one ended when that is after its own CPU start, so the "
+            "previous step's GPU work ending sooner moves time into it; the mean counts that time once"]
 
 
 def _bound_by(segments: pl.DataFrame) -> str | None:

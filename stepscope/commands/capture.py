@@ -7,6 +7,8 @@ from typing import Literal
 
 import click
 
+from stepscope.analyze._text import plural
+
 
 @click.command("capture", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
@@ -69,5 +71,5 @@ def command(out_dir: Path, overwrite: bool, skip_first: int, baseline: int, wait
     profiled = (session.manifest.get("profiled") or {}).get("steps")
     steps = (f"{profiled:,} of {session.steps_seen:,} steps profiled" if isinstance(profiled, int)
              else f"{session.steps_seen:,} steps")
-    click.echo(f"{out_dir}: {traces:,} trace(s), {steps}{overhead}; "
+    click.echo(f"{out_dir}: {plural(traces, 'trace')}, {steps}{overhead}; "
                f"next: stepscope report {out_dir}", err=True)

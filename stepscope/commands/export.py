@@ -40,12 +40,14 @@ def command(inputs: tuple[Path, ...], output: Path, only: str | None, steps: tup
     aligned clocks, with arrows between the ranks' slices of each matched collective. Offline: open it in
     chrome://tracing or a local Perfetto UI (Open trace file); nothing is uploaded."""
     from stepscope.reports.perfetto import ExportOptions, export  # here, so that `--help` loads no polars
-    from stepscope.reports.units import human_bytes
+    from stepscope.reports.units import human_bytes, plural
 
     result = export(list(inputs), output, ExportOptions(only_annotations=only == "annotations", steps=steps))
     for line in result.warnings:
         click.echo(f"warning: {line}", err=True)
-    ranks = f", {len(result.ranks)} rank(s)" if result.ranks else ""
-    click.echo(f"wrote {output} ({human_bytes(result.size_bytes)}{ranks}): {result.original_events:,} original "
-               f"event(s), {result.added_events:,} added on {sum(len(t) for t in result.tracks.values())} track(s); "
+    ranks = f", {plural(len(result.ranks), 'rank')}" if result.ranks else ""
+    tracks = plural(sum(len(t) for t in result.tracks.values()), "track")
+    original = plural(result.original_events, "original event")
+    click.echo(f"wrote {output} ({human_bytes(result.size_bytes)}{ranks}): {original}, "
+               f"{result.added_events:,} added on {tracks}; "
                "open it in chrome://tracing or a local Perfetto UI", err=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from stepscope.analyze._text import plural
 from stepscope.commands._engine import check_engine, engine_options
 from stepscope.commands._options import echo_failure, end_batch, graph_capture_option
 from stepscope.errors import UsageError
@@ -105,7 +106,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
         kind, failed, total = "trace", [], 1
     for line in failed:
         echo_failure(line)
-    click.echo(f"wrote {out / 'index.html'} ({kind}, {total - len(failed):,} report(s), {len(failed):,} failed) "
+    click.echo(f"wrote {out / 'index.html'} ({kind}, {plural(total - len(failed), 'report')}, {len(failed):,} failed) "
                f"in {time.perf_counter() - start:.1f} s")
     end_batch(failed, total)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from stepscope.analyze._text import plural as plural  # (also the HTML templates' filter `plural`)
+
 
 def missing(value: float | int | None) -> bool:
     """None or NaN: shown as '-'."""
@@ -58,7 +60,3 @@ def human_fraction(value: float | None) -> str:
     return f"{100 * value:.1f}%"
 
 
-def plural(count: int, noun: str, many: str | None = None) -> str:
-    """A count and its noun, singular for one: (1, 'trace') -> '1 trace', (2, 'copy', 'copies') -> '2 copies'.
-    Also the HTML templates' filter `plural`."""
-    return f"{count:,} {noun if count == 1 else many or noun + 's'}"

@@ -127,7 +127,7 @@ def test_a_start_held_long_after_its_launch_is_not_launch_overhead(tmp_path: Pat
         (HELD_START, "idle", 77, 200), ("sgemm", "kernel", 277, 13)]
     assert result.path_share["idle"] == pytest.approx(200 / 290)
     assert len(result.notes) == 1 and result.notes[0].startswith(
-        "1 GPU start(s) on the path came more than 10x the typical launch latency (320 µs without one) after their "
+        "1 GPU start on the path came more than 10x the typical launch latency (320 µs without one) after its "
         "launch onto an idle stream (200 µs in all, the longest 200 µs)")
     # up to ten typical latencies it is the launch's
     assert ("(launch latency)", "launch_overhead", 72, 40) in segments(cp.held_start(wait=40), tmp_path / "b")
@@ -484,7 +484,7 @@ def test_one_launch_onto_an_idle_stream_is_too_few_for_a_typical_latency(corpus:
     trace = load(next((corpus / "traces/hta/triton_example").glob("*.json.gz")))
     graph = build_graph(trace)
     assert (graph.launch_latency_ns, graph.launch_samples) == (None, 1)
-    assert critical_path(trace).notes == ["only 1 launch(es) found their stream idle, fewer than 3: too few to say "
+    assert critical_path(trace).notes == ["only 1 launch found its stream idle, fewer than 3: too few to say "
                                           "what a typical launch latency is, so launch edges weigh 0"]
 
 

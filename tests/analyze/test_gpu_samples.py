@@ -123,7 +123,7 @@ def test_the_item_sync_bug_is_sync_bound_on_the_gpu_and_its_fix_is_not() -> None
 def test_the_report_of_a_graph_replay_run_is_the_run_s_with_the_replays_mapped(tmp_path: Path) -> None:
     # GIVEN a capture run directory: the replay's trace, its memory snapshot, and the graph capture's profile
     res = CliRunner().invoke(cli, ["report", str(SAMPLES / "cuda_graph_replay_cuda"), "-o", str(tmp_path / "r")])
-    assert res.exit_code == 0 and "(run, 1 report(s), 0 failed)" in res.output, res.output
+    assert res.exit_code == 0 and "(run, 1 report, 0 failed)" in res.output, res.output
     page = (tmp_path / "r" / "index.html").read_text()
     # THEN it is the run's report (its capture facts and snapshot) and the op table holds the replayed kernels'
     # ops, mapped through the capture profile (without it a replayed kernel has no op)

@@ -187,7 +187,7 @@ def test_rank_sub_directories_make_a_run_without_a_manifest(tmp_path: Path) -> N
     inp = resolve(run)
     assert isinstance(inp, RunDir) and [(r.rank, r.windows) for r in inp.ranks] == [(0, (r0,)), (1, (r1,))]
     assert inp.manifests == ()
-    with pytest.raises(UsageError, match=r"is a capture run \(2 rank\(s\), 2 trace\(s\)\)"):
+    with pytest.raises(UsageError, match=r"is a capture run \(2 ranks, 2 traces\)"):
         expect_trace(inp)
 
 

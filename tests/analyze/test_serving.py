@@ -239,7 +239,7 @@ def test_corpus_vllm_mixediteration(corpus: Path) -> None:
     # every GPU event was launched inside the annotation: busy is TraceLens's busy_time (gpu_timeline.csv)
     assert row["gpu_busy_ns"] == pytest.approx(156_085_798, abs=20_000)
     # the first copy starts 149 ms after its launch: the wall holds that wait, and the note says so
-    assert row["wall_ns"] > row["cpu_ns"] and "wait long for the GPU" in result.note
+    assert row["wall_ns"] > row["cpu_ns"] and "1 iteration waits long for the GPU to start its work" in result.note
     # AND summary's one line says its GPU busy is of the iteration's wall, with that wait in it (beside the
     # summary's own figure over the GPU span, which holds no wait)
     assert 148e6 < result.gpu_wait_ns < 150e6

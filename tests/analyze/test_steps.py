@@ -81,7 +81,7 @@ def test_window_extends_to_gpu_end_and_next_step_starts_after(tmp_path: Path) ->
     assert s["data_loading_exposed_ns"].to_list() == [0, 0]
     # step 2's CPU span (100 µs) outlasts its window (70 µs): the note says why, once
     assert s["cpu_ns"].to_list() == [100_000, 100_000]
-    assert result.note.startswith("1 of 2 step(s) with more CPU time than wall time (step 2: cpu 100 µs, wall 70 µs)")
+    assert result.note.startswith("1 of 2 steps with more CPU time than wall time (step 2: cpu 100 µs, wall 70 µs)")
 
 
 def test_outlier_rule() -> None:

@@ -72,7 +72,7 @@ def test_a_step_that_starts_earlier_is_predicted_longer_and_a_note_says_why(tmp_
     assert result.steps.select("step", "measured_ns", "predicted_ns").rows() == [(1, 80 * US, 50 * US),
                                                                                   (2, 20 * US, 50 * US)]
     assert result.saving_ns == 0
-    assert result.notes[-1].startswith("1 step(s) predicted longer than measured, as each now starts earlier (step 2: "
+    assert result.notes[-1].startswith("1 step predicted longer than measured, as each now starts earlier (step 2: "
                                        "30 µs longer, starting 30 µs earlier)")
     # and without the change, no such note
     assert what_if(load_events(tmp_path / "b", doc), WhatIf()).notes == []

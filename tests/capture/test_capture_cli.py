@@ -96,7 +96,7 @@ def test_an_unmodified_training_script_is_profiled_per_optimizer_step_and_ingest
     m = manifest(run)
     assert m["command"]["argv"] == ["python", str(script), "12"] and m["steps_seen"] == 12
     assert m["baseline"]["steps"] == 2 and m["profiled"]["steps"] == 2
-    assert f"{run}: 1 trace(s), 2 of 12 steps profiled, profiled/baseline step" in res.output  # type: ignore[attr-defined]
+    assert f"{run}: 1 trace, 2 of 12 steps profiled, profiled/baseline step" in res.output  # type: ignore[attr-defined]
     # the capture goes straight into the analyzer and the batch ingest
     from stepscope.analyze import load
 

@@ -64,7 +64,7 @@ def test_a_run_with_a_bad_rank_reports_the_others_and_exits_1(tmp_path: Path,
     err = [line for line in lines if line.startswith("stepscope:")]  # (not the progress bar)
     assert code == 1
     assert len(err) == 2 and err[0].startswith(f"stepscope: error: {bad} (byte ")
-    assert err[1] == "stepscope: error: 1 of 2 input(s) failed (reported above)"
+    assert err[1] == "stepscope: error: 1 of 2 inputs failed (reported above)"
     assert (tmp_path / "out" / "rank0" / "index.html").is_file()
 
 
@@ -80,7 +80,7 @@ def test_ingest_and_report_batch_agree_on_a_bad_trace(tmp_path: Path, capsys: py
     for code, err in (ingest, report):
         failures = [line for line in err if line.startswith(f"stepscope: error: {bad} ")]
         assert code == 1 and len(failures) == 1, err
-        assert err[-1] == "stepscope: error: 1 of 2 input(s) failed (reported above)"
+        assert err[-1] == "stepscope: error: 1 of 2 inputs failed (reported above)"
 
 
 def test_a_single_bad_trace_is_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,7 +26,7 @@ def test_single_trace(tmp_path: Path) -> None:
     code, out = run("report", str(src), "-o", str(tmp_path / "out"))
     assert code == 0, out
     page = (tmp_path / "out" / "index.html").read_text()
-    assert 'id="ops"' in page and "wrote" in out and "(trace, 1 report(s), 0 failed)" in out
+    assert 'id="ops"' in page and "wrote" in out and "(trace, 1 report, 0 failed)" in out
     assert not list(tmp_path.glob(".out.*"))  # no temporary directory left behind
 
 
@@ -41,7 +41,7 @@ def test_batch_with_a_bad_trace(tmp_path: Path) -> None:
     assert 'href="a.pt.trace/index.html"' in index and 'href="b.pt.trace/index.html"' in index
     bad = str(tmp_path / "in" / "bad.pt.trace.json")
     errors = [line for line in out.splitlines() if line.startswith("stepscope: error:")]
-    assert len(errors) == 1 and errors[0].startswith(f"stepscope: error: {bad} ") and "2 report(s), 1 failed" in out
+    assert len(errors) == 1 and errors[0].startswith(f"stepscope: error: {bad} ") and "2 reports, 1 failed" in out
     assert "bad.pt.trace.json" in index
     assert (tmp_path / "out" / "a.pt.trace" / "index.html").is_file()
 
@@ -83,7 +83,7 @@ def test_capture_run_with_two_ranks_marks_the_straggler(tmp_path: Path) -> None:
     code, out = run("report", str(run_dir), "-o", str(tmp_path / "out"))
     assert code == 0, out
     index = (tmp_path / "out" / "index.html").read_text()
-    assert "(run, 2 report(s)" in out
+    assert "(run, 2 reports" in out
     assert "rank 1: host_1.pt.trace.json  (straggler)" in index
     assert "baseline step (mean, unprofiled)" in index and "80 µs" in index
     assert (tmp_path / "out" / "rank0" / "index.html").is_file()
@@ -123,7 +123,7 @@ def test_corpus_dataset_batch(corpus: Path, tmp_path: Path) -> None:
     assert code == 0, out
     code, out = run("report", str(tmp_path / "ds"), "-o", str(tmp_path / "out"))
     assert code == 0, out
-    assert "(batch, 2 report(s), 0 failed)" in out
+    assert "(batch, 2 reports, 0 failed)" in out
     index = (tmp_path / "out" / "index.html").read_text()
     assert "177.4 ms" in index and "126.7 ms" in index  # median step wall: num_workers 0 vs 4
     assert "data loading bound" in index  # the verdict column

@@ -54,7 +54,7 @@ def test_ray_writes_the_local_engines_pages_and_index(cluster: None, tmp_path: P
     # THEN both report three pages and the same failure, named as given
     for result in (local, on_ray):
         assert isinstance(result.exception, BatchFailed), result.output
-        assert "(batch, 3 report(s), 1 failed)" in result.stdout
+        assert "(batch, 3 reports, 1 failed)" in result.stdout
         failures = [line for line in result.stderr.splitlines() if line.startswith("stepscope: error:")]
         assert len(failures) == 1 and failures[0].startswith("stepscope: error: src/broken.pt.trace.json (byte")
     # and the index has the same rows, the same fleet section, the same page

@@ -123,4 +123,4 @@ def test_critical_path_section(tmp_path: Path) -> None:
 
     held = report(load_events(tmp_path / "b", cp.held_start()), "held.json")
     section = held[held.index('id="critical_path"'):held.index('id="info"')]
-    assert "(start held after launch)" in section and "1 GPU start(s) on the path came more than 10x" in section
+    assert "(start held after launch)" in section and "1 GPU start on the path came more than 10x" in section
