@@ -1,4 +1,5 @@
-"""`stepscope steps TRACE`: per ProfilerStep wall time, GPU busy/idle and the CPU phase split."""
+"""`stepscope steps TRACE`: per step (ProfilerStep or inferred iteration) wall time, GPU busy/idle and the CPU phase
+split."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ _ABSOLUTE = ("start_ns", "cpu_start_ns", "cpu_end_ns", "end_ns")  # clock readin
 @format_options
 def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
             output: Path | None) -> None:
-    """Per ProfilerStep of TRACE: window, GPU busy/idle, kernel/memcpy/memset time, data loading / forward /
-    backward / optimizer CPU time, stats across steps, outlier steps and per-module time."""
+    """Per step of TRACE (its ProfilerStep#N spans, or without them the iterations inferred from the loop's
+    repeating structure): window, GPU busy/idle, kernel/memcpy/memset time, data loading / forward / backward /
+    optimizer CPU time, stats across steps, outlier steps and per-module time."""
     from stepscope.analyze import load
     from stepscope.analyze._text import NO_STEPS, STEPS_ADVICE
     from stepscope.analyze.steps import step_breakdown
