@@ -34,6 +34,17 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _not_the_clis_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that calls `stepscope.cli.main` in this process makes it the CLI's own (`_workers.own_process`), and
+    `stepscope ingest` then forks its workers from it where it looks fresh. This process has run polars queries
+    (polars' thread pool, which a forked child lacks: its first parallel query waits forever), so that claim ends
+    with the test that made it."""
+    from stepscope.analyze import _workers
+
+    monkeypatch.setattr(_workers, "_owns_process", False)
+
+
 @pytest.fixture
 def collect_engines(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """The engine each polars `LazyFrame.collect` of this process names while the test runs ('auto' where it names
