@@ -9,6 +9,16 @@ GPU (a CPU-only capture of such a loop should say so, not just "no GPU"), with a
 counts while the GPU is busy < 60% only: a sync while the GPU is busy only waits for work that had to run anyway.
 A figure the trace cannot give (None: no GPU work, an empty window) never passes a test.
 
+Syncs bound the step only where removing them could save SYNC_MIN of it, and that saving is at most the smaller of
+two figures: the GPU's idle behind the syncs (`sync_idle_fraction`: the GPU ran dry while the host waited, then
+waited for the next launch) and the host's time blocked in them (`sync_fraction`). Without the syncs the CPU still
+does all its other work (the step >= the step less the blocked time) and the GPU all of its own (the step >= the
+step less the idle behind syncs). So a loop whose CPU is the bottleneck, whose syncs return at once and whose GPU
+then waits for the CPU's slow launches, is launch_bound, not sync_bound (`item_in_forward_cuda`: 13.8% idle
+behind syncs, 0.8% blocked in them; `whatif --no-sync` predicts 0.8% and the fix is no faster). A trace that
+records no runtime calls (`runtime_calls` 0: no launch linked to its GPU work, no sync call) cannot show the
+blocked time: there the idle alone decides.
+
 Communication (DESIGN.md, "Distributed runs"; `_comm_events.comm_split`, the definition `stepscope ranks` uses):
 `exposed_comm_fraction` is the collectives' time (NCCL/RCCL kernels, or a CPU backend's collective ops) not
 covered by compute kernels on the same device, inside the step windows (over devices as one timeline, as GPU
@@ -153,8 +163,12 @@ RULES: tuple[Rule, ...] = (
     Rule(Verdict.NO_GPU, ((NO_GPU_WORK,),), "no GPU work in the trace",
          "No GPU kernel, memcpy or memset was recorded: a CPU-only run, or GPU activity was not captured "
          "(add ProfilerActivity.CUDA). See `stepscope ops` for where the CPU time goes."),
-    Rule(Verdict.SYNC_BOUND, ((_at_least("sync_idle_fraction", SYNC_MIN),),),
-         f"GPU idle behind host syncs >= {SYNC_MIN:.0%}", _SYNC_ADVICE),
+    # removing the syncs saves at most the smaller of the two (the module docstring); without runtime calls the
+    # host's blocked time is unseen, and the idle alone decides
+    Rule(Verdict.SYNC_BOUND, ((_at_least("sync_idle_fraction", SYNC_MIN), _at_least("sync_fraction", SYNC_MIN)),
+                              (_at_least("sync_idle_fraction", SYNC_MIN), _below("runtime_calls", 1))),
+         f"GPU idle behind host syncs >= {SYNC_MIN:.0%} and the host blocked in sync calls >= {SYNC_MIN:.0%} (the "
+         "idle alone where the trace records no runtime calls)", _SYNC_ADVICE),
     # before launch/gpu_bound: NCCL kernels are not compute; before the sync calls: those wait for the collective
     Rule(Verdict.COMMUNICATION_BOUND, ((GPU_WORK, _at_least("exposed_comm_fraction", COMM_MIN)),),
          f"exposed communication (not overlapped by compute kernels) >= {COMM_MIN:.0%} of the step",
@@ -340,6 +354,7 @@ class SummaryResult:
     exposed_comm_fraction: float | None = None  # collectives not overlapped by compute (`_comm_events.comm_split`)
     comm_excess_fraction: float | None = None  # collective time above the fastest of its kind: a hint at waiting
     comm_note: str | None = None
+    sync_note: str | None = None  # `_sync_note`: GPU idle behind syncs whose removal could not save it
     serving: str | None = None  # `serving.ServingResult.line`: the engine iterations of an inference server
     predicted_savings: pl.DataFrame | None = None  # `savings.predicted_savings` (summary --predict): each fix, replayed
 
@@ -401,15 +416,19 @@ def _pageable_ns() -> pl.Expr:
 
 
 def _evidence(wall: int, gpu_events: int, busy: int, dl: int, sync: int, memcpy: int, pageable: int | None,
-              tiny: int, kernels: int, idle: dict[str, int], exposed_comm: int) -> Evidence:
+              tiny: int, kernels: int, idle: dict[str, int], exposed_comm: int, runtime_calls: int) -> Evidence:
+    """The figures the rules test. `runtime_calls`: the runtime calls the trace records (launches linked to their
+    GPU work, and sync calls); with none, the host's side of the syncs is not recorded, so in a trace with GPU work
+    the host's blocked time is unknown (None), not 0."""
     def frac(x: int | None) -> float | None:
         return x / wall if wall and x is not None else None
 
     return {
         "gpu_events": float(gpu_events),
+        "runtime_calls": float(runtime_calls),
         "gpu_busy_fraction": frac(busy) if gpu_events else None,
         "data_loading_fraction": frac(dl),
-        "sync_fraction": frac(sync),
+        "sync_fraction": frac(sync) if runtime_calls or not gpu_events else None,
         "memcpy_fraction": frac(memcpy) if gpu_events else None,
         "pageable_memcpy_fraction": frac(pageable) if gpu_events else None,
         "sync_idle_fraction": frac(idle["host_sync"]) if gpu_events else None,
@@ -535,6 +554,21 @@ def _comm_places(calls: pl.DataFrame, split: CommSplit) -> pl.DataFrame:
                                                 for n in places["name"].to_list()], dtype=pl.String))
 
 
+def _sync_note(ev: Evidence) -> str | None:
+    """Where the GPU idles behind host syncs for SYNC_MIN of the step or more while the host is blocked in them
+    for less, why that is not sync_bound: removing the syncs saves at most the blocked time (module docstring).
+
+        idle behind syncs 13.8%, blocked 0.8%  ->  "GPU idle behind host syncs 13.8%, but the host was blocked in
+                                                    them for 0.8% of the step: …"
+    """
+    idle, blocked = ev.get("sync_idle_fraction"), ev.get("sync_fraction")
+    if idle is None or blocked is None or idle < SYNC_MIN or blocked >= SYNC_MIN:
+        return None
+    return (f"GPU idle behind host syncs {idle:.1%}, but the host was blocked in them for {blocked:.1%} of the step: "
+            "removing them saves at most that, since after each sync the GPU waits for the CPU's next launches, "
+            "which take as long without it (not sync_bound; `stepscope whatif --no-sync` predicts the saving)")
+
+
 def _comm_note(calls: pl.DataFrame, excess: int, wall: int) -> str | None:
     """What one rank's trace says about waiting in its collectives, and what it cannot (see the module docstring)."""
     if calls.height == 0:
@@ -581,6 +615,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     split = comm_split(gpu_work(trace.gpu), colls.lazy())
     syncs = _sync_calls(trace)
     gpu_events = int(trace.gpu.select(pl.len()).collect(engine="in-memory").item())
+    runtime_calls = int(frames.launches["launch_ts_ns"].is_not_null().sum()) + syncs.height
     if br.steps_found:
         per = _per_step(frames, br.steps, syncs).join(
             per_window(intervals.union(split.exposed, start="start_ns", end="end_ns"), br.steps, "exposed_comm_ns"),
@@ -591,13 +626,14 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
             idle = _idle(idle_by_step.filter(pl.col("step") == r["step"]))
             ev = _evidence(r["wall_ns"], gpu_events, r["gpu_busy_ns"], r["data_loading_exposed_ns"], r["sync_ns"],
                            r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"], idle,
-                           r["exposed_comm_ns"]) | work
+                           r["exposed_comm_ns"], runtime_calls) | work
             rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
             rows.append({"step": r["step"], "verdict": rule.verdict.value,
                          "runner_up": second.verdict.value if second else None,
                          "margin_fraction": close.margin_fraction if close else None,
                          "margin": close.text if close else None, "wall_ns": r["wall_ns"],
-                         **{k: v for k, v in ev.items() if k != "gpu_events" and k not in work}})
+                         **{k: v for k, v in ev.items() if k not in ("gpu_events", "runtime_calls")
+                            and k not in work}})
         per_step = pl.DataFrame(rows, infer_schema_length=None)
         tot = per.select(pl.col("wall_ns", "gpu_busy_ns", "data_loading_exposed_ns", "sync_ns", "memcpy_ns",
                                 "tiny", "kernels", "exposed_comm_ns").sum(),
@@ -607,7 +643,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         wall = int(tot["wall_ns"])
         ev = _evidence(wall, gpu_events, tot["gpu_busy_ns"], tot["data_loading_exposed_ns"], tot["sync_ns"],
                        tot["memcpy_ns"], tot["pageable_ns"], tot["tiny"], tot["kernels"], _idle(idle_by_step),
-                       tot["exposed_comm_ns"])
+                       tot["exposed_comm_ns"], runtime_calls)
     else:
         per_step = pl.DataFrame()
         g = trace.gpu.filter(pl.col("dur_ns").is_not_null()).select("kind", "name", "dur_ns").collect(
@@ -623,7 +659,8 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                        int(memcpy["dur_ns"].sum() or 0),
                        g.select(_pageable_ns()).item(),
                        int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle,
-                       _length(intervals.clip(split.exposed, frames.analysis_window().lazy(), by=["device"])))
+                       _length(intervals.clip(split.exposed, frames.analysis_window().lazy(), by=["device"])),
+                       runtime_calls)
     ev = ev | work
     excess = int(_excess(colls, br.steps if br.steps_found else None)["excess_ns"].sum() or 0)
     rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
@@ -644,6 +681,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         profile_next=profile_next_command(rule.verdict, limits), exposed_comm_fraction=ev["exposed_comm_fraction"],
         comm_excess_fraction=excess / wall if wall and colls.height else None,
         comm_note=_comm_note(colls, excess, wall),
+        sync_note=_sync_note(ev),
         graph_replay_fraction=work["graph_replay_fraction"], compiled_fraction=work["compiled_fraction"],
         memory_bound_fraction=work["memory_bound_fraction"],
         serving=(serving_iterations(frames) if serving is None else serving).line,

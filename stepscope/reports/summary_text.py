@@ -66,8 +66,9 @@ def render_summary(result: SummaryResult) -> str:
         lines.append(render_frame(result.places, title="where to look").rstrip("\n"))
     if result.predicted_savings is not None:
         lines += ["", _savings_text(result)]
-    if result.comm_note:
-        lines += ["", f"note: {result.comm_note}"]
+    for note in (result.sync_note, result.comm_note):
+        if note:
+            lines += ["", f"note: {note}"]
     if result.profile_next:
         lines += ["", f"profile next: {result.profile_next}"]
     return "\n".join(lines) + "\n"
