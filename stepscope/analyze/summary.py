@@ -167,8 +167,8 @@ RULES: tuple[Rule, ...] = (
     # host's blocked time is unseen, and the idle alone decides
     Rule(Verdict.SYNC_BOUND, ((_at_least("sync_idle_fraction", SYNC_MIN), _at_least("sync_fraction", SYNC_MIN)),
                               (_at_least("sync_idle_fraction", SYNC_MIN), _below("runtime_calls", 1))),
-         f"GPU idle behind host syncs >= {SYNC_MIN:.0%} and the host blocked in sync calls >= {SYNC_MIN:.0%} (the "
-         "idle alone where the trace records no runtime calls)", _SYNC_ADVICE),
+         f"GPU idle behind host syncs >= {SYNC_MIN:.0%}, host blocked in them >= {SYNC_MIN:.0%} (idle alone "
+         "without runtime calls)", _SYNC_ADVICE),
     # before launch/gpu_bound: NCCL kernels are not compute; before the sync calls: those wait for the collective
     Rule(Verdict.COMMUNICATION_BOUND, ((GPU_WORK, _at_least("exposed_comm_fraction", COMM_MIN)),),
          f"exposed communication (not overlapped by compute kernels) >= {COMM_MIN:.0%} of the step",

@@ -322,6 +322,13 @@ def test_rules_markdown_has_every_rule_in_order() -> None:
     assert all(r.when in row and r.advice in row for r, row in zip(RULES, rows, strict=True))
 
 
+def test_every_rule_reads_whole_in_a_table_cell() -> None:
+    """The report's and the CLI's rule tables cut a cell past MAX_CELL characters: a rule's condition never is."""
+    from stepscope.reports.text import MAX_CELL
+
+    assert all(len(r.when) <= MAX_CELL for r in RULES)
+
+
 @pytest.mark.parametrize(("shares", "verdict_", "says", "never"), [
     # launch-bound code already compiled: no "use torch.compile", but CUDA graphs and graph breaks
     ({"gpu_busy_fraction": 0.4, "compiled_fraction": 0.8}, Verdict.LAUNCH_BOUND,
