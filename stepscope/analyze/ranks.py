@@ -208,7 +208,7 @@ def _windows(bundle: TraceAnalysis) -> pl.DataFrame:
                 .with_columns(pl.col("data_loading_ns").fill_null(0))
                 .select(list(_WINDOW_SCHEMA)).cast(_WINDOW_SCHEMA))  # type: ignore[arg-type]
     gpu = bundle.frames.analysis_window()  # (without steps: each device's first to last GPU event)
-    first, last = ((gpu["start_ns"].min(), gpu["end_ns"].max()) if gpu.height
+    first, last = (gpu.select(pl.col("start_ns").min(), pl.col("end_ns").max()).row(0) if gpu.height
                    else (bundle.trace.meta.time.first_ns, bundle.trace.meta.time.last_ns))
     if first is None or last is None:
         return pl.DataFrame(schema=_WINDOW_SCHEMA)
