@@ -146,7 +146,8 @@ def _one_world(loaded: list[_Loaded], warnings: list[str]) -> tuple[int | None, 
         warnings.append(f"mixed run: left out {plural(len(other), 'trace')} of another world size than {world}: "
                         + ", ".join(f"{x.trace.source_name} ({x.trace.meta.world_size})" for x in other))
     if unstated := [x for x in loaded if x.trace.meta.world_size is None]:
-        warnings.append(f"mixed run: left out {plural(len(unstated), 'trace')} that state no world size "
+        state = "states" if len(unstated) == 1 else "state"
+        warnings.append(f"mixed run: left out {plural(len(unstated), 'trace')} that {state} no world size "
                         f"(no distributedInfo) beside traces of world size {world}: "
                         + ", ".join(x.trace.source_name for x in unstated))
     return world, [x for x in loaded if x.trace.meta.world_size == world]

@@ -58,5 +58,3 @@ def human_fraction(value: float | None) -> str:
     if value is None or missing(value):
         return "-"
     return f"{100 * value:.1f}%"
-
-

@@ -77,7 +77,7 @@ def test_a_dataset_of_several_jobs_keeps_the_run_s_own_traces(corpus: Path, tmp_
     mixed = CliRunner().invoke(cli, ["summary", str(dataset)])
     alone = CliRunner().invoke(cli, ["summary", str(dlrm)])
     assert mixed.exit_code == 0 and alone.exit_code == 0, mixed.output + alone.output
-    assert f"left out 1 trace that state no world size (no distributedInfo) beside traces of world size 8: " \
+    assert f"left out 1 trace that states no world size (no distributedInfo) beside traces of world size 8: " \
            f"{single.name}" in mixed.output
     assert [line for line in mixed.output.splitlines() if not line.startswith("warning")] == \
            [line for line in alone.output.splitlines() if not line.startswith("warning")]
