@@ -211,7 +211,8 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
             .sort(pl.col("device").is_null(), "device", "offset_ns")
             .drop("device")
         )
-    note = _device_note(gpu.select("device_name", "device"), frames.launches["device"])
+    work = trace.gpu.select(pl.col("device").drop_nulls().unique()).collect(engine="in-memory")["device"]
+    note = _device_note(gpu.select("device_name", "device"), work)  # (the GPU ids alone: no launch join)
     has_totals = trace.memory.select(pl.col("total_allocated_bytes").is_not_null().any()).collect(
         engine="in-memory").item()
     return MemoryTimeline(
