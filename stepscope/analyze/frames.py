@@ -56,16 +56,40 @@ class TraceFrames:
         return iterations(self.trace, self.trace.steps.collect(engine="in-memory"))
 
     @cached_property
+    def _launched(self) -> pl.DataFrame:
+        """`window.gpu_by_step` over the steady spans, the tail included (it holds none of their rows)."""
+        return _window.gpu_by_step(self.launches, self.iterations.steady.sort("ts_ns"))
+
+    @cached_property
+    def tail(self) -> pl.DataFrame:
+        """The trailing step spans left out because they launched no GPU work while an earlier one did
+        (`window.idle_tail`: the span a last prof.step() opens until the profiler stops); none in most traces."""
+        steady = self.iterations.steady
+        if steady.height < 2 or not self.trace.gpu.select(pl.len()).collect(engine="in-memory").item():
+            return steady.clear()
+        return _window.idle_tail(steady, self._launched)
+
+    @cached_property
     def profiler_steps(self) -> pl.DataFrame:
         """The step spans every analysis uses: step, ts_ns, dur_ns, end_ns, pid, tid, event_id (CPU spans, by
         start). `Trace.steps` where the trace has ProfilerStep#N, else the inferred iterations without the set-up
-        one (`iterations.steady`; `iterations.source` says which)."""
-        return self.iterations.steady.sort("ts_ns")
+        one (`iterations.steady`; `iterations.source` says which), either without its idle tail (`tail`)."""
+        steady = self.iterations.steady.sort("ts_ns")
+        tail = self.tail
+        return steady.filter(~pl.col("step").is_in(tail["step"].implode())) if tail.height else steady
+
+    @property
+    def left_out(self) -> list[str]:
+        """One sentence per kind of step span the analyses leave out: the set-up iteration (`iterations.Warmup`) and
+        the idle tail (`tail`); empty in most traces."""
+        warmup = self.iterations.warmup
+        return ([warmup.text] if warmup is not None else []) + ([_window.tail_text(self.tail)] if self.tail.height
+                                                                 else [])
 
     @cached_property
     def gpu_by_step(self) -> pl.DataFrame:
         """GPU events with the step whose CPU span launched them (`window.gpu_by_step`)."""
-        return _window.gpu_by_step(self.launches, self.profiler_steps)
+        return self._launched
 
     @cached_property
     def step_windows(self) -> pl.DataFrame:

@@ -11,6 +11,7 @@ from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.meta import devices_by_id
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.window import tail_text
 
 # Kineto writes ProfilerStep spans; a GPU event ending this long after the last one was cut by the window.
 _DAY_NS = 86_400 * 10**9
@@ -171,6 +172,7 @@ def _step_warnings(frames: TraceFrames, add: _Add) -> None:
             f"no ProfilerStep#N: the steps are iterations {found.source}, thread {thread}")
     if found.warmup is not None:
         add("setup_iteration_excluded", 1, found.warmup.text)
+    add("tail_steps_excluded", frames.tail.height, tail_text(frames.tail) if frames.tail.height else "")
     gpu = frames.trace.gpu.select("ts_ns", "dur_ns")
     if steps.height:
         # past the last step's window, not its CPU span: a step's own GPU work running on after its CPU side

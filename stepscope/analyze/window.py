@@ -25,6 +25,14 @@ The step spans are the trace's ``ProfilerStep#N`` spans, or, in a trace without 
 from the loop's repeating structure, the set-up iteration left out (`stepscope.analyze.iterations`); the rule
 does not tell them apart.
 
+**The tail** (tb_plugin drops it too): trailing steps that launched no GPU work, where an earlier step did, are
+left out (`idle_tail`). Without a schedule, ``prof.step()`` at the end of each iteration opens one more
+``ProfilerStep#N`` that runs until the profiler stops: a span of the loop's exit, not an iteration. A step whose
+GPU work the profiler did not capture is as little one to measure.
+
+    step 1 CPU [0, 9.3 ms) launched 16 kernels; step 2 CPU [9.3, 9.35 ms) launched nothing
+      -> step 2 left out: one step, 9.3 ms, not a mean of 4.7 ms over two
+
 **Analysis window** (``window="steps"``, the default): the union of the step windows, the same for every
 device; without steps (or with ``window="trace"``) a device's first to last GPU event.
 """
@@ -36,6 +44,7 @@ from typing import Literal
 import polars as pl
 
 from stepscope.analyze import intervals
+from stepscope.analyze._text import duration, numbered
 from stepscope.analyze.trace import Trace
 
 WindowKind = Literal["steps", "trace"]
@@ -103,6 +112,25 @@ def step_windows(profiler_steps: pl.DataFrame, launched: pl.DataFrame, *,
         "step", "start_ns", cpu_start_ns="ts_ns", cpu_end_ns=pl.col("ts_ns") + pl.col("dur_ns"), end_ns="end_ns",
         wall_ns=pl.col("end_ns") - pl.col("start_ns"), cpu_ns="dur_ns", pid="pid", tid="tid",
     ).cast(STEP_WINDOW_SCHEMA)  # type: ignore[arg-type]
+
+
+def idle_tail(spans: pl.DataFrame, launched: pl.DataFrame) -> pl.DataFrame:
+    """The trailing step spans (rows of `spans`, `iterations.SPAN_SCHEMA`) that launched no GPU work while an
+    earlier one did (module docstring); `launched` is `gpu_by_step(...)` over the same spans. None where no span
+    launched any (a CPU-only trace: nothing tells a tail there) or where the last one did.
+
+        spans 1, 2, 3; GPU work launched in 1 and 2  ->  span 3
+    """
+    ordered = spans.sort("ts_ns")
+    busy = ordered["step"].is_in(launched["step"].unique().implode()).arg_true()
+    return ordered.clear() if busy.len() == 0 else ordered.slice(int(busy[-1]) + 1)
+
+
+def tail_text(tail: pl.DataFrame) -> str:
+    """`idle_tail`'s spans in one sentence: "step 2 (49.1 µs): no GPU work launched, unlike the steps before (…)"."""
+    walls = ", ".join(duration(d) for d in tail.sort("ts_ns")["dur_ns"])
+    return (f"{numbered('step', tail['step'])} ({walls}): no GPU work launched, unlike the steps before (the span a "
+            "last prof.step() opens until the profiler stops, or work the profiler missed)")
 
 
 def cpu_spans(profiler_steps: pl.DataFrame) -> pl.DataFrame:

@@ -212,6 +212,7 @@ def steps_section(ctx: ReportContext) -> Section | None:
     if result.steps_found:
         if result.outlier_steps:
             notes.append(f"Outlier steps (wall time far from the median): {', '.join(map(str, result.outlier_steps))}.")
+        notes.extend(f"Left out: {line}." for line in result.left_out)
     else:
         notes.append(f"{NO_STEPS[0].upper()}{NO_STEPS[1:]}: the timeline shows the whole trace ({STEPS_ADVICE}).")
     if timeline is not None:
@@ -234,8 +235,8 @@ def steps_section(ctx: ReportContext) -> Section | None:
         tables.append(frame_table(result.stats, "Across steps"))
     if result.modules.height:
         tables.append(frame_table(result.modules, "Time per nn.Module", max_rows=20))
-    return Section(id="steps", title="Steps", headline=headline_items(result), figures=figs, tables=tables,
-                   notes=notes, commands=[ctx.command("steps", ctx.source),
+    return Section(id="steps", title="Steps", headline=headline_items(result, skip=("left_out",)), figures=figs,
+                   tables=tables, notes=notes, commands=[ctx.command("steps", ctx.source),
                                           ctx.command("plot", "timeline", ctx.source, "-o", "timeline.png")])
 
 

@@ -14,6 +14,8 @@ from stepscope.analyze.inputs import RunDir, TraceBatch, resolve
 def _rank(directory: Path, rank: int, step_us: int) -> Path:
     doc = trace(step(1, ts=0, dur=step_us), step(2, ts=step_us, dur=step_us),
                 runtime("cudaLaunchKernel", ts=1, dur=1, correlation=1), kernel("k", ts=2, dur=5, correlation=1),
+                runtime("cudaLaunchKernel", ts=step_us + 1, dur=1, correlation=2),  # each step launches work
+                kernel("k", ts=step_us + 2, dur=5, correlation=2),
                 distributedInfo={"rank": rank, "world_size": 2, "backend": "nccl"})
     path: Path = write_trace(directory, doc, name=f"rank{rank}.pt.trace.json")
     return path

@@ -27,6 +27,8 @@ def test_clean_trace_has_no_warnings_and_reports_what_it_holds(tmp_path: Path) -
         runtime("cudaLaunchKernel", ts=10, dur=5, correlation=7, external_id=3),
         kernel("sgemm", ts=30, dur=10, correlation=7),
         flow(7, "s", 10, pid=1000, tid=1), flow(7, "f", 30, pid=0, tid=7),
+        runtime("cudaLaunchKernel", ts=110, dur=5, correlation=8),  # step 2's own work (a last step without any
+        kernel("sgemm", ts=130, dur=10, correlation=8),             # is the loop's exit, and a warning)
         memory(12, 4096, total_allocated=4096, total_reserved=8192),
         python_fn("train.py(10): step", ts=1, dur=90),
         distributedInfo={"rank": 3, "world_size": 8},
@@ -36,9 +38,9 @@ def test_clean_trace_has_no_warnings_and_reports_what_it_holds(tmp_path: Path) -
     assert (info.rank, info.world_size, info.steps_found, info.step_numbers) == (3, 8, 2, "1..2")
     assert info.profiler_options == {"record_shapes": True, "profile_memory": True, "with_stack": True,
                                      "with_modules": False, "with_flops": False}
-    assert info.devices.select("device", "gpu_events", "name").rows() == [(0, 1, "Synthetic GPU")]
-    assert dict(info.counts_by_kind.select("kind", "events").rows())["kernel"] == 1
-    assert info.gpu_span_ns == 10_000
+    assert info.devices.select("device", "gpu_events", "name").rows() == [(0, 2, "Synthetic GPU")]
+    assert dict(info.counts_by_kind.select("kind", "events").rows())["kernel"] == 2
+    assert info.gpu_span_ns == 110_000
 
 
 def test_devices_are_named_by_the_listed_gpu_the_work_ran_on(tmp_path: Path) -> None:

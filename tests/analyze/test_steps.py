@@ -71,6 +71,8 @@ def test_window_extends_to_gpu_end_and_next_step_starts_after(tmp_path: Path) ->
         kernel("sgemm", ts=20, dur=110, correlation=1),
         step(2, ts=100, dur=100),
         annotation("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", ts=100, dur=30),
+        runtime("cudaLaunchKernel", ts=150, dur=2, correlation=2),  # (a last step without GPU work is the
+        kernel("relu", ts=160, dur=10, correlation=2),              # loop's exit, window.idle_tail)
     ))
     result = step_breakdown(t)
     s = result.steps

@@ -87,3 +87,65 @@ def test_no_steps_window_is_first_to_last_gpu_event(corpus: Path, tmp_path: Path
     assert w.height == 1
     assert (w["end_ns"] - w["start_ns"]).item() == pytest.approx(5_980_000, abs=1_000)   # 5.980 ms
     assert _gpu_busy_in_window(t) == pytest.approx(5_343_000, abs=1_000)                # 5.343 ms busy
+
+
+def _tail_loop() -> dict[str, object]:
+    """Two steps that launch a kernel each, then the span a last prof.step() opens (no launch) and, between the
+    first two, a step that launches nothing (an idle step inside the loop: a step, not a tail)."""
+    return trace(
+        step(1, ts=0, dur=100), runtime("cudaLaunchKernel", ts=10, dur=5, correlation=1),
+        kernel("k1", ts=20, dur=50, correlation=1),
+        step(2, ts=100, dur=100),  # launches nothing, but a later step does: kept
+        step(3, ts=200, dur=100), runtime("cudaLaunchKernel", ts=210, dur=5, correlation=2),
+        kernel("k2", ts=250, dur=80, correlation=2),
+        step(4, ts=300, dur=3),  # the loop's exit: left out
+        step(5, ts=303, dur=1),  # (and a second one, as a schedule's repeat=0 may leave: left out too)
+    )
+
+
+def test_trailing_steps_without_gpu_work_are_left_out(tmp_path: Path) -> None:
+    frames = TraceFrames(load_events(tmp_path, _tail_loop()))
+    # THEN steps 4 and 5 are the tail; step 2, idle in the middle of the loop, stays a step
+    assert frames.tail["step"].to_list() == [4, 5]
+    assert frames.profiler_steps["step"].to_list() == [1, 2, 3]
+    assert frames.step_windows.select("step", "start_ns", "end_ns").rows() == [
+        (1, 0, 100_000), (2, 100_000, 200_000), (3, 200_000, 330_000)]
+    assert frames.left_out == ["steps 4, 5 (3 µs, 1 µs): no GPU work launched, unlike the steps before (the span a "
+                               "last prof.step() opens until the profiler stops, or work the profiler missed)"]
+    # AND every analysis counts the same three steps: the mean over them, computed here by hand
+    from stepscope.analyze.info import trace_info
+    from stepscope.analyze.steps import step_breakdown
+    from stepscope.analyze.summary import verdict
+    result = step_breakdown(frames)
+    assert result.steps_found == 3 and result.mean_wall_ns == (100_000 + 100_000 + 130_000) / 3
+    assert result.left_out == frames.left_out
+    assert verdict(frames).wall_ns == 330_000
+    info = trace_info(frames)
+    assert info.steps_found == 3
+    assert info.warnings.filter(pl.col("code") == "tail_steps_excluded")["count"].to_list() == [2]
+
+
+def test_no_tail_without_gpu_work_or_with_work_at_the_end(tmp_path: Path) -> None:
+    # a CPU-only loop: nothing tells a tail from a step
+    cpu = TraceFrames(load_events(tmp_path, trace(step(1, ts=0, dur=100), step(2, ts=100, dur=1)), "cpu.json"))
+    assert cpu.tail.height == 0 and cpu.profiler_steps.height == 2 and cpu.left_out == []
+    # the last step launched work: no tail, though it is short
+    end = TraceFrames(load_events(tmp_path, trace(
+        step(1, ts=0, dur=100), runtime("cudaLaunchKernel", ts=10, dur=5, correlation=1),
+        kernel("k1", ts=20, dur=50, correlation=1),
+        step(2, ts=100, dur=6), runtime("cudaLaunchKernel", ts=101, dur=5, correlation=2),
+        kernel("k2", ts=110, dur=50, correlation=2)), "end.json"))
+    assert end.tail.height == 0 and end.profiler_steps["step"].to_list() == [1, 2]
+
+
+def test_the_span_after_the_last_prof_step_on_a_real_trace(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN HTA's MI250 trace, recorded with prof.step() at the end of each iteration and no schedule: its
+    # ProfilerStep#2 is the 49 µs from the last prof.step() to the profiler's exit, with no GPU work
+    t = load(corpus / "traces/hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", cache_dir=tmp_path)
+    all_steps = t.steps.collect()
+    assert all_steps["step"].to_list() == [1, 2] and all_steps["dur_ns"][1] < 50_000
+    frames = TraceFrames(t)
+    # THEN it is left out, and the one step is the iteration (its window from the reference rule)
+    assert frames.tail["step"].to_list() == [2]
+    assert frames.step_windows["step"].to_list() == [1]
+    assert frames.left_out[0].startswith("step 2 (49.1 µs): no GPU work launched")

@@ -50,6 +50,17 @@ def test_a_trace_without_steps_shows_the_whole_trace_and_says_so(tmp_path: Path)
     assert "GPU timeline of the whole trace:" in page and "median-duration step" not in page
 
 
+def test_a_last_step_without_gpu_work_is_said_to_be_left_out(tmp_path: Path) -> None:
+    t = load_events(tmp_path, trace(
+        step(1, ts=0, dur=100), runtime("cudaLaunchKernel", ts=10, dur=5, correlation=1),
+        kernel("sgemm", ts=20, dur=50, correlation=1), step(2, ts=100, dur=4)))
+    page = report(t, "tail.json")
+    steps = page[page.index('id="steps"'):page.index('id="gaps"')]
+    # THEN the steps section says so once, as a note (not a card too), and the verdict's warnings list it
+    assert steps.count("step 2 (4 µs): no GPU work launched") == 1 and "Left out: step 2 (4 µs)" in steps
+    assert "tail_steps_excluded" in page[:page.index('id="steps"')]
+
+
 def test_a_failing_section_becomes_a_problem_line(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     def broken(ctx: H.ReportContext) -> H.Section:
         raise RuntimeError("boom <b>")
