@@ -24,7 +24,7 @@ import polars as pl
 from stepscope import __version__
 from stepscope.analyze._text import NO_STEPS, STEPS_ADVICE
 from stepscope.reports._render import INLINE, FigureRenderer, PendingPng
-from stepscope.reports.text import format_value, result_headline, whole_text_column
+from stepscope.reports.text import cell_texts, format_value, result_headline, whole_text_column
 from stepscope.reports.units import human_bytes, human_fraction, human_ns, plural
 
 if TYPE_CHECKING:
@@ -122,8 +122,8 @@ def frame_table(frame: pl.DataFrame, title: str, *, max_rows: int | None = MAX_T
     # text in the last column shown whole, wrapping (a warning's detail); a cell cut elsewhere keeps its full text
     # in its tooltip (report.html.j2)
     last = whole_text_column(shown)
-    rows = [[Cell(text=format_value(c, v, whole=i == last), sort=_sort_value(v))
-             for i, (c, v) in enumerate(zip(cols, r, strict=True))] for r in shown.iter_rows()]
+    rows = [[Cell(text=text, sort=_sort_value(v)) for text, v in zip(texts, r, strict=True)]
+            for texts, r in zip(cell_texts(shown), shown.iter_rows(), strict=True)]
     numeric = [frame.schema[c].is_numeric() for c in cols]
     return Table(title=title, columns=[display_name(c) for c in cols], rows=rows, total_rows=frame.height,
                  numeric=numeric, wrap=[i == last for i in range(len(cols))])

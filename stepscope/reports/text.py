@@ -124,6 +124,62 @@ def whole_text_column(frame: pl.DataFrame) -> int | None:
     return frame.width - 1 if frame.width and frame.dtypes[-1] == pl.String else None
 
 
+#: of a cut text that must stay apart from another (`cut_texts`): its first characters, and the characters before
+#: the first one it differs in
+_HEAD, _BEFORE = 40, 30
+
+
+def cut_texts(texts: Sequence[str]) -> list[str]:
+    """A column's texts, each longer than MAX_CELL cut there ("…" at the cut); where distinct texts would be cut
+    to one (kernels whose names differ in a template argument past the cut), each shows instead its first
+    characters and, after "…", the part from a little before it first differs from the others:
+
+        void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_row_1<float, float, float,
+        5ul>(…) and the same with 2ul  ->  "void split_embedding_backward_codegen_ro…unweighted_kernel_cta_per_row_1<
+        float, float, float, 5ul>(at::Gen…" and "…, 2ul>(at::Gen…"
+    """
+    cut = [t if len(t) <= MAX_CELL else t[: MAX_CELL - 1] + "…" for t in texts]
+    groups: dict[str, set[str]] = {}
+    for text, shown in zip(texts, cut, strict=True):
+        if shown != text:
+            groups.setdefault(shown, set()).add(text)
+    apart: dict[str, str] = {}
+    for members in groups.values():
+        for text in members if len(members) > 1 else ():
+            differs = max(_common_prefix(text, other) for other in members if other != text)
+            start = max(_HEAD, differs - _BEFORE)
+            end = start + MAX_CELL - _HEAD - 2  # room for the two "…"
+            if end >= len(text):
+                end, start = len(text), max(_HEAD, len(text) - (MAX_CELL - _HEAD - 1))
+            apart[text] = f"{text[:_HEAD]}…{text[start:end]}{'…' if end < len(text) else ''}"
+    return [apart.get(text, shown) for text, shown in zip(texts, cut, strict=True)]
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cell_texts(frame: pl.DataFrame) -> list[list[str]]:
+    """The frame's cells as text, row by row: each by the unit its column carries (`format_value`), the last text
+    column whole (`whole_text_column`), the other text columns cut so that distinct texts stay distinct
+    (`cut_texts`)."""
+    last = whole_text_column(frame)
+    columns = []
+    for i, series in enumerate(frame.iter_columns()):
+        if series.dtype == pl.String and i != last:
+            texts = [str(v).replace("\n", " ") for v in series.drop_nulls()]
+            shown = iter(cut_texts(texts))
+            columns.append(["-" if v is None else next(shown) for v in series])
+        else:
+            columns.append([format_value(series.name, v, whole=i == last) for v in series])
+    return [list(row) for row in zip(*columns, strict=True)] if columns else []
+
+
 def format_value(name: str, value: Any, *, whole: bool = False) -> str:
     """Format one value by the unit its name carries; text longer than MAX_CELL is cut, unless `whole`."""
     if value is None:
@@ -180,9 +236,7 @@ def render_frame(frame: pl.DataFrame, *, title: str | None = None, max_rows: int
     shown = frame if max_rows is None else frame.head(max_rows)
     names = [(column_names or {}).get(c, d) for c, d in zip(shown.columns, _display_names(shown.columns),
                                                             strict=True)]
-    last = whole_text_column(shown)
-    cells = [[format_value(c, v, whole=i == last) for i, (c, v) in enumerate(zip(shown.columns, row, strict=True))]
-             for row in shown.iter_rows()]
+    cells = cell_texts(shown)
     numeric = [t.is_numeric() for t in shown.dtypes]
     widths = [max(len(n), *(len(r[i]) for r in cells)) for i, n in enumerate(names)]
 

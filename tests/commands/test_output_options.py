@@ -92,3 +92,38 @@ def test_a_tables_last_text_column_is_shown_whole() -> None:
     text = render_frame(pl.DataFrame({"name": [name], "count": [3], "detail": [detail]}))
     assert detail in text  # the last column: nothing to its right to align
     assert name not in text and "k" * (MAX_CELL - 1) + "…" in text  # any other column: cut to MAX_CELL
+
+
+def _slow_shown_apart(texts: list[str], shown: list[str]) -> bool:
+    """The oracle: texts that differ are shown differently, and each shown text fits a cell."""
+    from stepscope.reports.text import MAX_CELL
+
+    pairs = {(a, b) for a, b in zip(texts, shown, strict=True)}
+    return all(len(b) <= MAX_CELL for _, b in pairs) and len({b for _, b in pairs}) == len({a for a, _ in pairs})
+
+
+def test_texts_cut_to_one_cell_stay_apart() -> None:
+    import polars as pl
+
+    from stepscope.reports.text import MAX_CELL, cut_texts, render_frame
+
+    # GIVEN two kernels whose names differ only in a template argument past the cut (HTA's trace_diff pair)
+    head = "void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_row_1<float, float, float, "
+    args = ">(at::GenericPackedTensorAccessor<float, 2ul, at::RestrictPtrTraits, int>, float, float, long)"
+    five, two = head + "5ul" + args, head + "2ul" + args
+    short = "volta_sgemm_128x32_nt"
+    texts = [five, short, two, five]
+    shown = cut_texts(texts)
+    # THEN each shows its start and the part where it differs; a text cut alone, or short, is as before
+    assert _slow_shown_apart(texts, shown) and shown[0] == shown[3] and shown[1] == short
+    assert shown[0].startswith(five[:40] + "…") and "float, 5ul>(at::" in shown[0] and "float, 2ul>(at::" in shown[2]
+    alone = "x" * (MAX_CELL + 5)
+    assert cut_texts([alone, short]) == ["x" * (MAX_CELL - 1) + "…", short]
+    # three that differ at different places past the cut, one of them near its end
+    base = "k" * 150
+    trio = [base, base[:120] + "A" + base[121:], base[:149] + "B"]
+    assert _slow_shown_apart(trio, cut_texts(trio))
+    assert cut_texts(trio)[2].endswith("kB")  # the difference at the very end: shown, no "…" after it
+    # AND a table shows them apart, with nulls as "-"
+    table = render_frame(pl.DataFrame({"name": [five, two, None], "count": [1, 2, 3]}))
+    assert "5ul>(at::" in table and "2ul>(at::" in table and table.splitlines()[-1].startswith("-")

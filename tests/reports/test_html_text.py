@@ -69,3 +69,13 @@ def test_long_text_is_never_lost_on_the_page() -> None:
 
     assert H.headline_items(Result(serving="vLLM " + "words " * 40 + "END")) == [
         ("serving", "vLLM " + "words " * 40 + "END")]
+
+
+def test_names_cut_alike_stay_apart_on_the_page() -> None:
+    """Two kernels whose names differ past the cut: distinct cells, each with its whole name as its tooltip."""
+    a, b = "void kernel<" + "float, " * 20 + "5ul>(int)", "void kernel<" + "float, " * 20 + "2ul>(int)"
+    table = H.frame_table(pl.DataFrame({"name": [a, b], "total_ns": [1, 2]}), "t")
+    first, second = (row[0] for row in table.rows)
+    assert first.text != second.text and "5ul>(int)" in first.text and "2ul>(int)" in second.text
+    page = H.render_page(title="t", subtitle="s", sections=[H.Section(id="s", title="S", tables=[table])])
+    assert f'title="{escape(a)}"' in page and f'title="{escape(b)}"' in page
