@@ -29,7 +29,8 @@ class TraceDiff:
       the first to the last GPU event (null without GPU work).
     ops: name, kind, before_self_cpu_ns, after_self_cpu_ns, delta_self_cpu_ns, before_self_device_ns,
       after_self_device_ns, delta_self_device_ns; CPU ops and runtime calls, largest |delta| (CPU or
-      device, whichever is larger) first.
+      device, whichever is larger) first. A CUDA runtime call and its HIP twin are one row (`_api_key`):
+      "cudaLaunchKernel / hipLaunchKernel" where an NVIDIA trace is compared with an AMD one.
     kernels: name, before_ns, after_ns, delta_ns, calls_before, calls_after (GPU kernels, memcpy, memset),
       largest |delta| first.
     idle_by_cause: cause, before_idle_ns, after_idle_ns, delta_idle_ns (GPU idle gaps in step windows, all
@@ -70,6 +71,15 @@ def _idle_by_cause(before: TraceAnalysis, after: TraceAnalysis) -> pl.DataFrame:
                                                    coalesce=True).fill_null(0)
     out = out.with_columns(delta_idle_ns=pl.col("after_idle_ns") - pl.col("before_idle_ns"))
     return out.sort(pl.col("delta_idle_ns").abs(), descending=True).select(list(schema)).cast(schema)  # type: ignore[arg-type]
+
+
+def _api_key(name: pl.Expr, kind: pl.Expr) -> pl.Expr:
+    """What a row is matched on across the two traces: an op's name; a runtime call's without its vendor prefix.
+    HIP mirrors the CUDA runtime API call for call, so a trace from an NVIDIA GPU and one from an AMD GPU compare
+    their launches and syncs: cudaLaunchKernel and hipLaunchKernel -> LaunchKernel, cudaDeviceSynchronize and
+    hipDeviceSynchronize -> DeviceSynchronize. Calls without a counterpart (cudaLaunchKernelExC,
+    hipExtModuleLaunchKernel) stay apart."""
+    return pl.when(kind == "runtime").then(name.str.replace(r"^(cuda|hip)([A-Z])", "$2")).otherwise(name)
 
 
 def _change(before: float | None, after: float | None) -> float | None:
@@ -117,9 +127,20 @@ def diff_traces(before: Source | TraceAnalysis, after: Source | TraceAnalysis, *
     na, sa, ga = _median_step(a)
     cols = ["self_cpu_ns", "self_device_ns"]
     keep = pl.col("kind").is_in(["cpu_op", "runtime"]) & ~pl.col("name").str.starts_with("ProfilerStep#")
-    left = ob.ops.filter(keep).select("name", "kind", *[pl.col(c).alias(f"before_{c}") for c in cols])
-    right = oa.ops.filter(keep).select("name", "kind", *[pl.col(c).alias(f"after_{c}") for c in cols])
-    ops = left.join(right, on=["name", "kind"], how="full", coalesce=True).fill_null(0)
+
+    def side(table: pl.DataFrame, when: str) -> pl.DataFrame:
+        return (table.filter(keep).with_columns(key=_api_key(pl.col("name"), pl.col("kind")))
+                .group_by("key", "kind", maintain_order=True)
+                .agg(pl.col("name").unique(maintain_order=True).str.join(" / ").alias(f"{when}_name"),
+                     *[pl.col(c).sum().alias(f"{when}_{c}") for c in cols]))
+
+    ops = side(ob.ops, "before").join(side(oa.ops, "after"), on=["key", "kind"], how="full", coalesce=True)
+    ops = ops.with_columns(  # a call both name alike keeps its name; cudaLaunchKernel / hipLaunchKernel otherwise
+        pl.when(pl.col("before_name").is_null() | pl.col("after_name").is_null()
+                | (pl.col("before_name") == pl.col("after_name")))
+        .then(pl.coalesce("before_name", "after_name"))
+        .otherwise(pl.concat_str("before_name", pl.lit(" / "), "after_name")).alias("name"),
+        *[pl.col(f"{w}_{c}").fill_null(0) for w in ("before", "after") for c in cols])
     ops = ops.with_columns(*[(pl.col(f"after_{c}") - pl.col(f"before_{c}")).alias(f"delta_{c}") for c in cols])
     ops = ops.select("name", "kind", *[f"{w}_{c}" for c in cols for w in ("before", "after", "delta")])
     ops = ops.sort(pl.max_horizontal(pl.col("delta_self_cpu_ns").abs(), pl.col("delta_self_device_ns").abs()),
