@@ -73,7 +73,7 @@ class TraceFrames:
     def profiler_steps(self) -> pl.DataFrame:
         """The step spans every analysis uses: step, ts_ns, dur_ns, end_ns, pid, tid, event_id (CPU spans, by
         start). `Trace.steps` where the trace has ProfilerStep#N, else the inferred iterations without the set-up
-        one (`iterations.steady`; `iterations.source` says which), either without its idle tail (`tail`)."""
+        one (`iterations.steady`; `iterations.source` says which); in both cases without the idle tail (`tail`)."""
         steady = self.iterations.steady.sort("ts_ns")
         tail = self.tail
         return steady.filter(~pl.col("step").is_in(tail["step"].implode())) if tail.height else steady

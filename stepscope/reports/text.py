@@ -135,8 +135,9 @@ def cut_texts(texts: Sequence[str]) -> list[str]:
     characters and, after "…", the part from a little before it first differs from the others:
 
         void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_row_1<float, float, float,
-        5ul>(…) and the same with 2ul  ->  "void split_embedding_backward_codegen_ro…unweighted_kernel_cta_per_row_1<
-        float, float, float, 5ul>(at::Gen…" and "…, 2ul>(at::Gen…"
+        5ul>(at::GenericPackedTensorAccessor<…>, …) and the same with 2ul
+        ->  void split_embedding_backward_codegen_ro…er_row_1<float, float, float, 5ul>(at::GenericPackedTensor…
+            void split_embedding_backward_codegen_ro…er_row_1<float, float, float, 2ul>(at::GenericPackedTensor…
     """
     cut = [t if len(t) <= MAX_CELL else t[: MAX_CELL - 1] + "…" for t in texts]
     groups: dict[str, set[str]] = {}
