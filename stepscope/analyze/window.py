@@ -26,9 +26,9 @@ from the loop's repeating structure, the set-up iteration left out (`stepscope.a
 does not tell them apart.
 
 **The tail** (tb_plugin drops it too): trailing steps that launched no GPU work, where an earlier step did, are
-left out (`idle_tail`). Without a schedule, ``prof.step()`` at the end of each iteration opens one more
-``ProfilerStep#N`` that runs until the profiler stops: a span of the loop's exit, not an iteration. A step whose
-GPU work the profiler did not capture is as little one to measure.
+left out (`idle_tail`; only where GPU work is linked to its launch calls). Without a schedule, ``prof.step()``
+at the end of each iteration opens one more ``ProfilerStep#N`` that runs until the profiler stops: a span of the
+loop's exit, not an iteration. A step whose GPU work the profiler did not capture is as little one to measure.
 
     step 1 CPU [0, 9.3 ms) launched 16 kernels; step 2 CPU [9.3, 9.35 ms) launched nothing
       -> step 2 left out: one step, 9.3 ms, not a mean of 4.7 ms over two
@@ -117,11 +117,15 @@ def step_windows(profiler_steps: pl.DataFrame, launched: pl.DataFrame, *,
 def idle_tail(spans: pl.DataFrame, launched: pl.DataFrame) -> pl.DataFrame:
     """The trailing step spans (rows of `spans`, `iterations.SPAN_SCHEMA`) that launched no GPU work while an
     earlier one did (module docstring); `launched` is `gpu_by_step(...)` over the same spans. None where no span
-    launched any (a CPU-only trace: nothing tells a tail there) or where the last one did.
+    launched any (a CPU-only trace), where the last one did, or where no GPU event is linked to its launch call:
+    GPU work then belongs to the span holding its start, and a GPU-bound loop's last kernels start after the last
+    span's CPU side ended, so nothing tells a tail there.
 
         spans 1, 2, 3; GPU work launched in 1 and 2  ->  span 3
     """
     ordered = spans.sort("ts_ns")
+    if not launched["launch_ts_ns"].is_not_null().any():
+        return ordered.clear()
     busy = ordered["step"].is_in(launched["step"].unique().implode()).arg_true()
     return ordered.clear() if busy.len() == 0 else ordered.slice(int(busy[-1]) + 1)
 

@@ -136,6 +136,12 @@ def test_no_tail_without_gpu_work_or_with_work_at_the_end(tmp_path: Path) -> Non
         step(2, ts=100, dur=6), runtime("cudaLaunchKernel", ts=101, dur=5, correlation=2),
         kernel("k2", ts=110, dur=50, correlation=2)), "end.json"))
     assert end.tail.height == 0 and end.profiler_steps["step"].to_list() == [1, 2]
+    # no launch recorded: a GPU-bound loop's last kernels start after the last step's CPU side, and say nothing
+    unlinked = TraceFrames(load_events(tmp_path, trace(
+        step(1, ts=0, dur=10), kernel("k1", ts=5, dur=50), step(2, ts=10, dur=10), kernel("k2", ts=55, dur=50)),
+        "unlinked.json"))
+    assert unlinked.gpu_by_step["step"].to_list() == [1]  # (k2 starts in no step's CPU span)
+    assert unlinked.tail.height == 0 and unlinked.profiler_steps["step"].to_list() == [1, 2]
 
 
 def test_the_span_after_the_last_prof_step_on_a_real_trace(corpus: Path, tmp_path: Path) -> None:
