@@ -29,7 +29,7 @@ Before/after, a 100 µs step on the main thread (M) with an autograd thread (A):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -75,7 +75,7 @@ class StepsResult:
     idle_by_cause: pl.DataFrame
     modules: pl.DataFrame
     note: str = ""  # why a step's CPU time can exceed its wall time, where one does (`_cpu_beyond_wall`)
-    left_out: list[str] = field(default_factory=list)  # step spans left out, a sentence each (`TraceFrames.left_out`)
+    left_out: str = ""  # the step spans left out and why (`TraceFrames.left_out`, joined by "; "); "" in most traces
 
 
 def _cpu_beyond_wall(steps: pl.DataFrame) -> str:
@@ -364,7 +364,7 @@ def step_breakdown(source: Source, *, gaps: GapsResult | None = None) -> StepsRe
         idle_by_cause=idle_by_cause(gaps, out),
         modules=modules,
         note=_cpu_beyond_wall(out),
-        left_out=frames.left_out,
+        left_out="; ".join(frames.left_out),
     )
 
 

@@ -212,7 +212,8 @@ def steps_section(ctx: ReportContext) -> Section | None:
     if result.steps_found:
         if result.outlier_steps:
             notes.append(f"Outlier steps (wall time far from the median): {', '.join(map(str, result.outlier_steps))}.")
-        notes.extend(f"Left out: {line}." for line in result.left_out)
+        if result.left_out:
+            notes.append(f"Left out: {result.left_out}.")
     else:
         notes.append(f"{NO_STEPS[0].upper()}{NO_STEPS[1:]}: the timeline shows the whole trace ({STEPS_ADVICE}).")
     if timeline is not None:
