@@ -340,6 +340,7 @@ class SummaryResult:
     sync_idle_fraction: float | None
     memcpy_idle_fraction: float | None
     launch_idle_fraction: float | None
+    other_idle_fraction: float | None = None  # GPU idle whose cause `gaps` could not name (cause "other")
     tiny_kernel_fraction: float | None
     sync_calls: int
     per_step: pl.DataFrame
@@ -641,8 +642,9 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                          .then(pl.col("pageable_ns").sum())).row(0, named=True)
         calls = int(per["sync_calls"].sum())
         wall = int(tot["wall_ns"])
+        idle = _idle(idle_by_step)
         ev = _evidence(wall, gpu_events, tot["gpu_busy_ns"], tot["data_loading_exposed_ns"], tot["sync_ns"],
-                       tot["memcpy_ns"], tot["pageable_ns"], tot["tiny"], tot["kernels"], _idle(idle_by_step),
+                       tot["memcpy_ns"], tot["pageable_ns"], tot["tiny"], tot["kernels"], idle,
                        tot["exposed_comm_ns"], runtime_calls)
     else:
         per_step = pl.DataFrame()
@@ -675,6 +677,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         sync_fraction=ev["sync_fraction"], memcpy_fraction=ev["memcpy_fraction"],
         pageable_memcpy_fraction=ev["pageable_memcpy_fraction"], sync_idle_fraction=ev["sync_idle_fraction"],
         memcpy_idle_fraction=ev["memcpy_idle_fraction"], launch_idle_fraction=ev["launch_idle_fraction"],
+        other_idle_fraction=idle["other"] / wall if gpu_events and wall else None,
         tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
         places=_places(frames, rule.verdict, syncs, gaps, kernels, (colls, split)), rules=rules,
         warnings=trace_warnings(frames) if warnings is None else warnings, mfu_fraction=limits.mfu_fraction,

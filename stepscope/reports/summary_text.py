@@ -37,7 +37,8 @@ def render_summary(result: SummaryResult) -> str:
             "  GPU idle, by cause:",
             f"    behind host syncs         {human_fraction(result.sync_idle_fraction)}",
             f"    waiting for copies        {human_fraction(result.memcpy_idle_fraction)}",
-            f"    launch overhead           {human_fraction(result.launch_idle_fraction)}"
+            f"    launch overhead           {human_fraction(result.launch_idle_fraction)}",
+            f"    no cause found            {human_fraction(result.other_idle_fraction)}"
             "  (every cause: `stepscope gaps`)",
             f"  kernels < 10 µs             {human_fraction(result.tiny_kernel_fraction)} of kernels",
         ]

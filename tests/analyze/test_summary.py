@@ -361,3 +361,17 @@ def test_workload_shares_from_a_trace(tmp_path: Path) -> None:
     r = verdict(load_events(tmp_path, trace(*events)))
     assert r.graph_replay_fraction == pytest.approx(0.3) and r.compiled_fraction == pytest.approx(0.6)
     assert r.memory_bound_fraction is None  # no FLOP op, no device: nothing to place on a roofline
+
+
+def test_the_idle_causes_and_busy_add_up_to_the_step(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN one-GPU traces without data loading or collectives: HTA's triton example (one 13.3 s step whose GPU
+    # idles after its one kernel while the host compiles) and a synthetic trace without steps
+    triton = verdict(load(corpus / "traces/hta/triton_example/triton_example.json.gz", cache_dir=tmp_path))
+    plain = verdict(load_events(tmp_path, trace(*_launched("sgemm", 0, 40, 1, 0), *_launched("add", 90, 10, 2, 80))))
+    for r in (triton, plain):
+        # THEN busy and the idle by cause (host syncs, copies, launch overhead, and what gaps could not name)
+        # cover the window, so the summary shows where every moment went
+        parts = (r.gpu_busy_fraction, r.sync_idle_fraction, r.memcpy_idle_fraction, r.launch_idle_fraction,
+                 r.other_idle_fraction)
+        assert all(p is not None for p in parts) and sum(p for p in parts if p is not None) == pytest.approx(1.0)
+    assert triton.other_idle_fraction is not None and triton.other_idle_fraction > 0.99
