@@ -446,8 +446,8 @@ def _note(family: _Family, its: pl.DataFrame) -> str:
                      "engine's profiler annotations for them)")
     elif its["total_tokens"].null_count():
         unsaid = its["total_tokens"].null_count()
-        notes.append(f"{plural(unsaid, 'iteration')} {'does' if unsaid == 1 else 'do'} not say their tokens: "
-                     "tokens/s is left out for their phase")
+        say = "does not say its" if unsaid == 1 else "do not say their"
+        notes.append(f"{plural(unsaid, 'iteration')} {say} tokens: tokens/s is left out for their phase")
     return "; ".join(notes)
 
 

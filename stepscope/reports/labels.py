@@ -50,7 +50,7 @@ def short_labels(names: Sequence[str], n: int = LABEL_CHARS) -> list[str]:
     for i, name in enumerate(flat):
         rivals = groups[out[i]] - {name}
         if rivals:
-            out[i] = _cut_around(name, max(_common_prefix(name, r) for r in rivals), n)
+            out[i] = _cut_around(name, max(common_prefix(name, r) for r in rivals), n)
     taken: dict[str, str] = {}  # label -> the name it stands for; what still collides is numbered
     for i, name in enumerate(flat):
         k = 2
@@ -72,7 +72,8 @@ def _cut_middle(text: str, n: int) -> str:
     return text[:head] + "…" + text[len(text) - (n - 1 - head):]
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix(a: str, b: str) -> int:
+    """How many leading characters a and b share: where they first differ (also `text.cut_texts`')."""
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import polars as pl
 
 from stepscope.errors import UsageError
+from stepscope.reports.labels import common_prefix
 from stepscope.reports.units import human_bytes, human_fraction, human_ns
 
 if TYPE_CHECKING:
@@ -147,22 +148,13 @@ def cut_texts(texts: Sequence[str]) -> list[str]:
     apart: dict[str, str] = {}
     for members in groups.values():
         for text in members if len(members) > 1 else ():
-            differs = max(_common_prefix(text, other) for other in members if other != text)
+            differs = max(common_prefix(text, other) for other in members if other != text)
             start = max(_HEAD, differs - _BEFORE)
             end = start + MAX_CELL - _HEAD - 2  # room for the two "…"
             if end >= len(text):
                 end, start = len(text), max(_HEAD, len(text) - (MAX_CELL - _HEAD - 1))
             apart[text] = f"{text[:_HEAD]}…{text[start:end]}{'…' if end < len(text) else ''}"
     return [apart.get(text, shown) for text, shown in zip(texts, cut, strict=True)]
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def cell_texts(frame: pl.DataFrame) -> list[list[str]]:
