@@ -274,11 +274,13 @@ def _groups(calls: pl.DataFrame, link_gbps: float | None) -> pl.DataFrame:
     bucket = pl.when(pl.col("message_bytes") > 0).then(
         pl.lit(2, pl.Int64).pow(pl.col("message_bytes").log(2).floor().cast(pl.Int64))).otherwise("message_bytes")
     timed = pl.col("algbw_gbps").is_not_null()
+    # exact or null: a call of unknown size leaves its group's total unknown, never a partial sum
+    total = pl.when(pl.col("message_bytes").null_count() == 0).then(pl.col("message_bytes").sum())
     out = (calls.with_columns(size_bucket_bytes=bucket)
            .group_by("collective", "size_bucket_bytes", "dtype", "process_group")
            .agg(calls=pl.len(), ranks=pl.col("ranks").max(), mean_skew_ns=pl.col("skew_ns").mean(),
                 max_skew_ns=pl.col("skew_ns").max(), mean_latency_ns=pl.col("latency_ns").mean(),
-                max_wait_ns=pl.col("max_wait_ns").max(), total_message_bytes=pl.col("message_bytes").sum(),
+                max_wait_ns=pl.col("max_wait_ns").max(), total_message_bytes=total,
                 algbw_gbps=pl.col("message_bytes").filter(timed).sum() / pl.col("latency_ns").filter(timed).sum(),
                 busbw_gbps=(pl.col("busbw_gbps") * pl.col("latency_ns")).filter(timed).sum()
                 / pl.col("latency_ns").filter(timed).sum())

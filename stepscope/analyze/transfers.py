@@ -38,7 +38,7 @@ class TransfersResult:
     copies_total: int
     copy_time_ns: int
     exposed_ns: int
-    copied_bytes: int
+    copied_bytes: int | None  # None where a copy's size is unknown (no `bytes` arg: AMD's): never a partial sum
     pageable_copies: int | None  # None where a host copy's name does not say pageable or pinned (AMD's)
     sync_copies: int
     cpu_blocked_ns: int
@@ -129,14 +129,16 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
         runtime="runtime_name", op="op_name", python_line="python_line", start_ns="start_ns",
     )
     pageable = pl.when(~host_memory_unsaid(pl.col("name")).any()).then(pl.col("pageable").sum())  # exact or null
+    # exact or null: a copy without its size (AMD's memcpy events carry no `bytes`) leaves the total unknown
+    copied = pl.when(pl.col("size_bytes").null_count() == 0).then(pl.col("size_bytes").sum())
     by_direction = table.group_by("direction").agg(
-        copies=pl.len(), copied_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
+        copies=pl.len(), copied_bytes=copied, dur_ns=pl.col("dur_ns").sum(),
         exposed_ns=pl.col("exposed_ns").sum(), pageable=pageable, sync=pl.col("sync").sum(),
         cpu_blocked_ns=pl.col("cpu_blocked_ns").sum(),
     ).with_columns(gbps=pl.col("copied_bytes") / pl.col("dur_ns")).sort("dur_ns", "direction",
                                                                        descending=[True, False])
     by_step = table.filter(pl.col("step").is_not_null()).group_by("step", "direction").agg(
-        copies=pl.len(), copied_bytes=pl.col("size_bytes").sum(), dur_ns=pl.col("dur_ns").sum(),
+        copies=pl.len(), copied_bytes=copied, dur_ns=pl.col("dur_ns").sum(),
         exposed_ns=pl.col("exposed_ns").sum()).sort("step", "direction")
     worst = table.sort("exposed_ns", descending=True, maintain_order=True).head(top).select(
         "direction", "size_bytes", "dur_ns", "exposed_ns", "gbps", "pageable", "sync", "cpu_blocked_ns", "step",
@@ -145,7 +147,7 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
         copies_total=table.height,
         copy_time_ns=int(table["dur_ns"].sum() or 0),
         exposed_ns=int(table["exposed_ns"].sum() or 0),
-        copied_bytes=int(table["size_bytes"].sum() or 0),
+        copied_bytes=table.select(copied).item() if table.height else 0,
         pageable_copies=table.select(pageable).item() if table.height else 0,
         sync_copies=int(table["sync"].sum() or 0),
         cpu_blocked_ns=int(table["cpu_blocked_ns"].sum() or 0),

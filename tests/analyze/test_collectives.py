@@ -135,6 +135,17 @@ def test_groups_by_collective_size_bucket_dtype_and_group(tmp_path: Path) -> Non
     assert "link_share" in res.calls.columns
 
 
+def test_a_group_of_calls_of_unknown_size_has_no_byte_total(tmp_path: Path) -> None:
+    # GIVEN two ranks' all-reduces: one of 64 floats, and one whose dtype the trace does not name
+    d = tmp_path / "run"
+    for r in (0, 1):
+        rank_trace(d, r, comm_kernel(AR, 100, 10, nelems=64, seq=1, ranks="[0, 1]"),
+                   comm_kernel(AR, 200, 10, nelems=64, seq=2, dtype="Mystery", ranks="[0, 1]"), world=2)
+    groups = analyze(d, tmp_path).groups
+    # THEN the known call's group totals its bytes; the other's total is unknown, not 0 B
+    assert dict(groups.select("size_bucket_bytes", "total_message_bytes").iter_rows()) == {256: 256, None: None}
+
+
 def test_sequence_numbers_match_calls_where_the_order_would_not(tmp_path: Path) -> None:
     # rank 1's window starts one call later: by order its first call would pair with rank 0's first
     d = tmp_path / "run"

@@ -100,6 +100,23 @@ def test_a_pageable_count_over_copies_whose_names_do_not_say_is_refused(tmp_path
     assert dict(r.by_direction.select("direction", "pageable").rows()) == {"HtoD": 1, "DtoH": 0, "DtoD": 0}
 
 
+def test_bytes_over_copies_of_unknown_size_are_refused_not_summed(tmp_path: Path) -> None:
+    # GIVEN two HtoD copies of one step, the second without its `bytes` (ROCm traces record none), and a
+    # DtoH copy whose size is known
+    unsized = memcpy("HtoD", ts=40, dur=10, nbytes=0, src="Host")
+    del unsized["args"]["bytes"]
+    doc = trace(step(1, ts=0, dur=100), memcpy("HtoD", ts=10, dur=20, nbytes=1_000, src="Host"), unsized,
+                memcpy("DtoH", ts=60, dur=4, nbytes=8_000, src="Device", dst="Pinned"))
+    r = transfers(load_events(tmp_path, doc))
+    # THEN the HtoD total, its GB/s and the whole total are unknown (never the 1,000 B of one copy, nor 0 B);
+    # the DtoH figures, whose sizes are all known, stay exact
+    assert r.copied_bytes is None
+    by = {row["direction"]: row for row in r.by_direction.iter_rows(named=True)}
+    assert (by["HtoD"]["copied_bytes"], by["HtoD"]["gbps"]) == (None, None)
+    assert (by["DtoH"]["copied_bytes"], by["DtoH"]["gbps"]) == (8_000, 2.0)
+    assert dict(r.by_step.select("direction", "copied_bytes").rows()) == {"DtoH": 8_000, "HtoD": None}
+
+
 def test_resnet50_num_workers_0_copies_per_the_corpus_readme(corpus: Path, tmp_path: Path) -> None:
     path = corpus / "traces/kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
     r = transfers(load(path, cache_dir=tmp_path))
