@@ -73,3 +73,20 @@ def test_each_warning_fires_on_its_oddity(tmp_path: Path) -> None:
     assert got == {"overlapping_kernels": 1, "negative_durations": 1, "gpu_before_launch": 1,
                    "dangling_flow_starts": 1, "dangling_flow_finishes": 1, "gpu_after_last_step": 1,
                    "gpu_before_first_step": 1, "missing_steps": 1, "unknown_categories": 1, "missing_phases": 1}
+
+
+def test_a_trace_of_counter_ranges_without_kernels_says_why_it_has_no_gpu_timeline(tmp_path: Path) -> None:
+    # GIVEN what the CUPTI range profiler (profiler_metrics) records: a launch, then one cuda_profiler_range event
+    # per kernel with its hardware counters (pid/tid 0, no correlation), and no kernel event at all
+    def counter_range(name: str, ts: float) -> dict[str, object]:
+        return {"ph": "X", "cat": "cuda_profiler_range", "name": name, "pid": 0, "tid": 0, "ts": ts, "dur": 121,
+                "args": {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 9_119_334_400}}
+
+    ranges = trace(cpu_op("aten::mm", ts=0, dur=20), runtime("cudaLaunchKernel", ts=2, dur=5),
+                   counter_range("ampere_sgemm_128x64_tn", 10), counter_range("__missing__", 131))
+    got = dict(trace_info(load_events(tmp_path / "ranges", ranges)).warnings.select("code", "count").rows())
+    # THEN the warning counts them (they are not an unknown category: Kineto writes them)
+    assert got == {"counter_ranges_only": 2}
+    # AND a trace with its kernels recorded, ranges or not, has no such warning
+    timed = trace(kernel("k", ts=10, dur=5), counter_range("k", 10))
+    assert "counter_ranges_only" not in trace_info(load_events(tmp_path / "timed", timed)).warnings["code"].to_list()
