@@ -8,14 +8,18 @@ shorter the step gets once that is fixed, and what the runner-up fix would give:
     sync_bound           --no-sync                            no host sync in the loop
     transfer_bound       --pinned                             pinned memory, asynchronous copies
     launch_bound         --launch-overhead 0us                launches as cheap as a CUDA graph replay
+    communication_bound  --overlap-comm                       collectives hidden behind compute (nothing waits
+                                                              for one but the step's end)
     gpu_bound            --speedup CATEGORY=2                 the compute category with most kernel time, 2x
-    communication_bound, no_gpu: no row (the replay does not model overlapping communication; no GPU graph)
+    no_gpu: no row (no GPU work to replay); communication_bound has none in a trace without a communication kernel
 
 Every change is replayed on one graph, built once (`depgraph.build_graph`), and is only ever as good as the
 replay: a no-change replay must give the measured steps back, and its residual is kept with the rows. The
 graph costs more than the rest of a summary on a large trace, so it is asked for, not always built.
 
     resnet50 num_workers=0: data_loading_bound 177.6 ms -> 118.6 ms (-33.2%); gpu_bound (convolution x2) -11.0%
+    df_index_resolver: communication_bound (exposed 20.6% of the step), yet --overlap-comm saves 0.0%: the CPU
+    launching the work is the longer chain (launch_bound's fix: 3.7%)
 """
 
 from __future__ import annotations
@@ -50,6 +54,12 @@ def top_compute_category(source: Source) -> str | None:
     return str(by["category"][0]) if by.height else None
 
 
+def communicates(source: Source) -> bool:
+    """Whether the trace holds a communication kernel (NCCL/RCCL: what `--overlap-comm` hides in one trace)."""
+    kernels = frames_of(source).launches.filter(pl.col("kind") == Kind.KERNEL.value)
+    return bool(kernels.select((category_expr() == KernelCategory.COMMUNICATION.value).any()).item())
+
+
 def fix_for(verdict: Verdict, source: Source) -> WhatIf | None:
     """The change that fixing `verdict` amounts to (module docstring), None where the replay cannot say."""
     if verdict is Verdict.DATA_LOADING_BOUND:
@@ -60,6 +70,8 @@ def fix_for(verdict: Verdict, source: Source) -> WhatIf | None:
         return WhatIf(pinned=True)
     if verdict is Verdict.LAUNCH_BOUND:
         return WhatIf(launch_overhead_ns=0)
+    if verdict is Verdict.COMMUNICATION_BOUND:
+        return WhatIf(overlap_comm=True) if communicates(source) else None
     if verdict is Verdict.GPU_BOUND:
         category = top_compute_category(source)
         return WhatIf(speedups=((category, GPU_SPEEDUP),)) if category is not None else None
@@ -88,4 +100,4 @@ def predicted_savings(source: Source) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=SAVINGS_SCHEMA)
 
 
-__all__ = ["GPU_SPEEDUP", "SAVINGS_SCHEMA", "fix_for", "predicted_savings", "top_compute_category"]
+__all__ = ["GPU_SPEEDUP", "SAVINGS_SCHEMA", "communicates", "fix_for", "predicted_savings", "top_compute_category"]

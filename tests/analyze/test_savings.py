@@ -26,8 +26,10 @@ def test_each_verdict_names_the_change_its_advice_asks_for(tmp_path: Path) -> No
     assert fix_for(Verdict.TRANSFER_BOUND, t) == WhatIf(pinned=True)
     assert fix_for(Verdict.LAUNCH_BOUND, t) == WhatIf(launch_overhead_ns=0)
     assert fix_for(Verdict.GPU_BOUND, t) == WhatIf(speedups=(("gemm", GPU_SPEEDUP),))  # sgemm_*: gemm
-    # no replay models overlapping communication, and a run's straggler is not one trace's
+    # no GPU work to replay; no communication kernel to hide, and a run's straggler is not one trace's
     assert fix_for(Verdict.COMMUNICATION_BOUND, t) is None and fix_for(Verdict.NO_GPU, t) is None
+    assert fix_for(Verdict.COMMUNICATION_BOUND, load_events(tmp_path / "comm", cp.compute_waits_for_comm())) == (
+        WhatIf(overlap_comm=True))
 
 
 def test_the_top_compute_category_leaves_communication_out(tmp_path: Path) -> None:
@@ -54,6 +56,19 @@ def test_savings_by_hand(tmp_path: Path) -> None:
     # the data-loading step of 60 µs loses its 30 µs fetch
     dl = predicted_savings(load_events(tmp_path / "dl", cp.data_loading()))
     assert dl.filter(dl["verdict"] == "data_loading_bound")["predicted_ns"].item() == 30 * US
+
+
+def test_hiding_the_collective_a_gemm_waits_for_saves_what_the_wait_cost(tmp_path: Path) -> None:
+    # GIVEN a step whose GEMM waits for an all_reduce (tests/critical_path_traces.py): it ends at 91 µs with the
+    # GEMM; hidden behind compute, the GEMM runs 20-50 and the step ends with the all_reduce at 60
+    rows = {r["verdict"]: r for r in
+            predicted_savings(load_events(tmp_path, cp.compute_waits_for_comm())).iter_rows(named=True)}
+    # THEN communication_bound has its row, in the rule table's order, with that saving
+    assert list(rows) == ["data_loading_bound", "communication_bound", "sync_bound", "transfer_bound",
+                          "launch_bound", "gpu_bound"]
+    comm = rows["communication_bound"]
+    assert (comm["change"], comm["measured_ns"], comm["predicted_ns"], comm["saving_ns"]) == (
+        "--overlap-comm", 91 * US, 60 * US, 31 * US)
 
 
 def test_summary_predict_puts_the_savings_under_the_verdict(tmp_path: Path) -> None:
