@@ -443,21 +443,31 @@ def _bandwidth_panel(ax: Any, copies: pl.DataFrame) -> None:
     gbps = copies["gbps"].cast(pl.Float64).fill_null(0).to_numpy()
     size = copies["size_bytes"].cast(pl.Float64).fill_null(0).to_numpy()
     area = 12 + 120 * np.sqrt(size / size.max()) if size.max() > 0 else np.full(len(size), 20.0)
-    pageable = copies["pageable"].fill_null(False).to_numpy().astype(bool)
+    # a copy of unknown size (no `bytes`: ROCm's) or of 0 B has no bandwidth to draw on a log axis, never a 0
+    drawn = gbps > 0
+    pageable = copies["pageable"].fill_null(False).to_numpy().astype(bool) & drawn
     directions = copies["direction"].fill_null("other").to_list()
     for d in dict.fromkeys(directions):
-        m = np.array([x == d for x in directions])
+        m = np.array([x == d for x in directions]) & drawn
+        if not m.any():
+            continue
         ax.scatter(order[m], gbps[m], s=area[m], color=color(f"memcpy_{d.lower()}"), alpha=0.8,
                    edgecolors="#555555", linewidths=0.3, label=d, zorder=3)
     if pageable.any():
         ax.scatter(order[pageable], gbps[pageable], s=area[pageable] * 2.2, facecolors="none",
                    edgecolors=color("peak"), linewidths=1.4, label="pageable (host memory not pinned)", zorder=4)
-    if (gbps > 0).any():
+    if drawn.any():
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
         ax.margins(y=0.25)
+    else:
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, "no copy records its size in bytes:\nno bandwidth to draw", transform=ax.transAxes,
+                ha="center", va="center", fontsize=10, color="#555555")
     noun = "copy" if copies.height == 1 else "copies"
-    ax.set_title(f"Each copy's bandwidth ({copies.height:,} {noun}; marker area ~ bytes)", fontsize=11)
+    unsized = int((~drawn).sum())
+    left_out = f"; {unsized:,} without a size or of 0 B not drawn" if unsized and drawn.any() else ""
+    ax.set_title(f"Each copy's bandwidth ({copies.height:,} {noun}; marker area ~ bytes{left_out})", fontsize=11)
     ax.set_xlabel("copy number, in time order")
     ax.set_xlim(0.5, copies.height + 0.5)
     ax.set_ylabel("GB/s")
@@ -465,7 +475,8 @@ def _bandwidth_panel(ax: Any, copies: pl.DataFrame) -> None:
         ax.set_xticks(range(1, copies.height + 1))
     else:
         ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
+    if drawn.any():
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
     style(ax)
     ax.grid(axis="y", alpha=0.3)
 

@@ -118,6 +118,28 @@ def test_transfers_and_overlap_figures(tmp_path: Path) -> None:
     assert_png(figures.overlap_figure(cpu_gpu_overlap(t)), min_h=60)
 
 
+def test_copies_without_a_size_are_left_off_the_bandwidth_panel_never_drawn_at_zero(tmp_path: Path) -> None:
+    # GIVEN three copies: 1 MB in 10 µs (100 GB/s), one without its `bytes` (ROCm's), and 2 MB in 10 µs
+    unsized = memcpy("HtoD", ts=30, dur=10, nbytes=0, src="Host")
+    del unsized["args"]["bytes"]
+    doc = trace(step(1, ts=0, dur=100), memcpy("HtoD", ts=10, dur=10, nbytes=1_000_000), unsized,
+                memcpy("HtoD", ts=50, dur=10, nbytes=2_000_000))
+    copies = transfers(load_events(tmp_path / "some", doc)).copies
+    fig, ax = subplots()
+    figures._bandwidth_panel(ax, copies)
+    # THEN copies 1 and 3 are drawn at their bandwidth, copy 2 not at all, and the title says one was left off
+    points = sorted(tuple(map(float, xy)) for c in ax.collections for xy in c.get_offsets())
+    assert points == [(1.0, 100.0), (1.0, 100.0), (3.0, 200.0), (3.0, 200.0)]  # (each pageable one circled too)
+    assert "1 without a size or of 0 B not drawn" in ax.get_title()
+    plt.close(fig)
+    # AND where no copy has a size, nothing is drawn and the panel says why
+    fig, ax = subplots()
+    figures._bandwidth_panel(ax, copies.filter(pl.col("size_bytes").is_null()))
+    assert not any(len(c.get_offsets()) for c in ax.collections)
+    assert "no copy records its size" in " ".join(t.get_text() for t in ax.texts)
+    plt.close(fig)
+
+
 def _copy_steps(tmp_path: Path, doc: dict[str, Any]) -> tuple[pl.DataFrame, list[str]]:
     by_step = transfers(load_events(tmp_path, doc)).by_step.with_columns(pl.col("step").cast(pl.String))
     return by_step, by_step["step"].unique(maintain_order=True).to_list()
