@@ -93,6 +93,7 @@ def trace_warnings(source: Source) -> pl.DataFrame:
             rows.append({"code": code, "count": count, "detail": detail})
 
     _event_warnings(frames.trace, add)
+    _counter_ranges(frames.trace, add)
     _launch_and_flow_warnings(frames, add)
     _step_warnings(frames, add)
     invalid = frames.trace.meta.invalid_utf8  # (the figures first: a terminal table cuts a long detail short)
@@ -136,7 +137,6 @@ def _event_warnings(trace: Trace, add: _Add) -> None:
         "events without a usable ph (kept, their kind taken from their category)")
     if bad["span"] is not None and bad["span"] > _DAY_NS:
         add("clock_span", 1, "events span more than a day: mixed clocks or a corrupt timestamp")
-    _counter_ranges(trace, add)
 
 
 #: the category Kineto gives each kernel the CUPTI range profiler measured (`profiler_metrics` in torch's

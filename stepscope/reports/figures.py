@@ -443,8 +443,9 @@ def _bandwidth_panel(ax: Any, copies: pl.DataFrame) -> None:
     gbps = copies["gbps"].cast(pl.Float64).fill_null(0).to_numpy()
     size = copies["size_bytes"].cast(pl.Float64).fill_null(0).to_numpy()
     area = 12 + 120 * np.sqrt(size / size.max()) if size.max() > 0 else np.full(len(size), 20.0)
-    # a copy of unknown size (no `bytes`: ROCm's) or of 0 B has no bandwidth to draw on a log axis, never a 0
-    drawn = gbps > 0
+    # a copy of unknown size (no `bytes`: ROCm's), of 0 B or of no duration has no bandwidth to draw on a log
+    # axis: left off, never drawn at 0
+    drawn = np.isfinite(gbps) & (gbps > 0)
     pageable = copies["pageable"].fill_null(False).to_numpy().astype(bool) & drawn
     directions = copies["direction"].fill_null("other").to_list()
     for d in dict.fromkeys(directions):
@@ -462,11 +463,13 @@ def _bandwidth_panel(ax: Any, copies: pl.DataFrame) -> None:
         ax.margins(y=0.25)
     else:
         ax.set_yticks([])
-        ax.text(0.5, 0.5, "no copy records its size in bytes:\nno bandwidth to draw", transform=ax.transAxes,
-                ha="center", va="center", fontsize=10, color="#555555")
+        why = ("no copy records its size in bytes" if copies["size_bytes"].is_null().all()
+               else "no copy has both a size above 0 B and a duration")
+        ax.text(0.5, 0.5, f"{why}:\nno bandwidth to draw", transform=ax.transAxes, ha="center", va="center",
+                fontsize=10, color="#555555")
     noun = "copy" if copies.height == 1 else "copies"
     unsized = int((~drawn).sum())
-    left_out = f"; {unsized:,} without a size or of 0 B not drawn" if unsized and drawn.any() else ""
+    left_out = f"; {unsized:,} without a bandwidth not drawn" if unsized and drawn.any() else ""
     ax.set_title(f"Each copy's bandwidth ({copies.height:,} {noun}; marker area ~ bytes{left_out})", fontsize=11)
     ax.set_xlabel("copy number, in time order")
     ax.set_xlim(0.5, copies.height + 0.5)

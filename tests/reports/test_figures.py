@@ -130,7 +130,7 @@ def test_copies_without_a_size_are_left_off_the_bandwidth_panel_never_drawn_at_z
     # THEN copies 1 and 3 are drawn at their bandwidth, copy 2 not at all, and the title says one was left off
     points = sorted(tuple(map(float, xy)) for c in ax.collections for xy in c.get_offsets())
     assert points == [(1.0, 100.0), (1.0, 100.0), (3.0, 200.0), (3.0, 200.0)]  # (each pageable one circled too)
-    assert "1 without a size or of 0 B not drawn" in ax.get_title()
+    assert "1 without a bandwidth not drawn" in ax.get_title()
     plt.close(fig)
     # AND where no copy has a size, nothing is drawn and the panel says why
     fig, ax = subplots()
