@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
+from stepscope.analyze.counters import CountersResult, counter_ranges
 from stepscope.analyze.critical_path import CriticalPathResult, critical_path
 from stepscope.analyze.depgraph import DependencyGraph, build_graph
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
@@ -202,6 +203,11 @@ class TraceAnalysis:
     def roofline(self) -> RooflineResult:
         """`stepscope flops`: FLOPs per op, achieved TFLOP/s and GB/s against the device table's peaks, MFU."""
         return roofline(self.frames)
+
+    @_analysis
+    def counters(self) -> CountersResult:
+        """`stepscope counters`: the CUPTI range profiler's counters per kernel (none in any other trace)."""
+        return counter_ranges(self.frames)
 
     @_analysis
     def serving(self) -> ServingResult:

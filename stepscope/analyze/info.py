@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from stepscope.analyze.counters import RANGE_CATEGORY
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.meta import devices_by_id
 from stepscope.analyze.schema import GPU_KINDS, Kind
@@ -139,23 +140,19 @@ def _event_warnings(trace: Trace, add: _Add) -> None:
         add("clock_span", 1, "events span more than a day: mixed clocks or a corrupt timestamp")
 
 
-#: the category Kineto gives each kernel the CUPTI range profiler measured (`profiler_metrics` in torch's
-#: `_ExperimentalConfig`): one event per kernel with its hardware counters; the kernels themselves go unrecorded
-PROFILER_RANGE_CATEGORY = "cuda_profiler_range"
-
-
 def _counter_ranges(trace: Trace, add: _Add) -> None:
     """A trace whose GPU work was recorded as counter ranges only: say why it has no GPU timeline. (Looked for
     only in a trace without GPU events, whose counts by kind say it holds other events.)"""
     by_kind = trace.meta.counts.by_kind
     if not by_kind.get(Kind.OTHER.value) or any(by_kind.get(k.value) for k in GPU_KINDS):
         return
-    ranges = trace.events.filter(pl.col("cat") == PROFILER_RANGE_CATEGORY).select(pl.len()).collect(
+    ranges = trace.events.filter(pl.col("cat") == RANGE_CATEGORY).select(pl.len()).collect(
         engine="in-memory").item()
     add("counter_ranges_only", int(ranges),
-        f"{PROFILER_RANGE_CATEGORY} events and no kernel: the CUPTI range profiler (profiler_metrics) measured "
+        f"{RANGE_CATEGORY} events and no kernel: the CUPTI range profiler (profiler_metrics) measured "
         "the GPU work, one event per kernel holding its hardware counters, not its time on the GPU, so there is "
-        "no GPU timeline here; profile again without profiler_metrics for one")
+        "no GPU timeline here (`stepscope counters` reads the counters); profile again without profiler_metrics "
+        "for one")
 
 
 def _launch_and_flow_warnings(frames: TraceFrames, add: _Add) -> None:

@@ -160,6 +160,13 @@ RULES: tuple[Rule, ...] = (
          f"CPU collectives (gloo …) >= {COMM_MIN:.0%} of the step, no GPU work in the trace",
          _COMM_ADVICE.format("On GPUs use the NCCL backend; overlap the all-reduce with backward (DDP buckets: "
                              "bucket_cap_mb) and send fewer, larger messages. ")),
+    # kernels measured by the CUPTI range profiler: no timeline, but counters to read instead
+    Rule(Verdict.NO_GPU, ((NO_GPU_WORK, _at_least("counter_ranges", 1)),),
+         "no GPU timeline: the kernels were measured by the CUPTI range profiler (counter ranges)",
+         "The trace was recorded with profiler_metrics: each kernel has its hardware counters, not its time, so "
+         "nothing here says where the step's time goes. `stepscope counters` gives the counters and FLOPs per "
+         "kernel and op; profile again without profiler_metrics (a schedule, ProfilerActivity.CUDA) for the "
+         "timeline."),
     Rule(Verdict.NO_GPU, ((NO_GPU_WORK,),), "no GPU work in the trace",
          "No GPU kernel, memcpy or memset was recorded: a CPU-only run, or GPU activity was not captured "
          "(add ProfilerActivity.CUDA). See `stepscope ops` for where the CPU time goes."),
@@ -611,7 +618,10 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     gaps = gpu_gaps(frames) if gaps is None else gaps
     br = step_breakdown(frames, gaps=gaps) if steps is None else steps
     limits = roofline(frames) if limits is None else limits
-    work = workload_evidence(frames, limits)  # whole-trace shares: graph-replayed, compiled, memory-bound
+    warnings = trace_warnings(frames) if warnings is None else warnings
+    # whole-trace figures: graph-replayed, compiled, memory-bound shares; the CUPTI range profiler's kernels
+    work = workload_evidence(frames, limits) | {"counter_ranges": float(
+        warnings.filter(pl.col("code") == "counter_ranges_only")["count"].sum())}
     colls = rank_calls(trace, launches=frames.launches)
     split = comm_split(gpu_work(trace.gpu), colls.lazy())
     syncs = _sync_calls(trace)
@@ -680,7 +690,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         other_idle_fraction=idle["other"] / wall if gpu_events and wall else None,
         tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
         places=_places(frames, rule.verdict, syncs, gaps, kernels, (colls, split)), rules=rules,
-        warnings=trace_warnings(frames) if warnings is None else warnings, mfu_fraction=limits.mfu_fraction,
+        warnings=warnings, mfu_fraction=limits.mfu_fraction,
         profile_next=profile_next_command(rule.verdict, limits), exposed_comm_fraction=ev["exposed_comm_fraction"],
         comm_excess_fraction=excess / wall if wall and colls.height else None,
         comm_note=_comm_note(colls, excess, wall),

@@ -366,6 +366,29 @@ def roofline_section(ctx: ReportContext) -> Section | None:
                    commands=[ctx.command("flops", ctx.source)])
 
 
+def counters_section(ctx: ReportContext) -> Section | None:
+    """The CUPTI range profiler's counters (counters.py), only in a trace it recorded: per op, per kernel name and
+    per kernel measured, with the FLOPs of the instruction counters."""
+    from stepscope.reports.counters_text import counter_columns
+    from stepscope.reports.labels import metric_labels
+
+    result = ctx.bundle.counters
+    if not result.ranges_found:
+        return None
+    names = result.counters
+    tables = [frame_table(counter_columns(result.by_op, names), "By op (innermost under outermost), most FLOPs first")
+              ] if result.by_op.height else []
+    tables += [frame_table(counter_columns(result.by_kernel, names), "By kernel, most FLOPs first"),
+               frame_table(counter_columns(result.ranges, names), "Each kernel measured, in order")]
+    _, pattern = metric_labels(names)
+    notes = [result.note] if result.note else []
+    if pattern:
+        notes.append(f"Counter columns are named by their part of {pattern}.")
+    return Section(id="counters", title="Hardware counters (CUPTI range profiler)",
+                   headline=headline_items(result, skip=("note", "counters")), notes=notes, tables=tables,
+                   commands=[ctx.command("counters", ctx.source)])
+
+
 def ops_section(ctx: ReportContext) -> Section | None:
     """key_averages()-style op table, sortable, and the top ops as bars."""
     table = ctx.bundle.ops
@@ -478,6 +501,7 @@ SECTIONS: list[tuple[str, SectionBuilder]] = [
     ("transfers", transfers_section),
     ("kernels", kernels_section),
     ("roofline", roofline_section),
+    ("counters", counters_section),
     ("ops", ops_section),
     ("memory", memory_section),
     ("info", info_section),

@@ -72,6 +72,29 @@ def _cut_middle(text: str, n: int) -> str:
     return text[:head] + "…" + text[len(text) - (n - 1 - head):]
 
 
+def metric_labels(names: Sequence[str]) -> tuple[dict[str, str], str]:
+    """Short column labels for metrics that share a long start and end (the CUPTI counters of one trace), and the
+    pattern that gives the names back: the shared start and end are cut at a '_' or '.' and stand as '*'.
+    Fewer than two names, or names that would be left empty or alike, keep their own.
+
+        smsp__sass_thread_inst_executed_op_dadd_pred_on.sum, …_ffma_pred_on.sum
+        -> dadd, ffma; "smsp__sass_thread_inst_executed_op_*_pred_on.sum"
+    """
+    if len(names) < 2:
+        return {n: n for n in names}, ""
+    first = min(names)
+    start = min(common_prefix(first, n) for n in names)
+    end = min(common_prefix(first[::-1], n[::-1]) for n in names)
+    start = first.rfind("_", 0, start + 1) + 1 if "_" in first[:start] else 0
+    tail = first[len(first) - end:]
+    cut = [i for i, c in enumerate(tail) if c in "_."]
+    end = end - cut[0] if cut else 0
+    short = {n: n[start:len(n) - end] for n in names}
+    if not start and not end or any(not v for v in short.values()) or len(set(short.values())) < len(names):
+        return {n: n for n in names}, ""
+    return short, f"{first[:start]}*{first[len(first) - end:]}"
+
+
 def common_prefix(a: str, b: str) -> int:
     """How many leading characters a and b share: where they first differ (also `text.cut_texts`')."""
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

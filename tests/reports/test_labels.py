@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepscope.analyze.kernels import kernel_summary
-from stepscope.reports.labels import KERNEL_LABEL_CHARS, literal, short_labels, top_kernels
+from stepscope.reports.labels import KERNEL_LABEL_CHARS, literal, metric_labels, short_labels, top_kernels
 
 # six ROCm GEMM kernels (hipBLASLt names) alike in their first 48 characters and in their last 60
 PREFIX = "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT"
@@ -60,3 +60,15 @@ def test_top_kernel_labels_are_distinct_and_name_their_kernel(tmp_path: Path) ->
     assert len(set(labels)) == 6 and all(len(x) <= KERNEL_LABEL_CHARS for x in labels)
     assert all(t in x for t, x in zip(tiles, labels, strict=True))
     assert top["name"].to_list() == [name.format(t) for t in tiles]  # the full names, for the table
+
+
+def test_metric_labels_keep_the_part_that_tells_the_names_apart() -> None:
+    sass = [f"smsp__sass_thread_inst_executed_op_{op}_pred_on.sum" for op in ("dadd", "dfma", "ffma", "hadd")]
+    labels, pattern = metric_labels(sass)
+    assert list(labels.values()) == ["dadd", "dfma", "ffma", "hadd"]
+    assert pattern == "smsp__sass_thread_inst_executed_op_*_pred_on.sum"
+    assert [pattern.replace("*", v) for v in labels.values()] == sass  # the pattern gives the names back
+    # names with nothing long in common, or one name alone, keep their own
+    other = ["sm__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum"]
+    assert metric_labels(other) == ({n: n for n in other}, "")
+    assert metric_labels(sass[:1]) == ({sass[0]: sass[0]}, "")
