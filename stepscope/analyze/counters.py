@@ -68,7 +68,7 @@ class CountersResult:
     ranges_found: int
     launches_found: int
     matched: bool  # every range paired with its launch call (the counts agree)
-    counters: list[str]  # the metric names measured, in the order the first range lists them
+    counters: list[str]  # the metric names measured, in the order first seen
     flops: int | None  # all ranges, all three precisions (None where a range lacks one of the nine counters)
     note: str
     ranges: pl.DataFrame  # range, name, op, top_op, python, fp64/fp32/fp16_flops, flops, one column per counter
@@ -81,27 +81,29 @@ def counter_ranges(source: Source) -> CountersResult:
     frames = frames_of(source)
     trace = frames.trace
     events = _range_events(trace)
-    counters = _counter_names(events["args"].to_list())
     values = [_counters_of(text) for text in events["args"].to_list()]
+    unreadable = sum(v is None for v in values)
+    read = [v or {} for v in values]
+    counters = list(dict.fromkeys(name for v in read for name in v))
     launches = _launch_calls(trace) if events.height else pl.DataFrame()
     matched = events.height > 0 and launches.height == events.height
     ranges = events.select(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("range"), "name")
     ranges = ranges.with_columns(_ops(trace, launches) if matched else [
         pl.lit(None, pl.String).alias(c) for c in ("op", "top_op", "python")])
-    columns = {name: pl.Series(name, [v.get(name) for v in values], strict=False) for name in counters}
-    flops = {f"{p}_flops": _flops(columns, p, events.height) for p in FLOP_COUNTERS}
-    every = [flops[f"{p}_flops"] for p in FLOP_COUNTERS]
-    total = pl.Series("flops", [None if any(s[i] is None for s in every) else sum(int(s[i]) for s in every)
-                                for i in range(events.height)], dtype=pl.Int64)
-    ranges = ranges.with_columns(*flops.values(), total, *columns.values())
-    additive = [c for c in counters if c.endswith(".sum") and ranges[c].dtype.is_numeric()]
+    columns = [pl.Series(name, [v.get(name) for v in read], strict=False) for name in counters]
+    flops = {p: [_flops(v, p) for v in read] for p in FLOP_COUNTERS}
+    total = [None if any(flops[p][i] is None for p in flops) else sum(flops[p][i] or 0 for p in flops)
+             for i in range(events.height)]
+    ranges = ranges.with_columns(*(_exact(f"{p}_flops", f) for p, f in flops.items()), _exact("flops", total),
+                                 *columns)
+    additive = [c for c in counters if c.endswith(".sum") and ranges[c].dtype.is_integer()]
     by_kernel = _totals(ranges, ["name"], additive)
-    by_op = _totals(ranges, ["top_op", "op"], additive) if matched else _totals(ranges.clear(), ["top_op", "op"],
-                                                                                additive)
+    by_op = _totals(ranges if matched else ranges.clear(), ["top_op", "op"], additive)
     return CountersResult(
         ranges_found=events.height, launches_found=launches.height, matched=matched, counters=counters,
-        flops=_exact_sum(ranges["flops"]) if events.height else None,
-        note=_note(events.height, launches.height, trace), ranges=ranges, by_kernel=by_kernel, by_op=by_op)
+        flops=None if not events.height or None in total else sum(int(t or 0) for t in total),
+        note=_note(events.height, launches.height, unreadable, trace), ranges=ranges, by_kernel=by_kernel,
+        by_op=by_op)
 
 
 def _range_events(trace: Trace) -> pl.DataFrame:
@@ -114,23 +116,19 @@ def _range_events(trace: Trace) -> pl.DataFrame:
             .sort("ts_ns", "event_id").drop("event_id").collect(engine="in-memory"))
 
 
-def _counters_of(args: str | None) -> dict[str, int | float]:
-    """The counters of one range's `args`: its numeric values under metric names (`unit__metric.rollup`)."""
+def _counters_of(args: str | None) -> dict[str, int | float] | None:
+    """The counters of one range's `args`: its numeric values under metric names (`unit__metric.rollup`); None
+    where the text cannot be read (a number out of any float's range)."""
     if not args:
         return {}
-    decoded = msgspec.json.decode(args)
+    try:
+        decoded = msgspec.json.decode(args)
+    except msgspec.DecodeError:
+        return None
     if not isinstance(decoded, dict):
         return {}
     return {k: v for k, v in decoded.items()
             if "__" in k and isinstance(v, int | float) and not isinstance(v, bool)}
-
-
-def _counter_names(args: list[str | None]) -> list[str]:
-    """Every metric name the ranges carry, in the order first seen."""
-    seen: dict[str, None] = {}
-    for text in args:
-        seen.update(dict.fromkeys(_counters_of(text)))
-    return list(seen)
 
 
 def _launch_calls(trace: Trace) -> pl.DataFrame:
@@ -161,41 +159,45 @@ def _ops(trace: Trace, launches: pl.DataFrame) -> list[pl.Series]:
     return [inner, top, python_lines(trace, launches)[0].alias("python")]
 
 
-def _flops(columns: dict[str, pl.Series], precision: str, n: int) -> pl.Series:
-    """One precision's FLOPs per range: None where a range lacks one of its three counters."""
-    name = f"{precision}_flops"
-    parts = [(columns.get(counter), weight) for counter, weight in FLOP_COUNTERS[precision]]
-    known = [(series, weight) for series, weight in parts if series is not None and series.dtype.is_integer()]
-    if len(known) < len(parts):
-        return pl.Series(name, [None] * n, dtype=pl.Int64)
-    frame = pl.DataFrame({f"c{i}": series for i, (series, _) in enumerate(known)})
-    every = pl.all_horizontal(pl.all().is_not_null())
-    total = pl.sum_horizontal(pl.col(f"c{i}").cast(pl.Int64) * weight for i, (_, weight) in enumerate(known))
-    return frame.select(pl.when(every).then(total).alias(name)).to_series()
+def _flops(counters: dict[str, int | float], precision: str) -> int | None:
+    """One range's FLOPs of one precision, in Python's integers (exact at any size): None where one of its three
+    counters is missing or not a whole number."""
+    parts = [(counters.get(name), weight) for name, weight in FLOP_COUNTERS[precision]]
+    if any(not isinstance(value, int) for value, _ in parts):
+        return None
+    return sum(int(value or 0) * weight for value, weight in parts)
 
 
-def _exact_sum(series: pl.Series) -> int | None:
-    """The sum, or None where a value is unknown."""
-    return int(series.sum()) if series.null_count() == 0 else None
+def _exact(name: str, values: list[int | None]) -> pl.Series:
+    """Whole numbers as Int64, or as Int128 where one does not fit: never wrapped."""
+    return pl.Series(name, values, dtype=pl.Int64, strict=False) if all(
+        v is None or -(2**63) <= v < 2**63 for v in values) else pl.Series(name, values, dtype=pl.Int128)
 
 
 def _totals(ranges: pl.DataFrame, by: list[str], additive: list[str]) -> pl.DataFrame:
     """Ranges, FLOPs (all and per precision) and the additive counters summed per `by` (each exact or null), most
     FLOPs first."""
     figures = ("flops", *(f"{p}_flops" for p in FLOP_COUNTERS), *additive)
-    exact = [pl.when(pl.col(c).null_count() == 0).then(pl.col(c).sum()).alias(c) for c in figures]
-    return (ranges.group_by(by).agg(pl.len().cast(pl.Int64).alias("ranges"), *exact)
+    # summed in 128 bits, so a sum never wraps; exact or null: a part unknown leaves the total unknown
+    exact = [pl.when(pl.col(c).null_count() == 0).then(pl.col(c).cast(pl.Int128).sum()).alias(c) for c in figures]
+    out = ranges.group_by(by).agg(pl.len().cast(pl.Int64).alias("ranges"), *exact)
+    fits = [c for c in figures if out[c].is_between(-(2**63), 2**63 - 1).all()]  # (nulls pass: unknown either way)
+    return (out.with_columns(pl.col(fits).cast(pl.Int64))
             .sort(["flops", "ranges", *by], descending=[True, True, *[False] * len(by)], nulls_last=True))
 
 
-def _note(ranges: int, launches: int, trace: Trace) -> str:
-    """Why ops are missing, or why nothing is here."""
+def _note(ranges: int, launches: int, unreadable: int, trace: Trace) -> str:
+    """Why ops are missing, or why nothing is here; ranges whose counters could not be read."""
     if ranges == 0:
         gpu = any(trace.meta.counts.by_kind.get(k.value) for k in GPU_KINDS)
         return ("no cuda_profiler_range events: this trace was not recorded by the CUPTI range profiler "
                 "(torch.profiler's experimental_config with profiler_metrics)" + (
                     "; its kernels' times are in `stepscope kernels`" if gpu else ""))
+    notes = []
     if launches != ranges:
-        return (f"{ranges:,} counter ranges but {launches:,} kernel launch calls: the ranges cannot be paired with "
-                "their launches by order, so no op is named")
-    return ""
+        notes.append(f"{ranges:,} counter ranges but {launches:,} kernel launch calls: the ranges cannot be paired "
+                     "with their launches by order, so no op is named")
+    if unreadable:
+        notes.append(f"{unreadable:,} {'range' if unreadable == 1 else 'ranges'} whose counters could not be read "
+                     "(a number out of range): their counters and FLOPs are unknown")
+    return "; ".join(notes)

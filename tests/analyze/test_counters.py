@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from builders import MAIN_TID, PID, cpu_op, kernel, load_events, python_fn, runtime, trace, write_trace
 from click.testing import CliRunner
@@ -169,3 +170,20 @@ def test_the_report_has_a_counters_section_only_where_the_trace_has_ranges(corpu
 def test_kernel_launch_calls_are_recognized(name: str, tmp_path: Path) -> None:
     doc = trace(cpu_op("aten::mm", ts=0, dur=9), runtime(name, ts=1, dur=3), counter_range("k", 50, **sass(ffma=1)))
     assert counter_ranges(load_events(tmp_path, doc)).matched
+
+
+def test_counters_past_int64_stay_exact_and_an_unreadable_number_is_unknown(tmp_path: Path) -> None:
+    # GIVEN one range whose ffma count is 2**70 (past int64) and one whose args hold 1e400 (past any float)
+    huge = {**sass(dadd=0, dmul=0, dfma=0, hadd=0, hmul=0, hfma=0, fadd=0, fmul=0), SASS.format("ffma"): 2**70}
+    doc = trace(cpu_op("aten::mm", ts=0, dur=9), runtime("cudaLaunchKernel", ts=1, dur=3),
+                cpu_op("aten::mm", ts=20, dur=9), runtime("cudaLaunchKernel", ts=21, dur=3),
+                counter_range("big", 50, **huge), counter_range("odd", 90, **sass(ffma=123456789)))
+    path = write_trace(tmp_path, doc, "c.pt.trace.json")
+    path.write_text(path.read_text().replace("123456789", "1e400"))
+    r = counter_ranges(load(path))
+    # THEN the big one's FLOPs are exact (2 x 2**70), not wrapped; the other's counters and FLOPs are unknown
+    assert r.ranges.select("name", "flops").rows() == [("big", 2**71), ("odd", None)]
+    assert r.flops is None and "1 range whose counters could not be read" in r.note
+    by_kernel = {row["name"]: row for row in r.by_kernel.iter_rows(named=True)}
+    assert by_kernel["big"]["flops"] == 2**71 and by_kernel["big"][SASS.format("dadd")] == 0
+    assert r.by_kernel.schema[SASS.format("dadd")] == pl.Int64  # sums that fit stay Int64
