@@ -80,7 +80,7 @@ def counter_ranges(source: Source) -> CountersResult:
     """The CUPTI range profiler's counters per kernel, matched to their launch calls and ops (module docstring)."""
     frames = frames_of(source)
     trace = frames.trace
-    events = _range_events(trace)
+    events = range_events(trace)
     values = [_counters_of(text) for text in events["args"].to_list()]
     unreadable = sum(v is None for v in values)
     read = [v or {} for v in values]
@@ -106,7 +106,7 @@ def counter_ranges(source: Source) -> CountersResult:
         by_op=by_op)
 
 
-def _range_events(trace: Trace) -> pl.DataFrame:
+def range_events(trace: Trace) -> pl.DataFrame:
     """The counter ranges in time order (name, ts_ns, args). A trace whose counts by kind hold no `other` event
     has none, and is not scanned for them."""
     schema = {"name": pl.String, "ts_ns": pl.Int64, "args": pl.String}
@@ -147,15 +147,16 @@ def _ops(trace: Trace, launches: pl.DataFrame) -> list[pl.Series]:
     """op (innermost), top_op (outermost) and python (the user's line) at each launch call."""
     ops = nested(trace, "cpu_ops")
     names = ops.rows["name"].cast(pl.String)
-    row = ops.enclosing(launches).fill_null(-1).to_numpy().copy()
-    inner = pl.Series("op", [names[int(r)] if r >= 0 else None for r in row], dtype=pl.String)
+    found = ops.enclosing(launches)
+    inner = names.gather(found).alias("op")
+    row = found.fill_null(-1).to_numpy().copy()
     while True:  # walk up to the outermost op, all launches a level at a time
         up = np.where(row >= 0, ops.parents[np.maximum(row, 0)], -1)
         climbing = up >= 0
         if not climbing.any():
             break
         row[climbing] = up[climbing]
-    top = pl.Series("top_op", [names[int(r)] if r >= 0 else None for r in row], dtype=pl.String)
+    top = names.gather(pl.Series(row).replace(-1, None)).alias("top_op")
     return [inner, top, python_lines(trace, launches)[0].alias("python")]
 
 

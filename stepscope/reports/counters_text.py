@@ -28,7 +28,7 @@ def render_counters(result: CountersResult, *, top: int = 20) -> str:
     tables = [("by op (innermost under outermost), most FLOPs first", result.by_op),
               ("by kernel, most FLOPs first", result.by_kernel), ("ranges, in the order measured", result.ranges)]
     for title, frame in tables:
-        if frame.height or frame is result.ranges:
+        if frame.height:
             parts.append(render_frame(frame.head(top), title=f"\n{title}" + (
                 f" (first {top} of {frame.height:,}):" if frame.height > top else ":"), max_rows=None,
                 column_names=labels))

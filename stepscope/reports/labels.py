@@ -85,7 +85,7 @@ def metric_labels(names: Sequence[str]) -> tuple[dict[str, str], str]:
     first = min(names)
     start = min(common_prefix(first, n) for n in names)
     end = min(common_prefix(first[::-1], n[::-1]) for n in names)
-    start = first.rfind("_", 0, start + 1) + 1 if "_" in first[:start] else 0
+    start = first.rfind("_", 0, start) + 1  # after the last '_' the names share (0 where none)
     tail = first[len(first) - end:]
     cut = [i for i, c in enumerate(tail) if c in "_."]
     end = end - cut[0] if cut else 0

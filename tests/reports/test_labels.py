@@ -72,3 +72,7 @@ def test_metric_labels_keep_the_part_that_tells_the_names_apart() -> None:
     other = ["sm__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum"]
     assert metric_labels(other) == ({n: n for n in other}, "")
     assert metric_labels(sass[:1]) == ({sass[0]: sass[0]}, "")
+    # names that part at a '_' of one of them: the shared start ends at the last '_' both have
+    parted = ["x_a_1.sum", "x_ab.sum"]
+    labels, pattern = metric_labels(parted)
+    assert [pattern.replace("*", v) for v in labels.values()] == parted
