@@ -404,8 +404,10 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
         tiny=(pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value) < TINY_KERNEL_NS).sum(),
         kernels=(pl.col("kind") == Kind.KERNEL.value).sum(),
     )
-    sync = with_step(syncs, cpu_spans(frames.profiler_steps), at="ts_ns").filter(  # a step's own calls
-        pl.col("step").is_not_null()).group_by("step").agg(sync_ns=pl.col("dur_ns").sum(), sync_calls=pl.len())
+    own = with_step(syncs, cpu_spans(frames.profiler_steps), at="ts_ns").filter(  # a step's own calls
+        pl.col("step").is_not_null())
+    sync = own.group_by("step").agg(sync_calls=pl.len()).join(
+        _blocked(own.lazy(), by=["step"]).collect(engine="in-memory"), on="step", how="left")
     return (
         steps.join(extra, on="step", how="left", maintain_order="left")
         .join(sync, on="step", how="left", maintain_order="left")
@@ -413,6 +415,13 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
                              "memcpy_ns").fill_null(0),
                       pageable_ns=pl.when(pl.col("gpu_events").is_null()).then(0).otherwise("pageable_ns"))
     )
+
+
+def _blocked(syncs: pl.LazyFrame, *, by: list[str]) -> pl.LazyFrame:
+    """by..., sync_ns: the host's time blocked in sync calls, overlapping calls (syncs on two threads at once)
+    counted once, so the figure is a share of the step, never more than all of it."""
+    return intervals.union_length(syncs.select(*by, "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")),
+                                  by=by).rename({"length_ns": "sync_ns"})
 
 
 def _pageable_ns() -> pl.Expr:
@@ -667,7 +676,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         by_cause = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum())
         idle = {c.value: int(by_cause.filter(pl.col("cause") == c.value)["idle_ns"].sum() or 0) for c in GapCause}
         ev = _evidence(wall, gpu_events, gaps.busy_ns, gaps.data_loading_exposed_ns or 0,
-                       int(syncs["dur_ns"].sum() or 0),
+                       int(_blocked(syncs.lazy(), by=[]).collect(engine="in-memory")["sync_ns"].sum() or 0),
                        int(memcpy["dur_ns"].sum() or 0),
                        g.select(_pageable_ns()).item(),
                        int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle,

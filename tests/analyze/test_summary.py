@@ -132,6 +132,19 @@ def test_idle_behind_syncs_that_barely_block_the_host_is_not_sync_bound(tmp_path
     assert verdict(load_events(tmp_path / "b", trace(*_item_gap(40)))).verdict is Verdict.SYNC_BOUND
 
 
+def test_syncs_on_two_threads_at_once_count_their_blocked_time_once(tmp_path: Path) -> None:
+    """The host's time blocked in syncs is the time some thread was blocked: two threads' overlapping syncs
+    (10-40 and 20-50) block it for 40 µs of the 100 µs step, not 60, with or without ProfilerStep."""
+    syncs = [runtime("cudaDeviceSynchronize", ts=10, dur=30), runtime("cudaStreamSynchronize", ts=20, dur=30, tid=2)]
+    work = [*_launched("sgemm", 5, 5, 1, 2), *_launched("sgemm", 60, 5, 2, 55)]
+    stepped = verdict(load_events(tmp_path / "a", trace(step(1, ts=0, dur=100), *work, *syncs)))
+    assert stepped.sync_calls == 2 and stepped.sync_fraction == pytest.approx(0.4)
+    assert stepped.per_step["sync_fraction"].to_list() == pytest.approx([0.4])
+    # no step: the window is the GPU's first to last event (5-65, 60 µs), the syncs' union still 40 µs
+    whole = verdict(load_events(tmp_path / "b", trace(*work, *syncs)))
+    assert whole.sync_calls == 2 and whole.sync_fraction == pytest.approx(40 / 60)
+
+
 def test_without_runtime_calls_the_idle_behind_syncs_decides_alone(tmp_path: Path) -> None:
     """A trace that records no runtime calls (no launch linked to its GPU work, no sync call) cannot show the
     host's blocked time: unknown, not 0, and the GPU idle behind aten::item decides."""
@@ -314,6 +327,18 @@ def test_readme_rule_table_is_rules_markdown() -> None:
     assert block.strip("\n") == rules_markdown().strip("\n"), (
         "README.md's verdict rule table differs from RULES; paste the output of "
         "python -c 'from stepscope.analyze.summary import rules_markdown; print(rules_markdown(), end=\"\")'")
+
+
+def test_readme_prose_names_the_sync_rule_by_its_number() -> None:
+    """The prose under the table names the two-figure sync rule by its row number, which moves when a rule is
+    added above it."""
+    import re
+
+    text = README.read_text(encoding="utf-8").split(END, 1)[1]
+    numbers = re.findall(r"Rule (\d+) asks for two figures because removing a sync", text)
+    assert len(numbers) == 1
+    rule = RULES[int(numbers[0]) - 1]
+    assert rule.verdict is Verdict.SYNC_BOUND and "GPU idle behind host syncs" in rule.when
 
 
 def test_rules_markdown_has_every_rule_in_order() -> None:
