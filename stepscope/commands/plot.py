@@ -11,6 +11,7 @@ import click
 
 from stepscope.analyze._text import NO_STEPS
 from stepscope.commands._options import trace_argument
+from stepscope.errors import UsageError
 
 if TYPE_CHECKING:
     from stepscope.analyze.bundle import TraceAnalysis
@@ -30,7 +31,8 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     kernels (GPU time by category, top kernels), ops (top ops by self CPU and device time), memory
     (allocated/reserved over time, peak marked; by category for an export_memory_timeline file) or
     snapshot (a CUDA memory snapshot .pickle, or a directory holding one, as TRACE) or transfers (copy time and
-    bytes per step) or roofline (ops as points on the device's roofline, log-log, sized by GPU time)."""
+    bytes per step) or roofline (ops as points on the device's roofline, log-log, sized by GPU time).
+    A figure with nothing to draw is an error (exit code 2), the file not written."""
     from stepscope._io import atomic_write_bytes, check_output_path
     from stepscope.analyze import load
     from stepscope.analyze.bundle import TraceAnalysis
@@ -53,8 +55,7 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
 
             png = memory_figures.memory_categories_figure(memory_categories(source.path))
         if png is None:
-            click.echo(f"no allocation history in {trace}: nothing to plot, {output} not written")
-            return
+            raise UsageError(f"no allocation history: nothing to plot, {output} not written", path=trace)
         atomic_write_bytes(output, png, create_parents=False)
         click.echo(f"wrote {output}", err=True)
         return
@@ -62,8 +63,7 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     draw, empty = _TRACE_FIGURES[kind]
     png = draw(bundle, step)
     if png is None:
-        click.echo(f"{empty}: nothing to plot, {output} not written")
-        return
+        raise UsageError(f"{empty}: nothing to plot, {output} not written", path=trace)
     atomic_write_bytes(output, png, create_parents=False)
     click.echo(f"wrote {output}", err=True)
 

@@ -10,7 +10,7 @@ from builders import cpu_op, trace, write_trace
 from click.testing import CliRunner
 from report_traces import gpu_doc
 
-from stepscope.cli import cli
+from stepscope.cli import cli, main
 
 
 @pytest.mark.parametrize("kind", ["timeline", "steps", "ops", "kernels", "gaps", "transfers", "memory"])
@@ -22,11 +22,25 @@ def test_plot_writes_a_png(tmp_path: Path, kind: str) -> None:
     assert mpimg.imread(out).shape[1] > 300
 
 
-def test_nothing_to_plot_is_said_plainly(tmp_path: Path) -> None:
+def _main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    """Exit code and stderr lines of the real entry point (which maps errors to exit codes)."""
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    return int(exc.value.code or 0), capsys.readouterr().err.strip().splitlines()
+
+
+def test_nothing_to_plot_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A figure with nothing to draw is refused as every command refuses a request its input cannot answer: one
+    line naming the file, exit code 2, no file written (a script must not go on as if the PNG were there)."""
     src = write_trace(tmp_path, trace(cpu_op("aten::mm", ts=0, dur=20)))
-    result = CliRunner().invoke(cli, ["plot", "memory", str(src), "-o", str(tmp_path / "m.png")])
-    assert result.exit_code == 0
-    assert "no [memory] events" in result.output and not (tmp_path / "m.png").exists()
+    out = tmp_path / "m.png"
+    assert _main(["plot", "memory", str(src), "-o", str(out)], capsys) == (2, [
+        f"stepscope: error: {src}: no [memory] events with allocated totals in this trace (capture with "
+        f"profile_memory=True): nothing to plot, {out} not written"])
+    assert _main(["plot", "roofline", str(src), "-o", str(out)], capsys) == (2, [
+        f"stepscope: error: {src}: no op with FLOPs and GPU time, or no known peak (see `stepscope flops`): "
+        f"nothing to plot, {out} not written"])
+    assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob(".m.png*"))
 
 
 def test_plot_snapshot(corpus: Path, tmp_path: Path) -> None:
@@ -49,6 +63,4 @@ def test_plot_roofline(corpus: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["plot", "roofline", str(src), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert mpimg.imread(out).shape[1] > 600
-    cpu = write_trace(tmp_path, trace(cpu_op("aten::mm", ts=0, dur=20)))
-    none = CliRunner().invoke(cli, ["plot", "roofline", str(cpu), "-o", str(tmp_path / "r.png")])
-    assert none.exit_code == 0 and "nothing to plot" in none.output and not (tmp_path / "r.png").exists()
+
