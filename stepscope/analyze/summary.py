@@ -509,7 +509,7 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
         out = _comm_places(*comm)
     elif verdict is Verdict.GPU_BOUND:
         # by short name: template instances of one kernel (elementwise_kernel<…Add…>, <…Mul…>) are one place
-        k = (kernel_summary(trace) if kernels is None else kernels).by_name
+        k = (kernel_summary(frames) if kernels is None else kernels).by_name
         k = k.filter(pl.col("category") != KernelCategory.COMMUNICATION.value)  # NCCL kernels are not compute
         out = (k.group_by(name=short_name(pl.col("name"))).agg(pl.col("total_ns", "count").sum())
                .with_columns(what=pl.lit("kernel")))

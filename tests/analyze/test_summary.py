@@ -400,3 +400,16 @@ def test_the_idle_causes_and_busy_add_up_to_the_step(corpus: Path, tmp_path: Pat
                  r.other_idle_fraction)
         assert all(p is not None for p in parts) and sum(p for p in parts if p is not None) == pytest.approx(1.0)
     assert triton.other_idle_fraction is not None and triton.other_idle_fraction > 0.99
+
+
+def test_one_summary_links_the_launches_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every analysis a summary runs shares one set of derived frames: the launch links (the costliest frame,
+    4 s of a 9M-event trace) are built once, not again for the kernels behind a gpu_bound verdict's places."""
+    from stepscope.analyze import frames
+
+    calls = []
+    real = frames.ops_by_nesting
+    monkeypatch.setattr(frames, "ops_by_nesting", lambda *a: calls.append(1) or real(*a))
+    r = verdict(load_events(tmp_path, trace(*CASES[Verdict.GPU_BOUND])))
+    assert r.verdict is Verdict.GPU_BOUND and r.places["what"].to_list() == ["kernel"]
+    assert len(calls) == 1
