@@ -1326,6 +1326,77 @@ done:
     return result;
 }
 
+/* collapse(parent, names, lifted, out_parent, removed, out_lifted, depth): torch's `_remove_dup_nodes` as
+ * nesting.collapse_repeated's Python loop does it, over rows in nesting order: a child with its (surviving) parent's
+ * name, where that parent has no other child, is removed; its children become the parent's and its `lifted` value
+ * replaces the parent's. parent, names, lifted: int64 inputs (parent -1: none; each parent before its children);
+ * out_parent, out_lifted, depth: writable int64, removed: writable uint8, all of one length (the results). */
+static PyObject *collapse(PyObject *self, PyObject *args) {
+    Py_buffer pb, nb, lb, opb, rb, olb, db;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*w*w*", &pb, &nb, &lb, &opb, &rb, &olb, &db)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = pb.len / (Py_ssize_t)sizeof(int64_t);
+    if (nb.len != pb.len || lb.len != pb.len || opb.len != pb.len || rb.len != n || olb.len != pb.len ||
+        db.len != pb.len) {
+        PyErr_SetString(PyExc_ValueError, "collapse: every array must have one length");
+        goto done;
+    }
+    const int64_t *parent = (const int64_t *)pb.buf, *names = (const int64_t *)nb.buf;
+    int64_t *par = (int64_t *)opb.buf, *lift = (int64_t *)olb.buf, *depth = (int64_t *)db.buf;
+    uint8_t *removed = (uint8_t *)rb.buf;
+    int64_t *nchild = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof(int64_t));
+    int64_t *eff = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (nchild == NULL || eff == NULL) {
+        PyMem_Free(nchild);
+        PyMem_Free(eff);
+        PyErr_NoMemory();
+        goto done;
+    }
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(lift, lb.buf, (size_t)n * sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t p = parent[i];
+        if (p >= n || (p >= 0 && p >= i)) { bad = 1; break; } /* not in nesting order */
+        if (p >= 0) nchild[p]++;
+    }
+    for (Py_ssize_t i = 0; i < n && !bad; i++) {
+        int64_t p = parent[i];
+        eff[i] = i;
+        removed[i] = 0;
+        depth[i] = 0;
+        par[i] = p;
+        if (p < 0) continue;
+        p = eff[p];
+        par[i] = p;
+        depth[i] = depth[p] + 1;
+        if (names[p] == names[i] && nchild[p] == 1) {
+            removed[i] = 1;
+            eff[i] = p;
+            nchild[p] = nchild[i];
+            lift[p] = lift[i];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(nchild);
+    PyMem_Free(eff);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "collapse: a parent row must come before its children");
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&nb);
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&opb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&olb);
+    PyBuffer_Release(&db);
+    return result;
+}
+
 /* replay(order, ptr, src, weight, row, t, via): depgraph.replay's walk. Nodes in topological `order`; node v's in-edges
  * are positions ptr[v] .. ptr[v+1]-1 (sorted by priority), edge position e from node src[e] with weight[e], row[e]
  * its row in the graph's edges. A node with in-edges takes the largest t[src] + weight (the first of equals) and
@@ -1391,6 +1462,9 @@ static PyMethodDef methods[] = {
      "the span. With start and end: the bytes document[start:end] are an array's body (events and commas)."},
     {"nest", nest, METH_VARARGS,
      "nest(start, end, new_thread, parent, depth): each event's parent row and depth (nesting.parent_index)."},
+    {"collapse", collapse, METH_VARARGS,
+     "collapse(parent, names, lifted, out_parent, removed, out_lifted, depth): torch's _remove_dup_nodes "
+     "(nesting.collapse_repeated)."},
     {"replay", replay, METH_VARARGS,
      "replay(order, ptr, src, weight, row, t, via): depgraph.replay's longest-path walk, in place on t and via."},
 #ifdef GUARDS

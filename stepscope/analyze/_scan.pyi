@@ -10,6 +10,10 @@ def scan_events(document: bytes | bytearray | memoryview | mmap, keys: tuple[byt
 def nest(start: Any, end: Any, new_thread: Any, parent: Any, depth: Any, /) -> None:
     """Each event's parent row (-1: none) and depth into `parent` and `depth` (nesting.parent_index)."""
 
+def collapse(parent: Any, names: Any, lifted: Any, out_parent: Any, removed: Any, out_lifted: Any, depth: Any,
+             /) -> None:
+    """torch's _remove_dup_nodes (nesting.collapse_repeated), its results into the four writable arrays."""
+
 def replay(order: Any, ptr: Any, src: Any, weight: Any, row: Any, t: Any, via: Any, /) -> None:
     """depgraph.replay's walk, in place on `t` (node times) and `via` (the in-edge row that set each node)."""
 

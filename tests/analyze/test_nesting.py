@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from stepscope.analyze import load, nesting
 from stepscope.analyze._columns import scanner_available
+from stepscope.analyze._native import scan
 from stepscope.analyze.blame import NestedFrame, innermost, is_library_frame, nested, source_frames
 from stepscope.analyze.nesting import (
     children_sum,
@@ -106,6 +107,33 @@ def test_collapse_merges_single_same_name_child_and_lifts_its_value() -> None:
     assert removed.tolist() == [False, True, False, False, False, False]
     assert new_parent[2] == 0 and depth[2] == 1
     assert lift[0] == 7  # the child's kernels replace the parent's
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 40), st.integers(0, 2), st.integers(0, 9)), max_size=40))
+def test_the_compiled_collapse_is_the_python_collapse(rows: list[tuple[int, int, int]]) -> None:
+    # GIVEN forests in nesting order (each row's parent an earlier row, or none), with few names so that chains of
+    # one same-name child are common THEN the C walk gives the Python walk's answer
+    if not scanner_available():
+        pytest.skip("the compiled scanner is not built here")
+    parent = np.array([p % i if i and p >= 0 else -1 for i, (p, _, _) in enumerate(rows)], dtype=np.int64)
+    names = np.array([r[1] for r in rows], dtype=np.int64)
+    lifted = np.array([r[2] for r in rows], dtype=np.int64)
+    given = parent.copy(), lifted.copy()
+    compiled = nesting._collapse_compiled(parent, names, lifted)
+    python = nesting._collapse_python(parent, names, lifted)
+    assert [a.tolist() for a in compiled] == [a.tolist() for a in python]
+    assert [a.tolist() for a in collapse_repeated(parent, names, lifted)] == [a.tolist() for a in python]
+    assert parent.tolist() == given[0].tolist() and lifted.tolist() == given[1].tolist()  # inputs left alone
+
+
+def test_collapse_refuses_rows_out_of_nesting_order() -> None:
+    with pytest.raises(ValueError, match="a parent row must come before its children"):
+        collapse_repeated(np.array([-1, 2, 0]), np.array([1, 1, 1]), np.array([0, 0, 0]))
+    if scan is not None:  # the C walk checks for itself as well (a parent past the rows would read out of bounds)
+        out = [np.zeros(2, np.int64) for _ in range(4)]
+        with pytest.raises(ValueError, match="a parent row must come before its children"):
+            scan.collapse(np.array([-1, 5]), out[0], out[1], out[2], np.zeros(2, np.uint8), out[3], out[1])
 
 
 def test_subtree_and_children_sums() -> None:

@@ -409,7 +409,12 @@ def test_one_summary_links_the_launches_once(tmp_path: Path, monkeypatch: pytest
 
     calls = []
     real = frames.ops_by_nesting
-    monkeypatch.setattr(frames, "ops_by_nesting", lambda *a: calls.append(1) or real(*a))
+
+    def counted(*args: Any) -> Any:
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(frames, "ops_by_nesting", counted)
     r = verdict(load_events(tmp_path, trace(*CASES[Verdict.GPU_BOUND])))
     assert r.verdict is Verdict.GPU_BOUND and r.places["what"].to_list() == ["kernel"]
     assert len(calls) == 1
