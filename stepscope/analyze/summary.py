@@ -264,12 +264,12 @@ def _margin_text(figure: str, value: float, threshold: float, towards: Verdict) 
             f"{100 * distance:.{digits}f} points from {towards.value}")
 
 
-def _flips(evidence: Evidence) -> list[tuple[Margin, Rule]]:
+def _flips(evidence: Evidence, decided: Verdict | None = None) -> list[tuple[Margin, Rule]]:
     """Each threshold a fraction of `evidence` could cross alone to change the verdict, with the rule that would
     decide past it; nearest first, relative to the threshold (0.4 points from 60% is nearer than 0.4 points from
     5%, and a figure at 0 is as far as can be from any), ties in table order. Counts (gpu_events) are not a
-    matter of degree."""
-    decided = decide(evidence).verdict
+    matter of degree. `decided`: `evidence`'s own verdict, where the caller has it."""
+    decided = decide(evidence).verdict if decided is None else decided
     seen: set[tuple[str, float]] = set()
     out = []
     for test in (t for rule in RULES for group in rule.any_of for t in group):
@@ -294,21 +294,26 @@ def decision_margin(evidence: Evidence) -> Margin | None:
     Before/after: GPU busy 59.6%, nothing else near a threshold: launch_bound, "GPU busy 59.6% < 60%: 0.4 points
     from gpu_bound"; GPU busy 30% with exposed data loading 9.8%: still launch_bound, but "exposed data loading
     9.8% < 10%: 0.2 points from data_loading_bound"."""
-    flips = _flips(evidence)
-    return flips[0][0] if flips else None
+    return judge(evidence)[2]
 
 
 def runner_up(evidence: Evidence) -> Rule | None:
     """The rule that would decide next: the first rule after the deciding one, of another verdict, whose condition
     also holds; where none does (gpu_bound, no_gpu), the rule that decides past the nearest threshold
     (`decision_margin`): the one that would have decided had the verdict's own condition not held."""
+    return judge(evidence)[1]
+
+
+def judge(evidence: Evidence) -> tuple[Rule, Rule | None, Margin | None]:
+    """The deciding rule (`decide`), the runner-up (`runner_up`) and the margin (`decision_margin`) of `evidence`,
+    its thresholds tried once for both (a summary judges every step)."""
     decided = decide(evidence)
+    flips = _flips(evidence, decided.verdict)
     after = RULES[RULES.index(decided) + 1:]
     nxt = next((r for r in after if r.verdict is not decided.verdict and r.condition(evidence)), None)
-    if nxt is not None:
-        return nxt
-    flips = _flips(evidence)
-    return flips[0][1] if flips else None
+    if nxt is None and flips:
+        nxt = flips[0][1]
+    return decided, nxt, flips[0][0] if flips else None
 
 
 def rules_markdown() -> str:
@@ -647,7 +652,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
             ev = _evidence(r["wall_ns"], gpu_events, r["gpu_busy_ns"], r["data_loading_exposed_ns"], r["sync_ns"],
                            r["memcpy_ns"], r["pageable_ns"], r["tiny"], r["kernels"], idle,
                            r["exposed_comm_ns"], runtime_calls) | work
-            rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
+            rule, second, close = judge(ev)
             rows.append({"step": r["step"], "verdict": rule.verdict.value,
                          "runner_up": second.verdict.value if second else None,
                          "margin_fraction": close.margin_fraction if close else None,
@@ -684,7 +689,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                        runtime_calls)
     ev = ev | work
     excess = int(_excess(colls, br.steps if br.steps_found else None)["excess_ns"].sum() or 0)
-    rule, second, close = decide(ev), runner_up(ev), decision_margin(ev)
+    rule, second, close = judge(ev)
     rules = pl.DataFrame([{"order": i + 1, "verdict": r.verdict.value, "when": r.when, "holds": r.condition(ev),
                            "matched": r is rule, "runner_up": r is second} for i, r in enumerate(RULES)])
     return SummaryResult(
