@@ -27,16 +27,29 @@ def _prepare(frame: pl.LazyFrame, by: Sequence[str], start: str, end: str) -> pl
                         pl.col(end).cast(pl.Int64).alias("end_ns")).filter(pl.col("end_ns") > pl.col("start_ns"))
 
 
+def _grouped(keys: list[str]) -> list[str]:
+    """The keys to sort and window by: none for the one group of `by=()` (its constant column), since a sort or a
+    window over a constant key costs polars several times the plain one (5.4 s against 0.8 s for a union of 10M
+    intervals)."""
+    return [] if keys == [_ALL] else keys
+
+
+def _over(expr: pl.Expr, keys: list[str]) -> pl.Expr:
+    """`expr` per group of `keys` (over the whole frame for the one group of `by=()`)."""
+    grouped = _grouped(keys)
+    return expr.over(grouped) if grouped else expr
+
+
 def _union(frame: pl.LazyFrame, keys: list[str]) -> pl.LazyFrame:
     # cumulative-max rule: a new run starts where an interval begins after every earlier one has ended
-    prev_end = pl.col("end_ns").cum_max().shift(1).over(keys)
+    prev_end = _over(pl.col("end_ns").cum_max().shift(1), keys)
     return (
-        frame.sort(*keys, "start_ns")
+        frame.sort(*_grouped(keys), "start_ns")
         .with_columns(_prev=prev_end)
-        .with_columns(_run=(pl.col("_prev").is_null() | (pl.col("start_ns") > pl.col("_prev"))).cast(pl.Int64)
-                      .cum_sum().over(keys))
+        .with_columns(_run=_over((pl.col("_prev").is_null() | (pl.col("start_ns") > pl.col("_prev")))
+                                 .cast(pl.Int64).cum_sum(), keys))
         .group_by(*keys, "_run").agg(start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max())
-        .drop("_run").sort(*keys, "start_ns")
+        .drop("_run").sort(*_grouped(keys), "start_ns")
     )
 
 
@@ -75,9 +88,9 @@ def _sweep(a: pl.LazyFrame, b: pl.LazyFrame, by: Sequence[str], *, keep_b: bool)
     ])
     state = (
         events.group_by(*keys, "pos").agg(pl.col("da").sum(), pl.col("db").sum())
-        .sort(*keys, "pos")
-        .with_columns(ca=pl.col("da").cum_sum().over(keys), cb=pl.col("db").cum_sum().over(keys),
-                      nxt=pl.col("pos").shift(-1).over(keys))
+        .sort(*_grouped(keys), "pos")
+        .with_columns(ca=_over(pl.col("da").cum_sum(), keys), cb=_over(pl.col("db").cum_sum(), keys),
+                      nxt=_over(pl.col("pos").shift(-1), keys))
     )
     wanted = (pl.col("ca") > 0) & ((pl.col("cb") > 0) if keep_b else (pl.col("cb") == 0))
     pieces = state.filter(wanted & pl.col("nxt").is_not_null()).select(*keys, start_ns="pos", end_ns="nxt")

@@ -72,3 +72,23 @@ def test_busy_within_window_and_busy_plus_idle_is_window(busy: list[tuple[int, i
     assert _covered(idle) == _points(window) - _points(busy)
     assert len(_covered(clipped)) + len(_covered(idle)) == len(_points(window))
     assert _disjoint_sorted(idle) and _disjoint_sorted(clipped)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 60), st.integers(0, 20)), max_size=20), spans)
+def test_grouped_is_each_group_alone(rows: list[tuple[int, int, int]], window: list[tuple[int, int]]) -> None:
+    # GIVEN intervals on three devices THEN `by` gives, per device, what that device's intervals alone give with
+    # by=() (which windows over no key at all), for union, clip and subtract
+    f = pl.LazyFrame({"device": [d for d, _, _ in rows], "start_ns": [s for _, s, _ in rows],
+                      "end_ns": [s + n for _, s, n in rows]}, schema={"device": pl.Int64, "start_ns": pl.Int64,
+                                                                      "end_ns": pl.Int64})
+    w = _frame(window)
+    wd = w.join(pl.LazyFrame({"device": [0, 1, 2]}), how="cross")
+    grouped = {"union": iv.union(f, by=["device"], start="start_ns"), "clip": iv.clip(f, wd, by=["device"]),
+               "subtract": iv.subtract(f, wd, by=["device"])}
+    for device in (0, 1, 2):
+        alone = f.filter(pl.col("device") == device).drop("device")
+        expect = {"union": iv.union(alone, start="start_ns"), "clip": iv.clip(alone, w), "subtract": iv.subtract(alone, w)}
+        for name, frame in grouped.items():
+            got = frame.filter(pl.col("device") == device).drop("device").collect()
+            assert got.rows() == expect[name].collect().rows(), name
