@@ -88,7 +88,8 @@ def test_grouped_is_each_group_alone(rows: list[tuple[int, int, int]], window: l
                "subtract": iv.subtract(f, wd, by=["device"])}
     for device in (0, 1, 2):
         alone = f.filter(pl.col("device") == device).drop("device")
-        expect = {"union": iv.union(alone, start="start_ns"), "clip": iv.clip(alone, w), "subtract": iv.subtract(alone, w)}
+        expect = {"union": iv.union(alone, start="start_ns"), "clip": iv.clip(alone, w),
+                  "subtract": iv.subtract(alone, w)}
         for name, frame in grouped.items():
             got = frame.filter(pl.col("device") == device).drop("device").collect()
             assert got.rows() == expect[name].collect().rows(), name
