@@ -40,6 +40,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
+from stepscope.analyze._text import plural
 from stepscope.analyze.blame import nested, python_lines
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.nesting import Nested
@@ -199,6 +200,6 @@ def _note(ranges: int, launches: int, unreadable: int, trace: Trace) -> str:
         notes.append(f"{ranges:,} counter ranges but {launches:,} kernel launch calls: the ranges cannot be paired "
                      "with their launches by order, so no op is named")
     if unreadable:
-        notes.append(f"{unreadable:,} {'range' if unreadable == 1 else 'ranges'} whose counters could not be read "
+        notes.append(f"{plural(unreadable, 'range')} whose counters could not be read "
                      "(a number out of range): their counters and FLOPs are unknown")
     return "; ".join(notes)

@@ -74,7 +74,8 @@ def _cut_middle(text: str, n: int) -> str:
 
 def metric_labels(names: Sequence[str]) -> tuple[dict[str, str], str]:
     """Short column labels for metrics that share a long start and end (the CUPTI counters of one trace), and the
-    pattern that gives the names back: the shared start and end are cut at a '_' or '.' and stand as '*'.
+    pattern that gives the names back: the shared start (cut after a '_') and end (cut before a '_' or '.') stand
+    as '*'.
     Fewer than two names, or names that would be left empty or alike, keep their own.
 
         smsp__sass_thread_inst_executed_op_dadd_pred_on.sum, …_ffma_pred_on.sum
