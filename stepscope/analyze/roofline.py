@@ -252,6 +252,28 @@ def _per_op(frames: TraceFrames, counted: pl.DataFrame, device: ResolvedDevice |
     ).sort("gpu_ns", "name", "dtype", descending=[True, False, False], nulls_last=True)  # (an op in two dtypes)
 
 
+def plotted(ops: pl.DataFrame) -> pl.DataFrame:
+    """The ops a roofline figure places: those with FLOPs, GPU time and bytes (an achieved TFLOP/s and an
+    arithmetic intensity)."""
+    return ops.filter(pl.col("tflops").is_not_null() & pl.col("intensity_flop_per_byte").is_not_null()
+                      & (pl.col("tflops") > 0))
+
+
+def why_nothing_plotted(result: RooflineResult) -> str | None:
+    """Why no op of `result` can be placed on a roofline (None where one can), the first missing piece named:
+    input shapes, FLOPs at all, GPU time for them, then bytes. The device's peaks are not needed: without them
+    the figure shows the points alone."""
+    if plotted(result.ops).height:
+        return None
+    if not result.shapes_recorded:
+        return "the trace has no input shapes, so no op has FLOPs (profile with record_shapes=True)"
+    if result.model_flops + result.recomputed_flops == 0:
+        return "no op in this trace has a FLOP count (see `stepscope flops`)"
+    if result.ops.filter(pl.col("flops") > 0).height == 0:
+        return "no op with FLOPs ran GPU work (a roofline places achieved TFLOP/s on the GPU)"
+    return "no op with FLOPs and GPU time has a byte count, so none has an arithmetic intensity"
+
+
 def _families(ops: pl.DataFrame) -> pl.DataFrame:
     """The per-op rows summed per family: calls, FLOPs, bytes, GPU time, achieved TFLOP/s and GB/s."""
     return (

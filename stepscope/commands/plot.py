@@ -63,7 +63,8 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
     draw, empty = _TRACE_FIGURES[kind]
     png = draw(bundle, step)
     if png is None:
-        raise UsageError(f"{empty}: nothing to plot, {output} not written", path=trace)
+        why = empty if isinstance(empty, str) else empty(bundle)
+        raise UsageError(f"{why}: nothing to plot, {output} not written", path=trace)
     atomic_write_bytes(output, png, create_parents=False)
     click.echo(f"wrote {output}", err=True)
 
@@ -80,8 +81,16 @@ def _memory_figures() -> ModuleType:
     return memory_figures
 
 
-# kind -> (draw the figure from the trace's bundle and --step, what to say when there is nothing to draw)
-_TRACE_FIGURES: dict[str, tuple[Callable[[TraceAnalysis, int | None], bytes | None], str]] = {
+def _roofline_refusal(bundle: TraceAnalysis) -> str:
+    from stepscope.analyze.roofline import why_nothing_plotted
+
+    return why_nothing_plotted(bundle.roofline) or "no op to place on the roofline"
+
+
+# kind -> (draw the figure from the trace's bundle and --step, what to say when there is nothing to draw, or
+# how to say it from the bundle)
+_TRACE_FIGURES: dict[str, tuple[Callable[[TraceAnalysis, int | None], bytes | None],
+                                str | Callable[[TraceAnalysis], str]]] = {
     "timeline": (lambda b, step: _figures().timeline_figure(b.timeline(step)),
                  "no GPU work (kernels, memcpy, memset) in this trace"),
     "gaps": (lambda b, _: _figures().gaps_figure(b.gaps), "no GPU idle gaps in this trace (no GPU work, or none idle)"),
@@ -90,7 +99,7 @@ _TRACE_FIGURES: dict[str, tuple[Callable[[TraceAnalysis, int | None], bytes | No
     "kernels": (lambda b, _: _figures().kernels_figure(b.kernels), "no GPU work in this trace"),
     "ops": (lambda b, _: _figures().ops_figure(b.ops), "no ops in this trace"),
     "roofline": (lambda b, _: _figures().roofline_figure(b.roofline),
-                 "no op with FLOPs and GPU time, or no known peak (see `stepscope flops`)"),
+                 lambda b: _roofline_refusal(b)),
     "memory": (lambda b, _: _memory_figures().memory_figure(b.memory),
                "no [memory] events with allocated totals in this trace (capture with profile_memory=True)"),
 }

@@ -257,8 +257,9 @@ def roofline_figure(result: RooflineResult, n: int = 12) -> bytes | None:
     """The roofline (log-log): attainable TFLOP/s against arithmetic intensity for the device, and each op
     with FLOPs as a point at its achieved TFLOP/s, sized by its GPU time and coloured by family; the longest
     ops are labelled."""
-    ops = result.ops.filter(pl.col("tflops").is_not_null() & pl.col("intensity_flop_per_byte").is_not_null()
-                            & (pl.col("tflops") > 0))
+    from stepscope.analyze.roofline import plotted
+
+    ops = plotted(result.ops)
     if ops.height == 0:
         return None
     fig, ax = subplots(figsize=(9, 5.2))

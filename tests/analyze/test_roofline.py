@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from stepscope.analyze import load
 from stepscope.analyze.frames import frames_of
 from stepscope.analyze.peaks import gpu_vendor
-from stepscope.analyze.roofline import roofline
+from stepscope.analyze.roofline import plotted, roofline, why_nothing_plotted
 from stepscope.analyze.summary import SYSTEMS_COMMANDS, Verdict, profile_next_command, verdict
 from stepscope.analyze.workload import workload_evidence
 from stepscope.cli import cli
@@ -58,6 +58,31 @@ def test_achieved_roofline_and_mfu_by_hand(tmp_path: Path) -> None:
     assert result.steps["mfu_fraction"][0] == pytest.approx(MM_FLOPS / (1e-3 * 989.5e12))
     assert result.mfu_fraction == pytest.approx(MM_FLOPS / (1e-3 * 989.5e12))
     assert result.note == "" and result.ops_above_peak == 0
+
+
+def test_why_nothing_is_plotted_names_the_first_missing_piece(tmp_path: Path) -> None:
+    """`plot roofline` refuses with the reason no op can be placed: shapes, then FLOPs, then GPU time; the
+    device's peaks are never the reason (without them the figure shows the points alone)."""
+    def reason(*events: dict[str, Any], device: str = "NVIDIA H100 80GB HBM3") -> str | None:
+        doc = trace(step(1, ts=0, dur=1000), *events, deviceProperties=[
+            {"id": 0, "name": device, "totalGlobalMem": 80 * 2**30, "computeMajor": 9, "computeMinor": 0}])
+        result = roofline(load_events(tmp_path / str(len(list(tmp_path.iterdir()))), doc))
+        assert (plotted(result.ops).height == 0) == (why_nothing_plotted(result) is not None)
+        return why_nothing_plotted(result)
+
+    shapes = {"Input Dims": [[N, N], [N, N]], "Input type": ["c10::BFloat16", "c10::BFloat16"],
+              "Concrete Inputs": ["", ""]}
+    gpu = (runtime("cudaLaunchKernel", ts=12, dur=3, correlation=1, external_id=5),
+           kernel("sm90_xmma_gemm_bf16bf16_bf16f32", ts=100, dur=200, correlation=1, external_id=5))
+    assert reason(cpu_op("aten::mm", ts=10, dur=20, external_id=5, **shapes), *gpu) is None
+    assert reason(cpu_op("aten::mm", ts=10, dur=20, external_id=5, **shapes), *gpu, device="Unknown GPU") is None
+    assert reason(cpu_op("aten::mm", ts=10, dur=20, external_id=5), *gpu) == (
+        "the trace has no input shapes, so no op has FLOPs (profile with record_shapes=True)")
+    assert reason(cpu_op("aten::relu", ts=10, dur=20, external_id=5, **{
+        "Input Dims": [[N, N]], "Input type": ["float"], "Concrete Inputs": [""]}), *gpu) == (
+        "no op in this trace has a FLOP count (see `stepscope flops`)")
+    assert reason(cpu_op("aten::mm", ts=10, dur=20, external_id=5, **shapes)) == (
+        "no op with FLOPs ran GPU work (a roofline places achieved TFLOP/s on the GPU)")
 
 
 def test_overrides_win_and_a_slow_kernel_gets_an_ncu_command(tmp_path: Path) -> None:

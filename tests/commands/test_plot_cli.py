@@ -38,8 +38,8 @@ def test_nothing_to_plot_is_a_usage_error(tmp_path: Path, capsys: pytest.Capture
         f"stepscope: error: {src}: no [memory] events with allocated totals in this trace (capture with "
         f"profile_memory=True): nothing to plot, {out} not written"])
     assert _main(["plot", "roofline", str(src), "-o", str(out)], capsys) == (2, [
-        f"stepscope: error: {src}: no op with FLOPs and GPU time, or no known peak (see `stepscope flops`): "
-        f"nothing to plot, {out} not written"])
+        f"stepscope: error: {src}: the trace has no input shapes, so no op has FLOPs (profile with "
+        f"record_shapes=True): nothing to plot, {out} not written"])
     assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob(".m.png*"))
 
 
