@@ -50,6 +50,9 @@ from stepscope.analyze.trace import Trace
 #: the category Kineto gives each kernel the CUPTI range profiler measured
 RANGE_CATEGORY = "cuda_profiler_range"
 
+#: the code of `info`'s warning for a trace whose GPU work is counter ranges alone (its count: the ranges)
+COUNTER_RANGES_ONLY = "counter_ranges_only"
+
 #: kernel-launch calls of the CUDA/HIP runtime and driver (not graph launches, copies or memsets)
 LAUNCH_CALL = r"^(cuda|hip|cu|hipExtModule|hipModule)?Launch(Cooperative)?Kernel(ExC|Ex|_v\d+)?(_ptsz)?$"
 

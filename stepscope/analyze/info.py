@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from stepscope.analyze.counters import RANGE_CATEGORY, range_events
+from stepscope.analyze.counters import COUNTER_RANGES_ONLY, RANGE_CATEGORY, range_events
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.meta import devices_by_id
 from stepscope.analyze.schema import GPU_KINDS, Kind
@@ -146,7 +146,7 @@ def _counter_ranges(trace: Trace, add: _Add) -> None:
     by_kind = trace.meta.counts.by_kind
     if not by_kind.get(Kind.OTHER.value) or any(by_kind.get(k.value) for k in GPU_KINDS):
         return
-    add("counter_ranges_only", range_events(trace).height,
+    add(COUNTER_RANGES_ONLY, range_events(trace).height,
         f"{RANGE_CATEGORY} events and no kernel: the CUPTI range profiler (profiler_metrics) measured "
         "the GPU work, one event per kernel holding its hardware counters, not its time on the GPU, so there is "
         "no GPU timeline here (`stepscope counters` reads the counters); profile again without profiler_metrics "

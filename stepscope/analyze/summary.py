@@ -56,6 +56,7 @@ from stepscope.analyze import intervals
 from stepscope.analyze._comm_events import CommSplit, comm_split, gpu_work, per_window, rank_calls
 from stepscope.analyze._text import plural
 from stepscope.analyze.blame import host_memory_unsaid, is_sync_runtime, short_name
+from stepscope.analyze.counters import COUNTER_RANGES_ONLY
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
 from stepscope.analyze.info import trace_warnings
@@ -635,7 +636,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
     warnings = trace_warnings(frames) if warnings is None else warnings
     # whole-trace figures: graph-replayed, compiled, memory-bound shares; the CUPTI range profiler's kernels
     work = workload_evidence(frames, limits) | {"counter_ranges": float(
-        warnings.filter(pl.col("code") == "counter_ranges_only")["count"].sum())}
+        warnings.filter(pl.col("code") == COUNTER_RANGES_ONLY)["count"].sum())}
     colls = rank_calls(trace, launches=frames.launches)
     split = comm_split(gpu_work(trace.gpu), colls.lazy())
     syncs = _sync_calls(trace)
