@@ -4,9 +4,10 @@ The verdict comes from an ordered rule table, `RULES` (first rule whose conditio
 spirit of Nsight Systems' expert rules and the TensorBoard plugin's advice; `rules_markdown` renders it for the
 README and the HTML report shows the same rows. Fractions are of the step's wall time (tb_plugin's step window,
 see `stepscope.analyze.steps`), summed over steps for the overall verdict (over the GPU span when the trace has
-no ProfilerStep). Data loading comes first: a loop that waits for data is data-loading-bound with or without a
-GPU (a CPU-only capture of such a loop should say so, not just "no GPU"), with advice that fits each. A sync
-counts while the GPU is busy < 60% only: a sync while the GPU is busy only waits for work that had to run anyway.
+no ProfilerStep, and over the whole trace, first event to last, when it has no GPU work either). Data loading
+comes first: a loop that waits for data is data-loading-bound with or without a GPU (a CPU-only capture of
+such a loop should say so, not just "no GPU"), with advice that fits each. A sync counts while the GPU is busy
+< 60% only: a sync while the GPU is busy only waits for work that had to run anyway.
 A figure the trace cannot give (None: no GPU work, an empty window) never passes a test.
 
 Syncs bound the step only where removing them could save SYNC_MIN of it, and that saving is at most the smaller of
@@ -61,6 +62,7 @@ from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
 from stepscope.analyze.info import trace_warnings
 from stepscope.analyze.kernels import KernelCategory, KernelsResult, kernel_summary
+from stepscope.analyze.loading import exposed_in_window
 from stepscope.analyze.peaks import Vendor
 from stepscope.analyze.roofline import RooflineResult, roofline
 from stepscope.analyze.schema import Kind
@@ -678,10 +680,14 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         memcpy = g.filter(pl.col("kind") == Kind.MEMCPY.value)
         kern = g.filter(pl.col("kind") == Kind.KERNEL.value)
         calls = syncs.height
-        wall = gaps.window_ns
+        wall, loading = gaps.window_ns, gaps.data_loading_exposed_ns or 0
+        if not gpu_events:  # no GPU span: the trace from its first event to its last (as `ranks` takes it)
+            first, last = trace.meta.time.first_ns, trace.meta.time.last_ns
+            if first is not None and last is not None:
+                wall, loading = last - first, exposed_in_window(trace, first, last)
         by_cause = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum())
         idle = {c.value: int(by_cause.filter(pl.col("cause") == c.value)["idle_ns"].sum() or 0) for c in GapCause}
-        ev = _evidence(wall, gpu_events, gaps.busy_ns, gaps.data_loading_exposed_ns or 0,
+        ev = _evidence(wall, gpu_events, gaps.busy_ns, loading,
                        int(_blocked(syncs.lazy(), by=[]).collect(engine="in-memory")["sync_ns"].sum() or 0),
                        int(memcpy["dur_ns"].sum() or 0),
                        g.select(_pageable_ns()).item(),

@@ -22,7 +22,10 @@ def render_summary(result: SummaryResult) -> str:
         (f"{result.steps_found} step{'' if result.steps_found == 1 else 's'}, {human_ns(result.wall_ns)} in all "
          f"(mean step {human_ns(result.wall_ns / result.steps_found)}); share of the step time:"
          if result.steps_found else
-         f"no ProfilerStep in the trace: over the GPU span, {human_ns(result.wall_ns)}; share of that span:"),
+         f"no ProfilerStep in the trace: over the GPU span, {human_ns(result.wall_ns)}; share of that span:"
+         if result.gpu_busy_fraction is not None else
+         f"no ProfilerStep and no GPU work in the trace: over the trace (first event to last), "
+         f"{human_ns(result.wall_ns)}; share of it:"),
         (f"  GPU busy                    {human_fraction(result.gpu_busy_fraction)}"
          if result.gpu_busy_fraction is not None else f"  GPU{'':25}none recorded (no kernel/memcpy/memset)"),
         f"  exposed data loading        {human_fraction(result.data_loading_fraction)}",

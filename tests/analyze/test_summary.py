@@ -264,6 +264,22 @@ def test_cpu_only_trace_waiting_for_data(tmp_path: Path) -> None:
     assert r.runner_up is Verdict.NO_GPU and r.per_step["runner_up"].to_list() == ["no_gpu"]
 
 
+def test_cpu_only_trace_without_steps_is_taken_whole(tmp_path: Path) -> None:
+    """Without ProfilerStep and without GPU work there is no GPU span: the figures are shares of the trace from
+    its first event to its last (the window `ranks` takes), so a loop waiting for data still says so."""
+    from stepscope.reports.summary_text import render_summary
+
+    # GIVEN no step and no GPU: the DataLoader 0-30 µs, ops until 100 µs
+    events = [annotation("enumerate(DataLoader)#It.__next__", 0, 30), cpu_op("aten::add", ts=40, dur=50),
+              cpu_op("aten::mul", ts=95, dur=5)]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    # THEN the window is the trace's 100 µs, 30% of it data loading, and the verdict follows
+    assert (r.steps_found, r.wall_ns, r.data_loading_fraction) == (0, 100_000, pytest.approx(0.3))
+    assert r.verdict is Verdict.DATA_LOADING_BOUND and r.runner_up is Verdict.NO_GPU
+    assert ("no ProfilerStep and no GPU work in the trace: over the trace (first event to last), 100 µs; share of it:"
+            in render_summary(r).splitlines())
+
+
 def test_a_near_call_says_how_near_and_what_came_second() -> None:
     # GIVEN GPU busy 59.6% with every other figure far from its threshold
     ev = _gpu_evidence(gpu_busy_fraction=0.596)
