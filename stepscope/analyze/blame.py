@@ -44,6 +44,16 @@ def host_memory_unsaid(name: pl.Expr) -> pl.Expr:
     return ~name.str.contains("Pageable|Pinned") & ~name.str.contains(DEVICE_COPY)
 
 
+#: the one row of every `ProfilerStep#N` in a table summed over steps (torch's `_rewrite_name` with its wildcard)
+STEP_ROW = "ProfilerStep*"
+
+
+def step_row_name(name: pl.Expr) -> pl.Expr:
+    """`name` as a table summed over steps shows it: every `ProfilerStep#N` is `ProfilerStep*` (torch's
+    key_averages() does the same), so the steps' own time is one row and not one small row per step."""
+    return pl.when(name.str.starts_with("ProfilerStep#")).then(pl.lit(STEP_ROW)).otherwise(name)
+
+
 def short_name(name: pl.Expr) -> pl.Expr:
     """A kernel's name without return type, template arguments and parameter list, for tables (`cpp_function_name`
     of each distinct C++ name; other names as they are).

@@ -47,7 +47,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analyze._text import duration, plural
-from stepscope.analyze.blame import python_lines, short_name
+from stepscope.analyze.blame import python_lines, short_name, step_row_name
 from stepscope.analyze.depgraph import (
     ARRIVAL_LANE,
     HELD_FACTOR,
@@ -335,9 +335,10 @@ def per_step(segments: pl.DataFrame) -> pl.DataFrame:
 
 def _top(graph: DependencyGraph, segments: pl.DataFrame, traces: Mapping[int | None, Sequence[Trace]],
          top: int) -> pl.DataFrame:
-    """The contributors (kind, category, name; a kernel by its short name; in a run also by rank) with the most
-    time on the paths, with the user's Python line at the longest segment of each (`blame.python_lines` at its
-    CPU slice, or at the launch of its GPU work, in the trace of its rank)."""
+    """The contributors (kind, category, name; a kernel by its short name, every step's own time as one
+    `ProfilerStep*`; in a run also by rank) with the most time on the paths, with the user's Python line at the
+    longest segment of each (`blame.python_lines` at its CPU slice, or at the launch of its GPU work, in the trace
+    of its rank)."""
     ranked = "rank" in segments.columns
     by_rank = ["rank"] if ranked else []
     schema = {**{c: pl.Int64 for c in by_rank}, "kind": pl.String, "category": pl.String, "name": pl.String,
@@ -347,7 +348,7 @@ def _top(graph: DependencyGraph, segments: pl.DataFrame, traces: Mapping[int | N
     total = float(segments["dur_ns"].sum())
     gpu = pl.col("kind").is_in([PathKind.KERNEL.value, PathKind.COPY.value])
     keys = [*(pl.col(c) for c in by_rank), pl.col("kind"), pl.when(gpu).then(pl.col("category")).alias("category"),
-            pl.when(gpu).then(short_name(pl.col("name"))).otherwise(pl.col("name")).alias("name")]
+            pl.when(gpu).then(short_name(pl.col("name"))).otherwise(step_row_name(pl.col("name"))).alias("name")]
     names = [*by_rank, "kind", "category", "name"]
     grouped = (
         segments.group_by(*keys).agg(total_ns=pl.col("dur_ns").sum(), segments=pl.len().cast(pl.Int64))

@@ -5,7 +5,8 @@ It follows torch's own rules (torch/autograd/profiler_util.py and profiler.py, `
 - Rows are every CPU-thread event (cpu_op, user_annotation, python_function, CUDA runtime and driver
   calls) plus every device event (kernel, memcpy, memset, gpu_user_annotation), grouped by name and kind
   (and by input shapes with `group_by_shape`). torch drops a few utility ops before anything else
-  (`FILTERED_NAMES`); so do we.
+  (`FILTERED_NAMES`); so do we. Like torch, every `ProfilerStep#N` is named `ProfilerStep*`
+  (`blame.step_row_name`), so the steps are one row whose calls are the steps.
 - Nesting is per thread (`stepscope.analyze.nesting`): self CPU = duration minus the durations of the
   direct children, where children are *all* CPU-thread events above: python_function frames and runtime
   calls are children too (with_stack=True lowers the self CPU of the ops that call Python).
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from stepscope.analyze.blame import step_row_name
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.nesting import children_sum, collapse_repeated, parent_index, sort_for_nesting, subtree_sum
 from stepscope.analyze.schema import Kind
@@ -160,7 +162,7 @@ def _cpu_events(trace: Trace, graph_ops: pl.DataFrame) -> pl.DataFrame:
     events = trace.events.filter(
         pl.col("kind").is_in([k.value for k in CPU_ROW_KINDS]) & pl.col("dur_ns").is_not_null()
         & pl.col("ts_ns").is_not_null() & ~pl.col("name").is_in(FILTERED_NAMES)
-    ).select(*columns).collect(engine="in-memory")
+    ).select(*columns).with_columns(step_row_name(pl.col("name")).alias("name")).collect(engine="in-memory")
     if graph_ops.height:
         events = pl.concat([events, graph_ops.select(*columns)], how="vertical_relaxed")
     return sort_for_nesting(events)
@@ -194,7 +196,8 @@ def _memory_rows(mem: pl.DataFrame) -> pl.DataFrame:
 def _device_rows(trace: Trace) -> pl.DataFrame:
     """One row per device event (DEVICE_ROW_KINDS with a duration): self = total device time = its duration."""
     return trace.of_kind(*DEVICE_ROW_KINDS).filter(pl.col("dur_ns").is_not_null()).select(
-        "event_id", "name", "kind", "pid", "tid", "ts_ns", input_shapes=pl.lit("[]"), flops=pl.lit(None, pl.Float64),
+        "event_id", step_row_name(pl.col("name")).alias("name"), "kind", "pid", "tid", "ts_ns",
+        input_shapes=pl.lit("[]"), flops=pl.lit(None, pl.Float64),
         cpu_total_ns=_ZERO, self_cpu_ns=_ZERO, device_total_ns="dur_ns", self_device_ns="dur_ns",
         cpu_mem_bytes=_ZERO, self_cpu_mem_bytes=_ZERO, device_mem_bytes=_ZERO, self_device_mem_bytes=_ZERO,
         parent_event_id=pl.lit(None, pl.Int64),

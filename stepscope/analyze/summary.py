@@ -56,7 +56,7 @@ import polars as pl
 from stepscope.analyze import intervals
 from stepscope.analyze._comm_events import CommSplit, comm_split, gpu_work, per_window, rank_calls
 from stepscope.analyze._text import plural
-from stepscope.analyze.blame import host_memory_unsaid, is_sync_runtime, short_name
+from stepscope.analyze.blame import host_memory_unsaid, is_sync_runtime, short_name, step_row_name
 from stepscope.analyze.counters import COUNTER_RANGES_ONLY
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
@@ -504,10 +504,11 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
     elif verdict is Verdict.LAUNCH_BOUND:
         # where the GPU waited for the CPU to launch (Python line, else op), then the op launching the most work
         late = gaps.gaps.filter(pl.col("cause") == GapCause.LAUNCH_OVERHEAD.value).group_by(
-            name=pl.coalesce("blamed_python", "blamed_op")).agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
+            name=pl.coalesce("blamed_python", step_row_name(pl.col("blamed_op")))).agg(
+            total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
             .drop_nulls("name").with_columns(what=pl.lit("GPU idle, launch late at"))
         launches = (frames.launches.filter(pl.col("launch_dur_ns").is_not_null())
-                    .group_by(name=pl.coalesce("op_name", "runtime_name"))
+                    .group_by(name=pl.coalesce(step_row_name(pl.col("op_name")), "runtime_name"))
                     .agg(count=pl.len(), total_ns=pl.col("launch_dur_ns").sum())
                     .with_columns(what=pl.lit("op (launches, launch time)")))
         out = pl.concat([late.sort("total_ns", "name", descending=[True, False]).head(2),
@@ -522,7 +523,8 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
         out = (k.group_by(name=short_name(pl.col("name"))).agg(pl.col("total_ns", "count").sum())
                .with_columns(what=pl.lit("kernel")))
     else:
-        out = ops.group_by("name").agg(total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(
+        out = ops.group_by(step_row_name(pl.col("name")).alias("name")).agg(
+            total_ns=pl.col("dur_ns").sum(), count=pl.len()).with_columns(
             what=pl.lit("op (inclusive CPU)")).collect(engine="in-memory")
     if verdict not in (Verdict.LAUNCH_BOUND, Verdict.DATA_LOADING_BOUND, Verdict.SYNC_BOUND,
                        Verdict.COMMUNICATION_BOUND):

@@ -12,7 +12,7 @@ import critical_path_traces as cp
 import numpy as np
 import polars as pl
 import pytest
-from builders import load_events
+from builders import cpu_op, kernel, load_events, runtime, step, trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -291,7 +291,7 @@ def test_top_contributors_carry_the_users_python_line(tmp_path: Path) -> None:
     top = critical_path(load_events(tmp_path, doc)).top
     lines = dict(zip(top["name"], top["python"], strict=True))
     assert lines["sgemm_128x64_nn"] == "model.py(7): forward"
-    assert lines["ProfilerStep#1"] == "train.py(3): main"
+    assert lines["ProfilerStep*"] == "train.py(3): main"  # (every step's own time, one row)
 
 
 def test_an_event_wait_without_sync_events_pairs_record_and_wait_on_the_thread(tmp_path: Path) -> None:
@@ -304,8 +304,6 @@ def test_an_event_wait_without_sync_events_pairs_record_and_wait_on_the_thread(t
 
 def test_a_helper_thread_waits_for_the_main_thread(tmp_path: Path) -> None:
     # the autograd thread (tid 2) starts MmBackward0 at 40 while the main thread is in backward() since 30
-    from builders import cpu_op, kernel, runtime, step, trace
-
     doc = trace(step(1, ts=0, dur=100), cpu_op("torch::autograd::backward", ts=30, dur=65),
                 cpu_op("MmBackward0", ts=40, dur=20, tid=2, external_id=1),
                 runtime("cudaLaunchKernel", ts=45, dur=5, correlation=1, external_id=1, tid=2),
@@ -341,8 +339,6 @@ def _simulated(ops: list[tuple[int, int, int, int, bool, int]]) -> dict[str, Any
     delay µs) launches one kernel, which starts 5 µs after its launch or when its stream is free, whichever is
     later, plus the delay (the GPU's own jitter); a sync waits for every kernel launched so far and returns 2 µs
     after the last one ends."""
-    from builders import cpu_op, kernel, runtime, step, trace
-
     events: list[dict[str, Any]] = []
     t, free, corr = 1, {7: 0, 20: 0}, 0
     for cpu, launch, dur, stream_bit, sync, delay in ops:
@@ -537,3 +533,19 @@ def test_stream_edges_are_the_slow_oracle_s_on_gpu_captures(run: str) -> None:
     graph = build_graph(load(next((SAMPLES / run).glob("*.pt.trace.json.gz"))))
     stream = graph.edges.filter(pl.col("type") == EdgeType.STREAM.value)
     assert set(stream.select("src", "dst").iter_rows()) == slow_stream_predecessors(graph)
+
+
+def test_every_step_s_own_time_is_one_contributor(tmp_path: Path) -> None:
+    """The top contributors sum over steps: the CPU time directly under each step's ProfilerStep#N (Python between
+    ops) is one row, `ProfilerStep*`, as torch's table names it, not one small row per step that a long run
+    would push out of the top."""
+    events: list[dict[str, Any]] = []
+    for i in range(3):  # each 100 µs step: aten::add 10-30 µs launches a 5 µs kernel; the rest is the step's own
+        t = i * 100
+        events += [step(i + 1, ts=t, dur=100), cpu_op("aten::add", ts=t + 10, dur=20, external_id=i + 1),
+                   runtime("cudaLaunchKernel", ts=t + 12, dur=3, correlation=i + 1, external_id=i + 1),
+                   kernel("k", ts=t + 16, dur=5, correlation=i + 1, external_id=i + 1)]
+    top = critical_path(load_events(tmp_path, trace(*events))).top
+    steps = top.filter(pl.col("name").str.starts_with("ProfilerStep"))
+    assert steps.select("kind", "name", "total_ns").rows() == [("cpu", "ProfilerStep*", 3 * (100 - 20) * 1000)]
+    assert top["name"][0] == "ProfilerStep*"

@@ -65,8 +65,8 @@ def capture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     step()  # warm-up outside the profile
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                                 profile_memory=True, with_stack=True, with_flops=True) as prof:
-        for i in range(2):
-            with torch.profiler.record_function(f"step{i}"):
+        for i in range(2):  # what a scheduled profile's prof.step() records: torch's table has one ProfilerStep* row
+            with torch.profiler.record_function(f"ProfilerStep#{i}"):
                 step()
     out = tmp_path_factory.mktemp(request.param)
     path = out / "trace.json"

@@ -280,6 +280,22 @@ def test_cpu_only_trace_without_steps_is_taken_whole(tmp_path: Path) -> None:
             in render_summary(r).splitlines())
 
 
+def test_places_sum_the_steps_as_one_row(tmp_path: Path) -> None:
+    """An older Kineto trace records ProfilerStep#N as a cpu_op: idle and launches under the step itself are one
+    place, `ProfilerStep*` (torch's name for every step), not one row per step."""
+    events: list[dict[str, Any]] = []
+    for i in range(2):  # each 100 µs step launches 3 µs kernels at 10 and 80 µs from no op of its own
+        events.append(cpu_op(f"ProfilerStep#{i + 1}", ts=i * 100, dur=100))
+        for at in (10, 80):
+            corr = len(events)
+            events += [runtime("cudaLaunchKernel", ts=i * 100 + at, dur=2, correlation=corr),
+                       kernel("k", ts=i * 100 + at + 3, dur=3, correlation=corr)]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    assert r.verdict is Verdict.LAUNCH_BOUND and r.steps_found == 2
+    assert r.places.select("what", "name", "count").rows() == [
+        ("GPU idle, launch late at", "ProfilerStep*", 4), ("op (launches, launch time)", "ProfilerStep*", 4)]
+
+
 def test_a_near_call_says_how_near_and_what_came_second() -> None:
     # GIVEN GPU busy 59.6% with every other figure far from its threshold
     ev = _gpu_evidence(gpu_busy_fraction=0.596)
