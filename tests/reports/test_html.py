@@ -108,6 +108,9 @@ def test_verdict_box_shows_margin_runner_up_and_the_rule_table(tmp_path: Path) -
     # THEN the verdict box says how close the call was and what came second
     assert "<dt>margin</dt><dd>GPU busy 59.0% &lt; 60%: 1.0 points from gpu_bound</dd>" in verdict_box
     assert "<dt>runner-up</dt><dd>gpu_bound: otherwise, with GPU work in the trace</dd>" in verdict_box
+    # AND the command to profile next is a note of its own (a command cut into a headline cell reads badly)
+    assert '<p class="note">Profile next, where this verdict points: nsys profile --trace=cuda' in verdict_box
+    assert "<dt>profile next</dt>" not in verdict_box
     # AND its rule table is RULES: every rule, in order, in the same words (the README's table renders them too)
     pos = verdict_box.index("Rules, in order")
     for rule in RULES:
