@@ -575,8 +575,8 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     parts.append(_sync_edges(frames, cpu, bounds, gpu))
     parts.append(_cross_stream_edges(frames, gpu, lo, hi))
     parts.append(_wake_edges(slices, bounds, threads, main))
-    all_edges = pl.concat(parts).filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
-    return _finish(nodes, all_edges, windows, gpu, by_step, main, n_cpu, bounds, window_kind, latency, samples)
+    del cpu, slices, launch_src  # (what the graph keeps is in the parts: the rest is freed before it is ordered)
+    return _finish(nodes, parts, windows, gpu, by_step, main, n_cpu, bounds, window_kind, latency, samples)
 
 
 def _sync_edges(frames: TraceFrames, cpu: pl.DataFrame, bounds: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
@@ -713,10 +713,13 @@ def _wake_edges(slices: pl.DataFrame, bounds: pl.DataFrame, threads: pl.DataFram
                 lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="t")
 
 
-def _finish(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, gpu: pl.DataFrame,
+def _finish(nodes: pl.DataFrame, parts: list[pl.DataFrame], windows: pl.DataFrame, gpu: pl.DataFrame,
             by_step: pl.DataFrame | None, main: tuple[str, str], n_cpu: int, bounds: pl.DataFrame, window_kind: str,
             latency: int | None, samples: int | None) -> DependencyGraph:
-    """Order the nodes, drop edges against the order, set the measured weights, index the step windows."""
+    """Join the edge frames `parts` (emptied here, so that they are freed once joined), order the nodes, drop
+    edges against the order, set the measured weights, index the step windows."""
+    edges = pl.concat(parts).filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
+    parts.clear()
     t = nodes["t_ns"].to_numpy()
     sync_dst = edges.filter(pl.col("type") == EdgeType.SYNC.value)["dst"].unique().to_numpy()
     rank = np.zeros(len(t), dtype=np.int64)
@@ -753,11 +756,11 @@ def measured_weights(edges: pl.DataFrame, t: IntArray) -> pl.Series:
     src, dst = edges["src"].to_numpy(), edges["dst"].to_numpy()
     tu, tv = t[src], t[dst]
     natural = edges["natural_ns"].to_numpy().astype(np.int64)
-    etype = edges["type"].to_numpy()
-    sync = np.isin(etype, WAIT_TYPES)
+    etype = edges["type"]  # (tested in polars: as a numpy array it would be an object per edge)
+    sync = etype.is_in(WAIT_TYPES).to_numpy()
     waited = np.full(len(t), np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(waited, dst[sync], tu[sync])
-    reduced = (etype == EdgeType.CPU.value) & (waited[dst] > np.iinfo(np.int64).min)
+    reduced = (etype == EdgeType.CPU.value).to_numpy() & (waited[dst] > np.iinfo(np.int64).min)
     natural = np.where(reduced, tv - np.maximum(tu, waited[dst]), natural)
     gap = tv - tu
     weight = np.minimum(natural, gap)
@@ -765,8 +768,8 @@ def measured_weights(edges: pl.DataFrame, t: IntArray) -> pl.Series:
     np.maximum.at(best, dst, tu + weight)
     short = np.flatnonzero(best[dst] < tv)  # edges into nodes nothing explains yet
     if len(short):
-        prio = pl.Series(etype[short]).replace_strict({k.value: p for k, p in PRIORITY.items()},
-                                                     return_dtype=pl.Int64).to_numpy()
+        prio = etype.gather(short).replace_strict({k.value: p for k, p in PRIORITY.items()},
+                                                  return_dtype=pl.Int64).to_numpy()
         ranked = short[np.lexsort((prio, -(tu[short] + natural[short]), dst[short]))]
         first = np.ones(len(ranked), dtype=bool)
         first[1:] = dst[ranked][1:] != dst[ranked][:-1]

@@ -144,13 +144,13 @@ def _weights(graph: DependencyGraph, change: WhatIf) -> tuple[np.ndarray, np.nda
     w = measured.astype(np.float64)
     enabled = np.ones(e.height, dtype=bool)
     notes: list[str] = []
-    etype = e["type"].to_numpy()
+    etype = e["type"]  # (tested in polars: as a numpy array it would be an object per edge)
     # the edges a change may touch: every edge, or a run's edges of one rank
     scope = np.ones(e.height, dtype=bool) if change.rank is None or "rank" not in e.columns else \
         (e["rank"] == change.rank).fill_null(False).to_numpy()
-    cpu = (etype == EdgeType.CPU.value) & scope
+    cpu = (etype == EdgeType.CPU.value).to_numpy() & scope
     # a collective's transfer counts as its GPU work: speeding communication up shortens both
-    gpu = np.isin(etype, (EdgeType.GPU.value, EdgeType.COLLECTIVE.value)) & scope
+    gpu = etype.is_in((EdgeType.GPU.value, EdgeType.COLLECTIVE.value)).to_numpy() & scope
     if change.no_data_loading:
         w[cpu & e["data_loading"].fill_null(False).to_numpy()] = 0
     for target, factor in change.speedups:
@@ -165,9 +165,9 @@ def _weights(graph: DependencyGraph, change: WhatIf) -> tuple[np.ndarray, np.nda
         call_dur = e["call_dur_ns"].fill_null(0).to_numpy().astype(np.float64)
         share = np.divide(w, call_dur, out=np.ones_like(w), where=call_dur > 0)  # a call's slices share its cost
         w[calls] = fixed * np.minimum(share[calls], 1.0)
-        launches = (etype == EdgeType.LAUNCH.value) & scope
+        launches = (etype == EdgeType.LAUNCH.value).to_numpy() & scope
         w[launches] = fixed + held_ns(e, measured)[launches]  # what held a start still does
-    sync = (etype == EdgeType.SYNC.value) & scope
+    sync = (etype == EdgeType.SYNC.value).to_numpy() & scope
     if change.no_sync:
         enabled[sync] = False
         w[cpu & e["sync_call"].fill_null(False).to_numpy()] = 0
