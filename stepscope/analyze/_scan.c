@@ -1456,6 +1456,86 @@ done:
     return result;
 }
 
+/* walk(via, src, t, starts, ends, counts, heads[, rows]): critical_path.path_segments' walk back from each window's
+ * end node ends[w]: while t[v] > starts[w] and via[v] >= 0 (the row of the edge that set v), that edge is on the path
+ * and v becomes its source src[e]. Without rows: counts[w] = the path's edges, plus one for an unexplained head (the
+ * walk stopped at a node v still after the start: heads[w] = v, else -1). With rows (sum(counts) int64): each
+ * window's path in time order, its head first as -1. via: int64 per node (-1: none), src: int64 per edge row, t:
+ * int64 per node; counts, heads: writable int64 per window. A walk longer than the node count (a cycle in via) or
+ * an index out of range raises ValueError / IndexError before any row is written past its window. */
+static PyObject *walk(PyObject *self, PyObject *args) {
+    Py_buffer vb, sb, tb, stb, eb, cb, hb, rb;
+    rb.buf = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*w*|w*", &vb, &sb, &tb, &stb, &eb, &cb, &hb, &rb)) return NULL;
+    PyObject *result = NULL;
+    int fill = rb.buf != NULL;
+    Py_ssize_t n = tb.len / (Py_ssize_t)sizeof(int64_t), m = sb.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t k = stb.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t n_rows = fill ? rb.len / (Py_ssize_t)sizeof(int64_t) : 0;
+    if (vb.len != tb.len || eb.len != stb.len || cb.len != stb.len || hb.len != stb.len) {
+        PyErr_SetString(PyExc_ValueError, "walk: via and t one length per node; starts, ends, counts, heads one per window");
+        goto done;
+    }
+    const int64_t *via = (const int64_t *)vb.buf, *src = (const int64_t *)sb.buf, *t = (const int64_t *)tb.buf;
+    const int64_t *starts = (const int64_t *)stb.buf, *ends = (const int64_t *)eb.buf;
+    int64_t *counts = (int64_t *)cb.buf, *heads = (int64_t *)hb.buf, *rows = fill ? (int64_t *)rb.buf : NULL;
+    int bad = 0; /* 1: an index out of range, 2: a cycle, 3: rows of the wrong size */
+    Py_ssize_t pos = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t w = 0; w < k && !bad; w++) {
+        int64_t v = ends[w], start = starts[w], len = 0;
+        if (v < 0 || v >= n) { bad = 1; break; }
+        if (fill) { /* the counting call's answer: this window's rows end at pos + counts[w] */
+            if (counts[w] < 0 || counts[w] > n_rows - pos) { bad = 3; break; }
+            len = counts[w];
+            int64_t at = pos + len; /* filled back to front: the walk runs from the end */
+            while (t[v] > start && via[v] >= 0) {
+                int64_t e = via[v];
+                if (e >= m || at <= pos) { bad = e >= m ? 1 : 3; break; }
+                rows[--at] = e;
+                v = src[e];
+                if (v < 0 || v >= n) { bad = 1; break; }
+            }
+            if (bad) break;
+            if (t[v] > start) {
+                if (at != pos + 1) { bad = 3; break; }
+                rows[--at] = -1;
+            }
+            if (at != pos) { bad = 3; break; }
+            pos += len;
+        } else {
+            while (t[v] > start && via[v] >= 0) {
+                int64_t e = via[v];
+                if (e >= m) { bad = 1; break; }
+                if (++len > n) { bad = 2; break; }
+                v = src[e];
+                if (v < 0 || v >= n) { bad = 1; break; }
+            }
+            if (bad) break;
+            heads[w] = t[v] > start ? v : -1;
+            counts[w] = len + (t[v] > start);
+        }
+    }
+    if (fill && !bad && pos != n_rows) bad = 3;
+    Py_END_ALLOW_THREADS
+    if (bad == 1) PyErr_SetString(PyExc_IndexError, "walk: a node or edge index out of range");
+    else if (bad == 2) PyErr_SetString(PyExc_ValueError, "walk: the edges that set the nodes' times form a cycle");
+    else if (bad == 3) PyErr_SetString(PyExc_ValueError, "walk: rows do not match the counts of the counting call");
+    if (bad) goto done;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&stb);
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&hb);
+    if (fill) PyBuffer_Release(&rb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_events", scan_events, METH_VARARGS,
      "scan_events(document, keys, types[, start, end]) -> column buffers, or None where the Python path must read "
@@ -1467,6 +1547,9 @@ static PyMethodDef methods[] = {
      "(nesting.collapse_repeated)."},
     {"replay", replay, METH_VARARGS,
      "replay(order, ptr, src, weight, row, t, via): depgraph.replay's longest-path walk, in place on t and via."},
+    {"walk", walk, METH_VARARGS,
+     "walk(via, src, t, starts, ends, counts, heads[, rows]): critical_path.path_segments' walk back from each "
+     "window's end: counts and heads, then (given rows) each path's edge rows in time order."},
 #ifdef GUARDS
     {"guard", guard, METH_VARARGS,
      "guard(mapping, path) -> handle: a SIGBUS in the mapping (its file cut short) ends a scan of it with FileShrank, "

@@ -17,6 +17,9 @@ def collapse(parent: Any, names: Any, lifted: Any, out_parent: Any, removed: Any
 def replay(order: Any, ptr: Any, src: Any, weight: Any, row: Any, t: Any, via: Any, /) -> None:
     """depgraph.replay's walk, in place on `t` (node times) and `via` (the in-edge row that set each node)."""
 
+def walk(via: Any, src: Any, t: Any, starts: Any, ends: Any, counts: Any, heads: Any, rows: Any = ..., /) -> None:
+    """critical_path.walk_paths: without rows each window's counts and heads, with rows its paths' edge rows."""
+
 class FileShrank(OSError):
     """A guarded mapping's file was cut short (SIGBUS) while scan_events read it."""
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from stepscope.analyze._native import scan as _scan
 from stepscope.analyze._text import duration, plural
 from stepscope.analyze.blame import python_lines, short_name, step_row_name
 from stepscope.analyze.depgraph import (
@@ -107,6 +108,60 @@ class CriticalPathResult:
     notes: list[str] = field(default_factory=list)
 
 
+def walk_paths(via_edge: np.ndarray, src: np.ndarray, t: np.ndarray, starts: np.ndarray,
+               end_nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each window's path, walked back from its end node along the edge that set each node's time (`via_edge`, a
+    row of the edges, -1 for none; `src` each edge row's source node) while the node is after the window's start.
+
+    Returns (rows, counts, heads): the paths' edge rows in time order, window after window, a path whose first node
+    nothing recorded explains (still after the start) headed by -1; the rows of each window; and that first node
+    per window (-1 where the walk reached the start). The compiled scanner's `walk` does it in C (counting, then
+    filling); where it is not built, the same walk runs here over plain lists (tests hold the two to one answer).
+
+        nodes 1, 2, 3 at t 5, 8, 9; edge 0: 1 -> 2 sets node 2, edge 1: 2 -> 3 sets node 3; node 1 has none
+        start 6, end node 3  ->  rows [0, 1], counts [2], heads [-1]       (node 1, at 5, is not after the start)
+        start 4, end node 3  ->  rows [-1, 0, 1], counts [3], heads [1]   (node 1 is: nothing explains it)
+    """
+    via_edge, src, t, starts, end_nodes = (np.ascontiguousarray(a, dtype=np.int64)
+                                           for a in (via_edge, src, t, starts, end_nodes))
+    if len(via_edge) != len(t) or len(starts) != len(end_nodes):
+        raise ValueError("walk: via and t one length per node; starts and ends one per window")
+    if (((via_edge < -1) | (via_edge >= len(src))).any() or ((src < 0) | (src >= len(t))).any()
+            or ((end_nodes < 0) | (end_nodes >= len(t))).any()):
+        raise IndexError("walk: a node or edge index out of range")
+    if _scan is None:
+        return _walk_python(via_edge, src, t, starts, end_nodes)
+    counts = np.empty(len(starts), dtype=np.int64)
+    heads = np.empty(len(starts), dtype=np.int64)
+    _scan.walk(via_edge, src, t, starts, end_nodes, counts, heads)
+    rows = np.empty(int(counts.sum()), dtype=np.int64)
+    _scan.walk(via_edge, src, t, starts, end_nodes, counts, heads, rows)
+    return rows, counts, heads
+
+
+def _walk_python(via_edge: np.ndarray, src: np.ndarray, t: np.ndarray, starts: np.ndarray,
+                 end_nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`walk_paths` in Python (where the compiled `_scan.walk` is not built): the same answer."""
+    via, src_l, t_l = via_edge.tolist(), src.tolist(), t.tolist()
+    rows: list[int] = []
+    counts: list[int] = []
+    heads: list[int] = []
+    for start, v in zip(starts.tolist(), end_nodes.tolist(), strict=True):
+        path: list[int] = []
+        while t_l[v] > start and (e := via[v]) >= 0:
+            path.append(e)
+            v = src_l[e]
+            if len(path) > len(t_l):
+                raise ValueError("walk: the edges that set the nodes' times form a cycle")
+        heads.append(v if t_l[v] > start else -1)
+        if t_l[v] > start:
+            path.append(-1)
+        path.reverse()
+        rows.extend(path)
+        counts.append(len(path))
+    return (np.asarray(rows, dtype=np.int64), np.asarray(counts, dtype=np.int64), np.asarray(heads, dtype=np.int64))
+
+
 def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     """`SEGMENT_SCHEMA` rows: the critical path of every step of `graph` under the node times of `timed`.
 
@@ -118,38 +173,16 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     of data loading (each named by its DataLoader fetch, the ops under it included).
     """
     t = timed.t_ns
-    t_list = t.tolist()
-    via = timed.via_edge.tolist()
-    src = graph.edges["src"].to_list()
     ends = _end_nodes(graph, t)
-    rows: list[int] = []  # edge rows in path order, -1 for a path's unexplained head
-    head_s: list[int] = []  # the unexplained head's span, per -1 row
-    head_e: list[int] = []
-    head_node: list[int] = []  # the path's first node, per -1 row (its rank names the head's in a run)
-    counts: list[int] = []  # rows per window
-    for start, end_node in ends.select("start_ns", "end_node").iter_rows():
-        v = int(end_node)
-        path: list[int] = []
-        tv = t_list[v]
-        while tv > start:
-            e = via[v]
-            if e < 0:
-                break
-            path.append(e)
-            v = src[e]
-            tv = t_list[v]
-        if tv > start:  # nothing recorded explains the path's first node: the time before it is unexplained
-            path.append(-1)
-            head_s.append(start)
-            head_e.append(tv)
-            head_node.append(v)
-        path.reverse()
-        rows.extend(path)
-        counts.append(len(path))
-    if not rows:
+    starts = ends["start_ns"].to_numpy().astype(np.int64)
+    edge, counts, heads = walk_paths(timed.via_edge, graph.edges["src"].to_numpy(), t, starts,
+                                     ends["end_node"].to_numpy().astype(np.int64))
+    if not len(edge):
         return pl.DataFrame(schema={**SEGMENT_SCHEMA, "rank": pl.Int64()} if "rank" in graph.edges.columns
                             else SEGMENT_SCHEMA)
-    edge = np.asarray(rows, dtype=np.int64)
+    # the unexplained heads (nothing recorded explains a path's first node): their spans and nodes, in row order
+    head_node = heads[heads >= 0]
+    head_s, head_e = starts[heads >= 0], t[head_node]
     on_edge = edge >= 0
     at = np.where(on_edge, edge, 0)
     window = np.repeat(np.arange(len(counts)), counts)
@@ -168,11 +201,10 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     if ranked:  # an unexplained head belongs to the rank whose node the walk stopped at
         rank_of = np.full(len(edge), -1, dtype=np.int64)
         rank_of[on_edge] = graph.edges["rank"].fill_null(-1).to_numpy()[edge[on_edge]]
-        rank_of[~on_edge] = graph.nodes["rank"].to_numpy()[np.asarray(head_node, dtype=np.int64)]
+        rank_of[~on_edge] = graph.nodes["rank"].to_numpy()[head_node]
         # a head that ends where that rank's own step begins: the run's step began earlier on another rank, and
         # this rank was still in its previous step (outside the window), not idle
-        starts = set(graph.windows["cpu_start_node"].drop_nulls().to_list())
-        late[~on_edge] = [v in starts for v in head_node]
+        late[~on_edge] = np.isin(head_node, graph.windows["cpu_start_node"].drop_nulls().to_numpy())
     keep = e_ns > s_ns
     edge, on_edge, at, window, s_ns, e_ns, w_start, late, held = (
         x[keep] for x in (edge, on_edge, at, window, s_ns, e_ns, w_start, late, held))
@@ -191,7 +223,7 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     picked = graph.edges[at[first]].select("name", "kind", "category", "lane", "event_id", edge_type="type")
     if ranked:
         picked = picked.with_columns(rank=pl.Series(rank_of[keep][first]))
-        picked = _name_waits(graph, picked, at[first], on_edge[first], src, via)
+        picked = _name_waits(graph, picked, at[first], on_edge[first], timed.via_edge)
     head = pl.Series(~on_edge[first])
     head_name = pl.when(pl.Series(late[first])).then(pl.lit(LATE_START)).otherwise(pl.lit(NO_DEPENDENCY))
     picked = picked.with_columns(pl.when(pl.Series(held[first])).then(pl.lit(v)).otherwise(c).alias(c) for c, v in (
@@ -251,7 +283,7 @@ def held_notes(segments: pl.DataFrame) -> list[str]:
 
 
 def _name_waits(graph: DependencyGraph, picked: pl.DataFrame, rows: np.ndarray, on_edge: np.ndarray,
-                src: list[int], via: list[int]) -> pl.DataFrame:
+                via_edge: np.ndarray) -> pl.DataFrame:
     """A run's `collective` segments named for the rank they wait for: "wait for rank N (all_reduce)", N the rank
     whose arrival the edge's arrival node holds under this replay (`depgraph.waited_rank`)."""
     arrival = (graph.nodes["lane"] == ARRIVAL_LANE).to_numpy()
@@ -260,6 +292,7 @@ def _name_waits(graph: DependencyGraph, picked: pl.DataFrame, rows: np.ndarray, 
     if not waits.any():
         return picked
     rank = graph.nodes["rank"].to_numpy()
+    src, via = edge_src.tolist(), via_edge.tolist()  # (walked edge by edge: plain lists index fastest)
     waited = np.full(len(rows), -1, dtype=np.int64)
     waited[waits] = [waited_rank(arrival, rank, src, via, int(edge_src[r])) for r in rows[waits]]
     return picked.with_columns(name=pl.when(pl.Series(waits)).then(

@@ -16,7 +16,7 @@ from builders import cpu_op, kernel, load_events, runtime, step, trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope.analyze.critical_path import HELD_START, critical_path
+from stepscope.analyze.critical_path import HELD_START, _walk_python, critical_path, walk_paths
 from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, replay, step_times
 
 US = 1_000
@@ -549,3 +549,62 @@ def test_every_step_s_own_time_is_one_contributor(tmp_path: Path) -> None:
     steps = top.filter(pl.col("name").str.starts_with("ProfilerStep"))
     assert steps.select("kind", "name", "total_ns").rows() == [("cpu", "ProfilerStep*", 3 * (100 - 20) * 1000)]
     assert top["name"][0] == "ProfilerStep*"
+
+
+@st.composite
+def _walks(draw: st.DrawFn) -> tuple[np.ndarray, ...]:
+    """A replay's result as `walk_paths` reads it: nodes in time order, each set by an edge from an earlier node or
+    by none, and windows of a start and an end node."""
+    n = draw(st.integers(1, 40))
+    t = np.cumsum(draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))).astype(np.int64)
+    src: list[int] = []
+    via = np.full(n, -1, dtype=np.int64)
+    for v in range(1, n):
+        if draw(st.booleans()):
+            via[v] = len(src)
+            src.append(draw(st.integers(0, v - 1)))
+    src += draw(st.lists(st.integers(0, n - 1), max_size=5))  # edges on no path
+    k = draw(st.integers(0, 6))
+    starts = np.asarray(draw(st.lists(st.integers(-1, int(t[-1]) + 1), min_size=k, max_size=k)), dtype=np.int64)
+    ends = np.asarray(draw(st.lists(st.integers(0, n - 1), min_size=k, max_size=k)), dtype=np.int64)
+    return via, np.asarray(src, dtype=np.int64), t, starts, ends
+
+
+@given(_walks())
+@settings(max_examples=300, deadline=None)
+def test_the_compiled_walk_is_the_python_walk(case: tuple[np.ndarray, ...]) -> None:
+    # GIVEN any replay's edges and windows WHEN the paths are walked in C and in Python THEN the answers are one,
+    # and each path is the chain of setting edges from its end node back to its window's start
+    ours, theirs = walk_paths(*case), _walk_python(*case)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.tolist() == b.tolist()
+    via, src, t, starts, ends = case
+    rows, counts, heads = ours
+    at = 0
+    for start, end, count, head in zip(starts, ends, counts, heads, strict=True):
+        path, v = [], int(end)
+        while t[v] > start and via[v] >= 0:  # the definition, walked again
+            path.insert(0, int(via[v]))
+            v = int(src[via[v]])
+        assert head == (v if t[v] > start else -1)
+        assert rows[at:at + count].tolist() == ([-1] if t[v] > start else []) + path
+        at += count
+    assert at == len(rows)
+
+
+def test_a_bad_walk_is_refused_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    import stepscope.analyze.critical_path as module
+
+    def ints(*values: int) -> np.ndarray:
+        return np.asarray(values, dtype=np.int64)
+
+    # (via, src, t, starts, ends): node 0 at t 5 is set by edge 0, from node 0 itself; edge 3 does not exist
+    cycle = (ints(0), ints(0), ints(5), ints(0), ints(0))
+    out_of_range = (ints(3), ints(0), ints(5), ints(0), ints(0))
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(module, "_scan", None)
+        with pytest.raises(ValueError, match="form a cycle"):
+            walk_paths(*cycle)
+        with pytest.raises(IndexError, match="out of range"):
+            walk_paths(*out_of_range)
