@@ -683,19 +683,21 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         kern = g.filter(pl.col("kind") == Kind.KERNEL.value)
         calls = syncs.height
         wall, loading = gaps.window_ns, gaps.data_loading_exposed_ns or 0
+        exposed = _length(intervals.clip(split.exposed, frames.analysis_window().lazy(), by=["device"]))
         if not gpu_events:  # no GPU span: the trace from its first event to its last (as `ranks` takes it)
             first, last = trace.meta.time.first_ns, trace.meta.time.last_ns
             if first is not None and last is not None:
+                whole = pl.DataFrame({"step": [0], "start_ns": [first], "end_ns": [last]})
                 wall, loading = last - first, exposed_in_window(trace, first, last)
+                exposed = int(per_window(intervals.union(split.exposed, start="start_ns", end="end_ns"), whole,
+                                         "exposed_comm_ns")["exposed_comm_ns"].sum() or 0)  # (CPU collectives)
         by_cause = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum())
         idle = {c.value: int(by_cause.filter(pl.col("cause") == c.value)["idle_ns"].sum() or 0) for c in GapCause}
         ev = _evidence(wall, gpu_events, gaps.busy_ns, loading,
                        int(_blocked(syncs.lazy(), by=[]).collect(engine="in-memory")["sync_ns"].sum() or 0),
                        int(memcpy["dur_ns"].sum() or 0),
                        g.select(_pageable_ns()).item(),
-                       int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle,
-                       _length(intervals.clip(split.exposed, frames.analysis_window().lazy(), by=["device"])),
-                       runtime_calls)
+                       int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle, exposed, runtime_calls)
     ev = ev | work
     excess = int(_excess(colls, br.steps if br.steps_found else None)["excess_ns"].sum() or 0)
     rule, second, close = judge(ev)

@@ -118,6 +118,17 @@ def test_a_cpu_backend_waiting_in_its_collectives(tmp_path: Path) -> None:
     assert verdict(load_events(tmp_path / "b", trace(*events))).verdict is Verdict.NO_GPU
 
 
+def test_a_cpu_backend_without_steps_is_measured_over_the_trace(tmp_path: Path) -> None:
+    # GIVEN the same gloo work with no step at all: aten::mm 5-45 µs, gloo:all_reduce 50-80 µs, an op to 100 µs
+    events = [cpu_op("aten::mm", ts=5, dur=40), annotation("gloo:all_reduce", 50, 30),
+              cpu_op("aten::add", ts=95, dur=5)]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    # THEN the shares are of the trace, first event to last (95 µs), and its 30 µs of collectives decide: not a
+    # 0% read off a GPU window that does not exist
+    assert (r.steps_found, r.wall_ns) == (0, 95_000)
+    assert r.exposed_comm_fraction == pytest.approx(30 / 95) and r.verdict is Verdict.COMMUNICATION_BOUND
+
+
 def test_one_rank_hints_at_waiting_but_names_no_straggler(tmp_path: Path) -> None:
     # GIVEN two steps with the same all_reduce: 10 µs in step 1, 40 µs in step 2 (30 µs above its fastest)
     events = [step(1, ts=0, dur=100), step(2, ts=100, dur=100),
