@@ -582,7 +582,8 @@ def test_the_compiled_walk_is_the_python_walk(case: tuple[np.ndarray, ...]) -> N
     rows, counts, heads = ours
     at = 0
     for start, end, count, head in zip(starts, ends, counts, heads, strict=True):
-        path, v = [], int(end)
+        path: list[int] = []
+        v = int(end)
         while t[v] > start and via[v] >= 0:  # the definition, walked again
             path.insert(0, int(via[v]))
             v = int(src[via[v]])

@@ -274,7 +274,7 @@ def test_cpu_only_trace_without_steps_is_taken_whole(tmp_path: Path) -> None:
               cpu_op("aten::mul", ts=95, dur=5)]
     r = verdict(load_events(tmp_path, trace(*events)))
     # THEN the window is the trace's 100 µs, 30% of it data loading, and the verdict follows
-    assert (r.steps_found, r.wall_ns, r.data_loading_fraction) == (0, 100_000, pytest.approx(0.3))
+    assert (r.steps_found, r.wall_ns) == (0, 100_000) and r.data_loading_fraction == pytest.approx(0.3)
     assert r.verdict is Verdict.DATA_LOADING_BOUND and r.runner_up is Verdict.NO_GPU
     assert ("no ProfilerStep and no GPU work in the trace: over the trace (first event to last), 100 µs; share of it:"
             in render_summary(r).splitlines())
