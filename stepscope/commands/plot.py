@@ -99,7 +99,7 @@ _TRACE_FIGURES: dict[str, tuple[Callable[[TraceAnalysis, int | None], bytes | No
     "kernels": (lambda b, _: _figures().kernels_figure(b.kernels), "no GPU work in this trace"),
     "ops": (lambda b, _: _figures().ops_figure(b.ops), "no ops in this trace"),
     "roofline": (lambda b, _: _figures().roofline_figure(b.roofline),
-                 lambda b: _roofline_refusal(b)),
+                 _roofline_refusal),
     "memory": (lambda b, _: _memory_figures().memory_figure(b.memory),
                "no [memory] events with allocated totals in this trace (capture with profile_memory=True)"),
 }
