@@ -186,7 +186,7 @@ def path_segments(graph: DependencyGraph, timed: Replay) -> pl.DataFrame:
     on_edge = edge >= 0
     at = np.where(on_edge, edge, 0)
     window = np.repeat(np.arange(len(counts)), counts)
-    w_start = ends["start_ns"].to_numpy()[window]
+    w_start = starts[window]
     s_ns = np.full(len(edge), 0, dtype=np.int64)
     e_ns = np.full(len(edge), 0, dtype=np.int64)
     s_ns[on_edge] = t[graph.edges["src"].to_numpy()[edge[on_edge]]]

@@ -267,12 +267,11 @@ def _margin_text(figure: str, value: float, threshold: float, towards: Verdict) 
             f"{100 * distance:.{digits}f} points from {towards.value}")
 
 
-def _flips(evidence: Evidence, decided: Verdict | None = None) -> list[tuple[Margin, Rule]]:
+def _flips(evidence: Evidence, decided: Verdict) -> list[tuple[Margin, Rule]]:
     """Each threshold a fraction of `evidence` could cross alone to change the verdict, with the rule that would
     decide past it; nearest first, relative to the threshold (0.4 points from 60% is nearer than 0.4 points from
     5%, and a figure at 0 is as far as can be from any), ties in table order. Counts (gpu_events) are not a
-    matter of degree. `decided`: `evidence`'s own verdict, where the caller has it."""
-    decided = decide(evidence).verdict if decided is None else decided
+    matter of degree. `decided`: `evidence`'s own verdict (`decide`)."""
     seen: set[tuple[str, float]] = set()
     out = []
     for test in (t for rule in RULES for group in rule.any_of for t in group):
