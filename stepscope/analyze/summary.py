@@ -60,6 +60,7 @@ from stepscope.analyze.blame import host_memory_unsaid, is_sync_runtime, short_n
 from stepscope.analyze.counters import COUNTER_RANGES_ONLY
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
+from stepscope.analyze.graph_capture import GRAPH_LAUNCH
 from stepscope.analyze.info import trace_warnings
 from stepscope.analyze.kernels import KernelCategory, KernelsResult, kernel_summary
 from stepscope.analyze.loading import exposed_in_window
@@ -506,8 +507,13 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
             name=pl.coalesce("blamed_python", step_row_name(pl.col("blamed_op")))).agg(
             total_ns=pl.col("dur_ns").sum(), count=pl.len()) \
             .drop_nulls("name").with_columns(what=pl.lit("GPU idle, launch late at"))
+        # one row per launch call: a graph launch starts many kernels, its time counts once and for the graph
+        # launch (its kernels' ops ran at capture, not here)
+        graph = pl.col("runtime_name").fill_null("").str.contains(GRAPH_LAUNCH)
         launches = (frames.launches.filter(pl.col("launch_dur_ns").is_not_null())
-                    .group_by(name=pl.coalesce(step_row_name(pl.col("op_name")), "runtime_name"))
+                    .unique(subset="runtime_event_id", keep="first", maintain_order=True)
+                    .group_by(name=pl.when(graph).then("runtime_name")
+                              .otherwise(pl.coalesce(step_row_name(pl.col("op_name")), "runtime_name")))
                     .agg(count=pl.len(), total_ns=pl.col("launch_dur_ns").sum())
                     .with_columns(what=pl.lit("op (launches, launch time)")))
         out = pl.concat([late.sort("total_ns", "name", descending=[True, False]).head(2),

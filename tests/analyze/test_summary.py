@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from builders import annotation, cpu_op, kernel, load_events, memcpy, runtime, step, trace
 
@@ -294,6 +295,24 @@ def test_places_sum_the_steps_as_one_row(tmp_path: Path) -> None:
     assert r.verdict is Verdict.LAUNCH_BOUND and r.steps_found == 2
     assert r.places.select("what", "name", "count").rows() == [
         ("GPU idle, launch late at", "ProfilerStep*", 4), ("op (launches, launch time)", "ProfilerStep*", 4)]
+
+
+def test_a_graph_launch_is_one_launch_place_not_one_per_replayed_kernel(tmp_path: Path) -> None:
+    """A cudaGraphLaunch starts every kernel of its graph: its CPU time is one launch, counted once, under the graph
+    launch (sample_traces/cuda_graph_replay_cuda once showed 10x its three 52 µs launches, under aten::addmm)."""
+    events: list[dict[str, Any]] = []
+    for i in range(2):  # each 100 µs step: one 20 µs graph launch of three 3 µs kernels, one plain 2 µs launch
+        events += [cpu_op(f"ProfilerStep#{i + 1}", ts=i * 100, dur=100),
+                   runtime("cudaGraphLaunch", ts=i * 100 + 10, dur=20, correlation=10 * i + 1)]
+        events += [kernel(f"g{j}", ts=i * 100 + 31 + 4 * j, dur=3, correlation=10 * i + 1) for j in range(3)]
+        events += [cpu_op("aten::add", ts=i * 100 + 60, dur=5),
+                   runtime("cudaLaunchKernel", ts=i * 100 + 61, dur=2, correlation=10 * i + 2),
+                   kernel("add", ts=i * 100 + 70, dur=3, correlation=10 * i + 2)]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    assert r.verdict is Verdict.LAUNCH_BOUND
+    launches = r.places.filter(pl.col("what") == "op (launches, launch time)")
+    assert sorted(launches.select("name", "count", "total_ns").rows()) == [
+        ("aten::add", 2, 4_000), ("cudaGraphLaunch", 2, 40_000)]
 
 
 def test_a_near_call_says_how_near_and_what_came_second() -> None:
