@@ -24,7 +24,7 @@ import polars as pl
 from stepscope import __version__
 from stepscope.analyze._text import NO_STEPS, STEPS_ADVICE
 from stepscope.reports._render import INLINE, FigureRenderer, PendingPng
-from stepscope.reports.text import cell_texts, format_value, result_headline, whole_text_column
+from stepscope.reports.text import cell_texts, format_value, rate_unit, result_headline, whole_text_column
 from stepscope.reports.units import human_bytes, human_fraction, human_ns, plural
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def display_name(name: str) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)] + (" %" if suffix in ("_fraction", "_share") else "")
             break
-    return name.replace("_", " ")
+    return rate_unit(name).replace("_", " ")
 
 
 def _sort_value(value: Any) -> float | str | None:

@@ -214,6 +214,18 @@ def _display_name(name: str) -> str:
     for suffix in ("_ns", "_bytes", "_fraction", "_share"):
         if name.endswith(suffix):
             return name[: -len(suffix)]
+    return rate_unit(name)
+
+
+#: rate columns' names -> the unit as nccl-tests and spec sheets write it (busbw_gbps is GB/s, not Gbit/s)
+_RATE_UNITS = (("gbps", "GB/s"), ("tflops", "TFLOP/s"))
+
+
+def rate_unit(name: str) -> str:
+    """A rate column's name with its unit written out: busbw_gbps -> busbw_GB/s, tflops -> TFLOP/s."""
+    for word, unit in _RATE_UNITS:
+        if name == word or name.endswith("_" + word):
+            return name[: -len(word)] + unit
     return name
 
 

@@ -75,6 +75,19 @@ def test_display_names() -> None:
     assert H.display_name("self_cpu_ns") == "self cpu"
     assert H.display_name("self_cpu_fraction") == "self cpu %"
     assert H.display_name("peak_allocated_bytes") == "peak allocated"
+    # rates name their unit as nccl-tests and spec sheets write it: busbw_gbps is GB/s, not Gbit/s
+    assert [H.display_name(c) for c in ("busbw_gbps", "gbps", "attainable_tflops", "flops")] == [
+        "busbw GB/s", "GB/s", "attainable TFLOP/s", "flops"]
+
+
+def test_text_tables_and_headlines_name_rate_units() -> None:
+    import polars as pl
+
+    from stepscope.reports.text import render_frame, render_headline
+
+    assert render_frame(pl.DataFrame({"algbw_gbps": [0.3], "tflops": [1.5]})).splitlines()[0].split() == [
+        "algbw_GB/s", "TFLOP/s"]
+    assert render_headline({"peak_tflops": 989.5}).split()[:2] == ["peak", "TFLOP/s"]
 
 
 def test_corpus_report(corpus: Path) -> None:
