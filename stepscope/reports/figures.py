@@ -375,8 +375,9 @@ def compare_figure(labels: list[str], p50_ns: list[float | None], p95_ns: list[f
                   label=f"idle: {c.replace('_', ' ')}")
         left += vals
     for yi, v in zip(y, busy_fraction, strict=True):
-        if v is not None:
-            u_ax.text(0.01, yi, f"{100 * v:.0f}%", va="center", fontsize=7, color="white")
+        # a trace without GPU work (a CPU or gloo rank) has no busy share: say so, not an empty row
+        u_ax.text(0.01, yi, " no GPU work" if v is None else f"{100 * v:.0f}%", va="center", fontsize=7,
+                  color="#777777" if v is None else "white")
     u_ax.set_xlim(0, 1)
     u_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{100 * v:.0f}%"))
     u_ax.set_title("GPU busy and idle by cause (share of the analysis window)", fontsize=11)
