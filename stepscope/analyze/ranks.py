@@ -21,18 +21,24 @@ window of `summary` on the trace alone), or from its first event to its last whe
 
     rank 0: compute [0,60) [80,90)   comm [50,100)   -> compute 70, comm 50, exposed 30 ([60,80) [90,100))
 
-Imbalance of a metric: max / median across ranks of its mean per step. Straggler of a step: the rank last to
-arrive in most of the step's calls (a tie goes to the rank whose late arrivals cost the others more wait);
-its cost: the others' wait in those calls. Its likely cause, in the call where it cost most:
+Imbalance of a metric: max / median across ranks of its mean per step. Straggler of a step: the rank whose late
+arrivals cost the others most wait in the step's calls (a tie goes to the rank last in more of them); its cost:
+the others' wait in those calls. Cost first, not the count: a rank last by a few µs of clock noise in three
+calls costs nothing, the rank 50 ms late in one sets the step (sample_traces/late_rank, step 3). Its likely
+cause, in the call where it cost most:
 
     lateness      its aligned start - the others' median aligned start
+    late_start    its aligned step start - the others' median (>= 0, at most the lateness): it began the step
+                  late, so the delay is before the step (between steps, or the previous step ran longer)
     compute       its compute from the step's start to its arrival - the others' median (>= 0)
     data_loading  its data loading in the step - the others' median (>= 0)
-    host_delay    lateness - compute - data_loading (>= 0): the host reached the call late
+    host_delay    lateness - late_start - compute - data_loading (>= 0): the host reached the call late
 
-and the cause is the largest (compute first, then data loading, on a tie). For host delay, what the host did
-meanwhile: the innermost CPU op and the user's Python line (`blame.python_lines`) on the rank's step thread
-at its arrival minus half the lateness. The run's straggler is `collectives`' (most last arrivals overall).
+and the cause is the largest (compute, then data loading, then the late start, on a tie). For host delay,
+what the host did meanwhile: the innermost CPU op and the user's Python line (`blame.python_lines`) on the
+rank's step thread at its arrival minus half the host delay. The run's straggler is `collectives'` (most last
+arrivals overall). param/dlrm_kineto: rank 7 is 4.67 ms late to its costliest call, 4.52 ms of it from entering
+the step after the others (late_start), not from the host inside the step.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class Cause(enum.StrEnum):
 
     COMPUTE = "compute"
     DATA_LOADING = "data_loading"
+    LATE_START = "late_start"
     HOST_DELAY = "host_delay"
 
 
@@ -256,14 +263,17 @@ def _stragglers(by_step: pl.DataFrame, waits: pl.DataFrame, steps: pl.DataFrame,
                 compute: pl.DataFrame) -> pl.DataFrame:
     """One row per step: its straggler, last arrivals and cost, and in its costliest call the lateness and the
     excess compute and data loading that explain it, the host delay left, and the cause."""
-    top = (by_step.sort(["step", "last_arrivals", "wait_cost_ns", "rank"], descending=[False, True, True, False],
+    top = (by_step.sort(["step", "wait_cost_ns", "last_arrivals", "rank"], descending=[False, True, True, False],
                         nulls_last=True)
            .group_by("step", maintain_order=True).first().rename({"rank": "straggler"}))
     rows = (waits.join(top.select("call", "straggler"), on="call")
             .join(steps.select("rank", "step", step_start="start_ns", dl="data_loading_ns", known="compute_ns"),
                   on=["rank", "step"], how="left", maintain_order="left", nulls_equal=True))
     rows = rows.with_columns(before=pl.when(pl.col("known").is_not_null())
-                             .then(_covered(compute, rows.select("rank", s="step_start", e="ts_ns"))))
+                             .then(_covered(compute, rows.select("rank", s="step_start", e="ts_ns"))),
+                             # the step's start on the aligned clock (the call's own offset; a stepless window has none)
+                             start=pl.when(pl.col("step").is_not_null())
+                             .then(pl.col("step_start") + pl.col("aligned_start_ns") - pl.col("ts_ns")))
     me = pl.col("rank") == pl.col("straggler")
 
     def excess(col: str) -> pl.Expr:
@@ -272,23 +282,28 @@ def _stragglers(by_step: pl.DataFrame, waits: pl.DataFrame, steps: pl.DataFrame,
     per_call = rows.group_by("call").agg(
         ts_ns=pl.col("ts_ns").filter(me).first(),
         lateness_ns=pl.col("aligned_start_ns").filter(me).first() - pl.col("aligned_start_ns").filter(~me).median(),
-        excess_compute_ns=excess("before"), excess_data_loading_ns=excess("dl"))
+        excess_compute_ns=excess("before"), excess_data_loading_ns=excess("dl"), late_start_ns=excess("start"))
     out = top.join(per_call, on="call", how="left", maintain_order="left").with_columns(
-        pl.col("lateness_ns", "excess_compute_ns", "excess_data_loading_ns").round().cast(pl.Int64))
-    host = (pl.col("lateness_ns") - pl.col("excess_compute_ns").fill_null(0)
+        pl.col("lateness_ns", "excess_compute_ns", "excess_data_loading_ns", "late_start_ns").round()
+        .cast(pl.Int64)).with_columns(
+        late_start_ns=pl.min_horizontal("late_start_ns", pl.col("lateness_ns").clip(lower_bound=0)))
+    host = (pl.col("lateness_ns") - pl.col("late_start_ns").fill_null(0) - pl.col("excess_compute_ns").fill_null(0)
             - pl.col("excess_data_loading_ns").fill_null(0)).clip(lower_bound=0)
     return out.with_columns(host_delay_ns=host).with_columns(cause=_cause()).select(
-        "step", "straggler", "last_arrivals", "wait_cost_ns", "lateness_ns", "excess_compute_ns",
+        "step", "straggler", "last_arrivals", "wait_cost_ns", "lateness_ns", "late_start_ns", "excess_compute_ns",
         "excess_data_loading_ns", "host_delay_ns", "cause", "call", "ts_ns").sort("step", nulls_last=True)
 
 
 def _cause() -> pl.Expr:
-    """The largest of excess compute, excess data loading and host delay (in that order on a tie); null
-    when none is above 0."""
-    c, d, h = (pl.col(x).fill_null(0) for x in ("excess_compute_ns", "excess_data_loading_ns", "host_delay_ns"))
-    return (pl.when(pl.max_horizontal(c, d, h) <= 0).then(None)
-            .when((c >= d) & (c >= h)).then(pl.lit(Cause.COMPUTE.value))
-            .when(d >= h).then(pl.lit(Cause.DATA_LOADING.value))
+    """The largest of excess compute, excess data loading, the late start and host delay (in that order on a
+    tie); null when none is above 0."""
+    c, d, s, h = (pl.col(x).fill_null(0) for x in ("excess_compute_ns", "excess_data_loading_ns", "late_start_ns",
+                                                    "host_delay_ns"))
+    top = pl.max_horizontal(c, d, s, h)
+    return (pl.when(top <= 0).then(None)
+            .when(c >= top).then(pl.lit(Cause.COMPUTE.value))
+            .when(d >= top).then(pl.lit(Cause.DATA_LOADING.value))
+            .when(s >= top).then(pl.lit(Cause.LATE_START.value))
             .otherwise(pl.lit(Cause.HOST_DELAY.value)))
 
 
@@ -304,11 +319,11 @@ def _covered(pieces: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
 
 def _with_host_blame(stragglers: pl.DataFrame, ranks: dict[int, RankCalls]) -> pl.DataFrame:
     """host_op, host_line: for a host-delay straggler, the innermost CPU op and the user's Python line on its
-    step thread half its lateness before its arrival (one lookup per step: a handful of rows; the straggler's
+    step thread half its host delay before its arrival (one lookup per step: a handful of rows; the straggler's
     traces are analysed again here, the only ranks whose events are read twice)."""
     ops: list[str | None] = []
     lines: list[str | None] = []
-    for rank, ts, late, cause in stragglers.select("straggler", "ts_ns", "lateness_ns", "cause").iter_rows():
+    for rank, ts, late, cause in stragglers.select("straggler", "ts_ns", "host_delay_ns", "cause").iter_rows():
         found: tuple[str | None, str | None] = (None, None)
         if cause == Cause.HOST_DELAY.value and ts is not None and late is not None:
             found = _host_at([TraceAnalysis.of(t) for t in ranks[rank].traces], ts - late // 2)

@@ -10,10 +10,12 @@ each rank's own verdict is the single-trace one (`summary.verdict`, through its 
                   the slowest rank of that verdict
 
     8 ranks, rank 7 arrives last in 5 calls costing the others 35.5 ms in a step of ~16.5 ms:
-    35.5 / 7 / 16.5 = 31% >= 10%  ->  straggler, rank 7, where to look: its cause (host delay at aten::lift_fresh)
+    35.5 / 7 / 16.5 = 31% >= 10%  ->  straggler, rank 7, where to look: its cause (it began the step late:
+    4.52 ms of its 4.67 ms lateness)
 
 For the straggler, where to look is its cause in the calls it was late for (`ranks`: excess compute, excess data
-loading, or host delay with the op and the user's Python line on its step thread before its late arrival).
+loading, a late step start, or host delay with the op and the user's Python line on its step thread before its
+late arrival).
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ MAJORITY_WHEN = "otherwise, the verdict most ranks share"
 
 #: the advice for a straggler, by its cause (`ranks.Cause`; None: no cause above 0)
 STRAGGLER_ADVICE: dict[Cause | None, str] = {
-    Cause.HOST_DELAY: ("Rank {rank} reaches the collectives late because its host is busy elsewhere before them "
-                       "(the op and Python line below): work only that rank does (logging, metrics, checkpoints, "
+    Cause.HOST_DELAY: ("Rank {rank} reaches the collectives late because its host is busy elsewhere before them"
+                       "{where}: work only that rank does (logging, metrics, checkpoints, "
                        "evaluation on rank 0, a host sync), or a slower host. Move it off the step, or make every "
                        "rank do it at the same point; `stepscope summary` of its own trace says what bounds it."),
     Cause.COMPUTE: ("Rank {rank} computes more before the collectives than the others: uneven work (embedding "
@@ -48,6 +50,10 @@ STRAGGLER_ADVICE: dict[Cause | None, str] = {
                     "batches (pack by tokens), and check its GPU clocks and thermals."),
     Cause.DATA_LOADING: ("Rank {rank} waits longer for its data than the others: more DataLoader workers on that "
                          "rank's host, faster or local storage, balanced shards."),
+    Cause.LATE_START: ("Rank {rank} begins its steps later than the others, so the delay is before the step: work "
+                       "between steps that only that rank does (logging, metrics, checkpoints, evaluation on rank 0, "
+                       "a host sync after the optimizer), or its previous step ran longer. Move that work off the "
+                       "loop or do it on every rank at the same point; profile more steps to see the one before."),
     None: ("Rank {rank} arrives last at most collectives, the others wait for it; `stepscope ranks` shows each "
            "step's lateness and `stepscope summary` of its own trace what bounds it."),
 }
@@ -112,7 +118,9 @@ def run_analysis(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | 
     is_straggler = share is not None and share >= STRAGGLER_MIN and res.straggler is not None
     if is_straggler and res.straggler is not None:
         verdict, reason = Verdict.STRAGGLER, STRAGGLER_WHEN
-        advice = STRAGGLER_ADVICE[res.straggler_cause].format(rank=res.straggler)
+        named = res.straggler_host_op is not None or res.straggler_host_line is not None
+        advice = STRAGGLER_ADVICE[res.straggler_cause].format(
+            rank=res.straggler, where=" (the op and Python line below)" if named else "")
         places = _straggler_places(res)
     else:
         verdict, reason = majority, MAJORITY_WHEN
@@ -185,11 +193,13 @@ def _straggler_places(res: RanksResult) -> pl.DataFrame:
                 "total_ns", descending=True).row(0)
             rows.append({"what": what, "name": top[0], "total_ns": top[1], "count": top[2]})
     for col, what in (("excess_compute_ns", "late: more compute before the call"),
-                      ("excess_data_loading_ns", "late: more data loading in the step")):
+                      ("excess_data_loading_ns", "late: more data loading in the step"),
+                      ("late_start_ns", "late: began the step late")):
         total = int(mine[col].fill_null(0).sum() or 0)
         if total > 0:
             rows.append({"what": what, "name": rank, "total_ns": total,
                          "count": mine.filter(pl.col(col) > 0).height})
+    rows.sort(key=lambda r: -int(r["total_ns"]))  # type: ignore[call-overload]  # the largest part of the lateness first
     rows.append({"what": "its late arrivals cost the others", "name": rank,
                  "total_ns": res.straggler_wait_cost_ns or 0, "count": res.straggler_last_arrivals or 0})
     return pl.DataFrame(rows, schema={"what": pl.String, "name": pl.String, "total_ns": pl.Int64,

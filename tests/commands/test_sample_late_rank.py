@@ -43,6 +43,12 @@ def test_ranks_blames_rank_1s_host() -> None:
     # the wait rank 0 spends in collectives per step is its share of rank 1's lateness
     ranks = {r["rank"]: r for r in data["ranks"]}
     assert ranks[0]["wait_ns"] > 10 * ranks[1]["wait_ns"]
+    # each step's straggler is the rank whose late arrivals cost the other most wait: rank 1 in every step (once
+    # rank 0 in step 3, last by clock noise in three calls that cost nothing), so their costs add up to the run's
+    assert [(s["step"], s["straggler"]) for s in data["stragglers"]] == [(2, 1), (3, 1), (4, 1)]
+    assert sum(s["wait_cost_ns"] for s in data["stragglers"]) == data["straggler_wait_cost_ns"]
+    # and none began its step late by more than a few ms: the 30 ms sleep is inside the step, on the host
+    assert all(s["cause"] == "host_delay" and s["late_start_ns"] < 0.2 * SLEEP_NS for s in data["stragglers"])
 
 
 def test_the_run_report_has_the_run_s_critical_path(tmp_path: Path) -> None:
