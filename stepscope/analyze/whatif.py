@@ -23,7 +23,8 @@ Changes (any together):
                          while the collective itself still starts when it was issued and, in a run, still ends no
                          earlier than the last rank's arrival plus its latency; the step still ends after it
     rank                 (a run, `run_graph`) apply the changes above to this rank only, e.g. `rank=1,
-                         no_data_loading` asks "what if rank 1 were not late"; the others keep their weights
+                         no_data_loading` asks "what if rank 1 did not wait for its data" (a straggler late from
+                         data loading; a host delay of its own, work only that rank does, has no change to remove it)
 
     rank 0: compute 0-50, all_reduce 50-70 (NCCL stream), compute 70-90 waits for it (stream wait event)
     --overlap-comm  ->  the second compute runs 50-70, the all_reduce still ends at 70: predicted 70 instead of 90

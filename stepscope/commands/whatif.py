@@ -32,7 +32,7 @@ from stepscope.commands._options import emit_result, format_options, resolve_for
                    "plus its transfer.")
 @click.option("--rank", type=click.IntRange(min=0), default=None,
               help="In a run, apply the changes to this rank only (e.g. --rank 1 --no-data-loading: what if rank "
-                   "1 were not late). Default: every rank.")
+                   "1 did not wait for its data; the others keep theirs). Default: every rank.")
 @click.option("--annotation", default=None, metavar="REGEX",
               help="Take the instances of the CPU annotation (or op) matching REGEX as the steps, e.g. a region "
                    "of a trace without ProfilerStep (default: the ProfilerStep spans, else inferred iterations, else "
