@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from stepscope.analyze.snapshot_read import SnapshotTables
+from stepscope.analyze.snapshot_read import TORCH_MODULE, SnapshotTables
 from stepscope.errors import UsageError
 
 PRE_HISTORY = "(allocated before the recorded history)"
@@ -32,7 +32,12 @@ NO_FRAME = "(no Python frame recorded)"
 ROUNDING = "(block rounding: size at dump minus the size the history recorded)"
 
 NO_HISTORY = "no allocation history (_record_memory_history was off): peak = allocated at dump, no timeline"
-ESTIMATE_RULE = "live at peak and allocated inside a forward(); saving = all layers but the largest (upper bound)"
+ESTIMATE_RULE = ("live at peak and allocated inside a forward() (the model's own, else a torch module's); saving = all "
+                 "layers but the largest (upper bound)")
+#: why the saving is refused where the layers are torch's own modules
+SHARED_FRAMES = ("checkpoint saving not estimated: the layers are torch's own modules (e.g. nn.TransformerEncoder), "
+                 "whose instances share one forward frame, so one layer's activations cannot be told from all of its "
+                 "kind; `stepscope memory TRACE --by-layer` splits them by module instance")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -424,10 +429,13 @@ class ActivationEstimate:
     """Seed exercise: which layer's activations hold the most memory at the peak, and what checkpointing saves.
 
     Rule: an *activation* is a block live at the peak whose allocation stack passes through a `forward`
-    method outside torch (the user's or a library's module, e.g. `model.py:39 forward`); its *layer* is the
-    innermost such frame. Activation checkpointing keeps about one layer's activations alive at a time and
-    recomputes the rest in backward, so the saving is estimated as all activations minus the largest
-    layer's: an upper bound (it ignores the layer inputs that checkpointing keeps).
+    method outside torch (the user's or a library's module, e.g. `model.py:39 forward`), else, for a model built
+    of torch's own modules (nn.TransformerEncoder), through one of theirs (`torch/nn/modules/activation.py:1275
+    forward`); its *layer* is the innermost such frame. Activation checkpointing keeps about one layer's
+    activations alive at a time and recomputes the rest in backward, so the saving is estimated as all
+    activations minus the largest layer's: an upper bound (it ignores the layer inputs that checkpointing
+    keeps). Where a layer is a torch module's frame, every instance of that module shares it (two encoder
+    layers, one frame), so the saving is refused (None, `note` says why) rather than understated.
     """
 
     rule: str
@@ -437,8 +445,17 @@ class ActivationEstimate:
     activations_of_peak_fraction: float | None
     largest_layer: str | None
     largest_layer_activations_bytes: int
-    checkpoint_saving_estimate_bytes: int
+    checkpoint_saving_estimate_bytes: int | None
+    note: str | None
     layers: pl.DataFrame
+
+
+def _layer_name() -> pl.Expr:
+    """A forward frame as a layer: `model.py:54 forward`, and a torch module's by its path from torch/
+    (`torch/nn/modules/activation.py:1275 forward`: torch's MultiheadAttention, not a file of the user's)."""
+    path = pl.col("file").str.replace_all("\\\\", "/").str.extract(r"(torch/nn/.*)$")
+    return (pl.when(pl.col("file").str.contains(TORCH_MODULE.pattern))
+            .then(pl.format("{}:{} {}", path, pl.col("line"), pl.col("function"))).otherwise(pl.col("frame")))
 
 
 def activation_estimate(tables: SnapshotTables, *, device: int | None = None) -> ActivationEstimate:
@@ -451,12 +468,13 @@ def activation_estimate(tables: SnapshotTables, *, device: int | None = None) ->
     peaks = _peaks(tables, _series(tables)).sort("peak_allocated_bytes", "device", descending=[True, False]).head(1)
     layers = (
         live_blocks_at_peak(tables, peaks).filter(pl.col("forward_frame_id").is_not_null())
-        .join(tables.frames.select(forward_frame_id="frame_id", layer="frame"), on="forward_frame_id", how="left",
-              maintain_order="left")
+        .join(tables.frames.select(forward_frame_id="frame_id", layer=_layer_name()), on="forward_frame_id",
+              how="left", maintain_order="left")
         .group_by("layer").agg(activations_bytes=pl.col("size").sum(), blocks=pl.len())
         .sort("activations_bytes", "layer", descending=[True, False])
     )
     total = int(layers["activations_bytes"].sum() or 0)
+    shared = bool(layers["layer"].str.starts_with("torch/").any()) if layers.height else False
     largest = layers.row(0, named=True) if layers.height else None
     largest_bytes = int(largest["activations_bytes"]) if largest else 0
     peak = int(peaks["peak_allocated_bytes"][0]) if peaks.height else 0
@@ -468,6 +486,7 @@ def activation_estimate(tables: SnapshotTables, *, device: int | None = None) ->
         activations_of_peak_fraction=total / peak if peak else None,
         largest_layer=largest["layer"] if largest else None,
         largest_layer_activations_bytes=largest_bytes,
-        checkpoint_saving_estimate_bytes=total - largest_bytes,
+        checkpoint_saving_estimate_bytes=None if shared else total - largest_bytes,
+        note=SHARED_FRAMES if shared else None,
         layers=layers,
     )

@@ -36,6 +36,9 @@ _NOT_USER = re.compile(
     r"[\\/]lib[\\/]python3\.\d+[\\/](?!site-packages|dist-packages)|[\\/]Lib[\\/](?!site-packages))",
 )
 _LIBRARY = re.compile(r"[\\/](site|dist)-packages[\\/]")
+#: a torch module's own file (torch/nn/modules/linear.py): its forward stands for the layer where the user's
+#: model has no forward of its own (nn.TransformerEncoder, nn.Sequential of torch layers)
+TORCH_MODULE = re.compile(r"[\\/]torch[\\/]nn[\\/]")
 _CHUNK = 65_536  # trace entries converted (and released) at a time
 _STACK_CACHE_LIMIT = 200_000  # torch shares one frames list per distinct traceback; bound the cache anyway
 
@@ -113,16 +116,20 @@ class _Interner:
         return self._scan(frames)
 
     def _scan(self, frames: Any) -> tuple[int | None, int | None]:
-        """The user frame (own code first, else the innermost library frame) and the innermost user forward."""
+        """The user frame (own code first, else the innermost library frame) and the innermost forward outside
+        torch, else the innermost forward of torch's own modules (`TORCH_MODULE`)."""
         own: int | None = None
         library: int | None = None
         forward: int | None = None
+        torch_forward: int | None = None  # a model built of torch's own modules has no forward of its own
         for f in frames:
             filename = str(f.get("filename", ""))
             rank = self._rank.get(filename)
             if rank is None:
                 rank = self._rank[filename] = _frame_rank(filename)
             if rank == 0:
+                if torch_forward is None and f.get("name") == "forward" and TORCH_MODULE.search(filename):
+                    torch_forward = self._id(filename, f.get("line"), "forward")
                 continue
             if forward is None and f.get("name") == "forward":
                 forward = self._id(filename, f.get("line"), "forward")
@@ -132,7 +139,7 @@ class _Interner:
                 library = self._id(filename, f.get("line"), f.get("name"))
             if own is not None and forward is not None:
                 break
-        return (own if own is not None else library), forward
+        return (own if own is not None else library), (forward if forward is not None else torch_forward)
 
     def _id(self, filename: str, line: Any, name: Any) -> int:
         key = (filename, int(line) if isinstance(line, int) else 0, str(name))

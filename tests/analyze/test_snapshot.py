@@ -92,6 +92,40 @@ def test_activation_estimate_names_the_largest_layer(tmp_path: Path) -> None:
         ("model.py:60 forward", 6 * MB, 1), ("model.py:54 forward", 4 * MB, 1)]
 
 
+def test_a_model_of_torch_modules_has_activations_but_no_saving_estimate(tmp_path: Path) -> None:
+    """nn.TransformerEncoder has no forward of the user's: its activations are under torch's own module frames
+    (sample_traces/oom_dump_cuda once showed 0 B of activations, against 393 MiB). Its layers' instances share
+    those frames, so the saving is refused; a user's own forward still wins over torch's inside it."""
+    site = "/usr/lib/python3.11/site-packages/torch/nn/modules/"
+
+    def stack(module: str, line: int, *user: tuple[int, str]) -> list[dict[str, Any]]:
+        return [{"filename": site + "linear.py", "line": 125, "name": "_conv_forward"},
+                {"filename": site + module, "line": line, "name": "forward"},
+                {"filename": site + "module.py", "line": 1750, "name": "_call_impl"}, *frames(*user)[1:]]
+    attn, ffn = stack("activation.py", 1275, (90, "train_step")), stack("linear.py", 125, (90, "train_step"))
+    mine = stack("linear.py", 125, (40, "forward"), (90, "train_step"))  # a Linear inside the user's own block
+    trace = [entry("segment_alloc", 0, 64 * MB, t=1), entry("alloc", 100, 10 * MB, t=2, stack=frames((10, "init"))),
+             entry("alloc", 200, 6 * MB, t=3, stack=attn), entry("alloc", 300, 3 * MB, t=4, stack=attn),
+             entry("alloc", 400, 4 * MB, t=5, stack=ffn)]
+    blocks = [block(100, 10 * MB, "active_allocated", frames((10, "init"))),
+              block(200, 6 * MB, "active_allocated", attn), block(300, 3 * MB, "active_allocated", attn),
+              block(400, 4 * MB, "active_allocated", ffn)]
+    data = {"segments": [segment(0, blocks)], "device_traces": [trace]}
+    est = activation_estimate(read_snapshot(write(tmp_path / "t.pickle", data)))
+    assert est.activations_bytes == 13 * MB and est.largest_layer == "torch/nn/modules/activation.py:1275 forward"
+    assert est.layers.select("layer", "activations_bytes", "blocks").rows() == [
+        ("torch/nn/modules/activation.py:1275 forward", 9 * MB, 2),
+        ("torch/nn/modules/linear.py:125 forward", 4 * MB, 1)]
+    assert est.checkpoint_saving_estimate_bytes is None and "share one forward frame" in (est.note or "")
+    # WHEN the Linear runs inside the user's own forward THEN that forward is the layer, and the saving is estimated
+    trace[-1], blocks[-1] = entry("alloc", 400, 4 * MB, t=5, stack=mine), block(400, 4 * MB, "active_allocated", mine)
+    trace[2:4] = [entry("alloc", 200, 6 * MB, t=3, stack=mine), entry("alloc", 300, 3 * MB, t=4, stack=mine)]
+    blocks[1:3] = [block(200, 6 * MB, "active_allocated", mine), block(300, 3 * MB, "active_allocated", mine)]
+    own = activation_estimate(read_snapshot(write(tmp_path / "u.pickle", data)))
+    assert own.layers.select("layer", "activations_bytes").rows() == [("model.py:40 forward", 13 * MB)]
+    assert own.checkpoint_saving_estimate_bytes == 0 and own.note is None
+
+
 def test_rounded_block_sizes_are_one_row_so_live_bytes_add_up_to_the_peak(tmp_path: Path) -> None:
     # GIVEN the history records a 4-byte request and the dump its 512-byte block (torch rounds to 512)
     trace = [entry("alloc", 0, 4, t=1, stack=frames((3, "step"))), entry("alloc", 512, 1000, t=2),
