@@ -241,7 +241,9 @@ def test_corpus_peak_matches_the_reference_script(corpus: Path, name: str, round
     assert int(live["live_bytes"].sum()) == result.peak_allocated_bytes
     assert live.filter(live["frame"] == ROUNDING)["live_bytes"].to_list() == [rounding]
     est = activation_estimate(tables)
-    assert 0 <= est.checkpoint_saving_estimate_bytes <= est.activations_bytes <= result.peak_allocated_bytes
+    saving = est.checkpoint_saving_estimate_bytes
+    assert est.activations_bytes <= result.peak_allocated_bytes
+    assert (saving is None and est.note is not None) or 0 <= (saving or 0) <= est.activations_bytes
 
 
 def test_cs336_activations_dominate_its_peak(corpus: Path) -> None:
