@@ -150,6 +150,18 @@ def test_user_code_wins_over_libraries_and_libraries_over_torch(tmp_path: Path) 
         NO_FRAME: 70, "_backends.py:291 einsum": 20, "model.py:54 attention": 10}
 
 
+def test_a_block_the_history_never_mentions_was_allocated_before_it(tmp_path: Path) -> None:
+    # GIVEN a history of one 1 MB allocation, and a dump that also holds a 5 MB block without a stack that the
+    # history never mentions (weights loaded before _record_memory_history, as cs336_magma27's 1 GB of them)
+    act = frames((54, "forward"))
+    blocks = [block(0, 5 * MB, "active_allocated"), block(5 * MB, MB, "active_allocated", act)]
+    data = {"segments": [segment(0, blocks)],
+            "device_traces": [[entry("alloc", 5 * MB, MB, t=1, stack=act)]]}
+    live = analyze_snapshot(read_snapshot(write(tmp_path / "s.pickle", data))).live_at_peak
+    # THEN it reads as allocated before the history, not as a block whose Python frame went unrecorded
+    assert live.select("frame", "live_bytes").rows() == [(PRE_HISTORY, 5 * MB), ("model.py:54 forward", MB)]
+
+
 def test_legacy_list_format_and_empty_history(tmp_path: Path) -> None:
     # GIVEN the legacy format: a bare list of segments, no history, no frames
     legacy = [segment(0, [block(0, 3 * MB, "active_allocated"), block(3 * MB, MB, "inactive"),
