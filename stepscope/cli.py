@@ -55,7 +55,7 @@ SUMMARIES: dict[str, str] = {
     "critical-path": "The chain of dependent work that sets each step's time: CPU, launch, kernels, syncs, idle.",
     "counters": "GPU hardware counters per kernel (CUPTI range profiler) with the op that launched it, FLOPs.",
     "comm": "Collectives across ranks: matched calls, aligned clocks, arrival skew, waits, busbw, straggler.",
-    "diff": "Did my change help? Verdicts, step time, idle by cause, ops and kernels: AFTER vs BEFORE.",
+    "diff": "Did my change help? Verdicts, step time, idle by cause, ops and kernels: BEFORE -> AFTER.",
     "export": "The trace plus the answers (steps, idle gaps by cause, verdict) as one file for Perfetto.",
     "fleet": "One row per trace and rank over many traces: steps, GPU busy, verdict, idle cause, MFU, memory.",
     "flops": "FLOPs per op, achieved TFLOP/s and GB/s against the roofline, MFU per step.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -18,8 +19,8 @@ from stepscope.commands._options import emit
               help="Rows of the ops/kernels tables.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of the text summary.")
 def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool) -> None:
-    """AFTER vs BEFORE: median step time, GPU busy share, memory peak, and the ops and kernels whose time
-    changed most (delta = after - before; negative is faster)."""
+    """BEFORE is the trace without your change, AFTER the one with it: median step time, GPU busy share, memory
+    peak, and the ops and kernels whose time changed most (delta = after - before; negative is faster)."""
     from stepscope._io import atomic_dir, check_output_path
     from stepscope.analyze import load
     from stepscope.analyze.diff import diff_traces
@@ -28,6 +29,9 @@ def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool
     if out is not None:
         check_output_path(out)  # before the work, not after it
     result = diff_traces(load(before), load(after), top=top)
+    # name each side as the user gave it: a capture run's directory says which is which, its file name
+    # (vm_937.1795736888663556836.pt.trace.json.gz) does not
+    result = dataclasses.replace(result, before=_named(before, result.before), after=_named(after, result.after))
     emit(render(result, "json" if as_json else "table"), None)
     if out is not None:
         from stepscope.reports.html import diff_report
@@ -36,3 +40,8 @@ def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool
         with atomic_dir(out, create_parents=False) as tmp:
             (tmp / "index.html").write_text(page, encoding="utf-8")
         click.echo(f"wrote {out / 'index.html'}", err=True)
+
+
+def _named(given: Path, source_name: str) -> str:
+    """The trace as the user named it, with the file it resolved to where that is another name."""
+    return str(given) if given.name == source_name else f"{given} ({source_name})"

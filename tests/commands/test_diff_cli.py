@@ -41,6 +41,10 @@ def test_corpus_resnet_workers(corpus: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "177.4 ms" in result.output and "126.7 ms" in result.output and "-28.6%" in result.output
     assert "data_loading_bound" in result.output  # num_workers=0 is data-loading bound
+    # each side named as given (both files are worker0.*.pt.trace.json.gz: the directory tells them apart)
+    names = {line.split()[0]: line.split(None, 1)[1] for line in result.output.splitlines()[:2]}
+    assert names["before"].startswith(f"{k / 'resnet50_num_workers_0'} (worker0.")
+    assert names["after"].startswith(f"{k / 'resnet50_num_workers_4'} (worker0.")
     if "idle by cause:" in result.output:  # with gaps.py: data-loading idle all but disappears
         line = next(x for x in result.output.splitlines() if x.startswith("data_loading "))
         assert "357 ms" in line and "-357 ms" in line
