@@ -118,8 +118,9 @@ def export_trace(path: Path, output: Path, options: ExportOptions, *, cache_dir:
                                    keep=None if window is None else _overlapping(window), rewrite=None)
             counts = trace.meta.counts  # every event copied as bytes: ingest counted them
             out.originals = written if written is not None else counts.events + counts.flows + counts.metadata_events
-        else:
-            top = {}
+        else:  # the tracks alone, on the trace's clock: its base time too, or they would sit at its offsets
+            base = trace.meta.base_time_ns
+            top = {} if base is None else {"baseTimeNanoseconds": base}
         out.add(_annotation_events(ann, process, shift_ns=0))
         out.add(process.metadata())
         out.finish(_top_level(top, options, {"source": str(source)}))

@@ -331,6 +331,9 @@ def test_only_annotations_writes_no_original_event(synthetic: Path, tmp_path: Pa
     assert all(e.get("cat") == CATEGORY for e in doc["traceEvents"] if e["ph"] != "M")
     assert all(e["args"].get("name") not in ("python main", "autograd") for e in doc["traceEvents"] if e["ph"] == "M")
     assert on_thread(doc, "steps")
+    # the tracks keep the trace's clock: its base time (ts are offsets from it), as the full export keeps it
+    full = _export(synthetic, tmp_path / "f.json", tmp_path)
+    assert doc["baseTimeNanoseconds"] == full["baseTimeNanoseconds"] == 1_700_000_000_000_000_000
 
 
 def test_steps_clip_the_original_events_to_their_windows(synthetic: Path, tmp_path: Path) -> None:
