@@ -83,6 +83,7 @@ class RunGraph:
     source: str | None
     collectives_joined: int
     notes: tuple[str, ...]
+    noted_edges: int = 0  # of graph.dropped_edges, those `notes` already count (the collective edges run backwards)
 
 
 def load_run(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | None = None,
@@ -151,7 +152,7 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
                     traces={r.rank: r.traces for r in run.ranks}, offsets_ns=by_rank,
                     source=None if not sources else sources.pop() if len(sources) == 1 else "mixed",
                     collectives_joined=int(comm.filter(pl.col("key").is_not_null())["key"].n_unique()),
-                    notes=tuple(notes))
+                    notes=tuple(notes), noted_edges=backwards)
 
 
 def _trace_graph(job: tuple[Path, str | None]) -> DependencyGraph:
@@ -424,7 +425,7 @@ def run_what_if(run: RunGraph, change: WhatIf) -> WhatIfResult:
     joined = plural(run.collectives_joined, "collective")
     notes = [f"run of {plural(len(run.ranks), 'rank')} on aligned clocks, {joined} joined across ranks; step N runs "
              "from the earliest rank's start to the latest rank's end", *run.notes]
-    return what_if_graph(run.graph, change, notes=notes)
+    return what_if_graph(run.graph, change, notes=notes, noted_edges=run.noted_edges)
 
 
 __all__ = ["RunCriticalPathResult", "RunGraph", "build_run_graph", "load_run", "run_critical_path", "run_what_if"]

@@ -239,8 +239,11 @@ def what_if(source: Source, change: WhatIf, *, annotation: str | None = None,
     return what_if_graph(graph, change)
 
 
-def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str] = ()) -> WhatIfResult:
-    """`what_if` over a graph already built (one trace's, or a run's: `run_graph`); `notes` come first."""
+def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str] = (),
+                  noted_edges: int = 0) -> WhatIfResult:
+    """`what_if` over a graph already built (one trace's, or a run's: `run_graph`); `notes` come first, and
+    already count `noted_edges` of the graph's dropped edges (a run's collective edges), which the note on
+    dropped edges leaves out (trace_filter once said "5 … dropped" twice, of the same 5 edges)."""
     measured_w = graph.measured_weights()
     base = replay(graph, measured_w)
     weights, enabled, change_notes = _weights(graph, change)
@@ -279,8 +282,8 @@ def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str
         bound_by_measured=_bound_by(before_path),
         bound_by_predicted=_bound_by(after_path),
         notes=[*notes, *change_notes, *_moved_notes(table, base_times, after_times)]
-        + ([f"{plural(graph.dropped_edges, 'dependency edge')} ran backwards in time (clock skew) and were dropped"]
-           if graph.dropped_edges else []),
+        + ([f"{plural(unnoted, 'dependency edge')} ran backwards in time (clock skew) and were dropped"]
+           if (unnoted := graph.dropped_edges - noted_edges) > 0 else []),
         steps=table,
         path=path,
     )

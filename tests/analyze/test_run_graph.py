@@ -156,6 +156,17 @@ def test_dlrm_8_ranks(corpus: Path) -> None:
     assert overlapped.predicted_mean_ns <= overlapped.measured_mean_ns
 
 
+def test_dropped_edges_are_noted_once(corpus: Path) -> None:
+    # GIVEN two sampled ranks whose alignment leaves collective edges running backwards (hta/trace_filter)
+    run = load_run(corpus / "traces" / "hta" / "trace_filter")
+    result = run_what_if(run, WhatIf())
+    dropped = [n for n in result.notes if "ran backwards" in n]
+    # THEN one note counts them, not a second one for the same edges as dependency edges
+    assert run.noted_edges > 0 and run.graph.dropped_edges >= run.noted_edges
+    assert len(dropped) == 1 + (run.graph.dropped_edges > run.noted_edges)
+    assert dropped[0].startswith(f"{run.noted_edges} collective or comm-wait edge")
+
+
 def test_a_path_that_starts_on_a_rank_that_began_the_step_late_says_so(corpus: Path) -> None:
     # GIVEN the dlrm run, whose ranks begin ProfilerStep#10 up to 7.5 ms apart, and whose path runs through rank 4
     # THEN the path's head is rank 4's lateness: from the earliest rank's step start to rank 4's (read from the JSON
