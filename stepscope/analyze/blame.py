@@ -3,8 +3,9 @@
 `innermost` finds the innermost CPU op / Python frame / runtime call enclosing given points on given threads
 (in the frames `nested` nests once per trace, or in any lazy frame);
 `source_frames` keeps the Python frames that name a source line, and `python_lines` picks the user's line
-among them (`is_library_frame`); `is_sync_runtime` tells a runtime call that blocks the host; `short_name`
-trims a kernel name for tables.
+among them (`is_library_frame`), or, in a trace of the older format without Python frames, among the frames of
+the enclosing op's `Call stack` (`stack_lines`); `is_sync_runtime` tells a runtime call that blocks the host;
+`short_name` trims a kernel name for tables.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def innermost(frame: pl.LazyFrame | Nested, points: pl.DataFrame) -> pl.DataFram
 #: the frames of a trace that `nested` nests once and keeps on the trace: those looked up by every idle gap,
 #: sync call and copy (gaps, overlap, transfers, the critical path and the launches' ops all look up the same
 #: ones), where scanning, sorting and nesting a frame again for each analysis's points cost more than the lookups
-NestedFrame = Literal["cpu_ops", "runtime", "python", "user_python"]
+NestedFrame = Literal["cpu_ops", "runtime", "python", "user_python", "stacked_ops"]
 
 
 def nested(trace: Trace, frame: NestedFrame) -> Nested:
@@ -145,19 +146,27 @@ def nested(trace: Trace, frame: NestedFrame) -> Nested:
         runtime      trace.runtime
         python       source_frames(trace): the Python frames that name a source line
         user_python  those of them not in a library (`is_library_frame`)
+        stacked_ops  the CPU ops that carry a `Call stack` (the older with_stack format), kept with it
     """
     found = trace.nestings.get(frame)
     if found is None:
         if frame in ("cpu_ops", "runtime"):
             lazy = trace.cpu_ops if frame == "cpu_ops" else trace.runtime
+        elif frame == "stacked_ops":
+            lazy = trace.cpu_ops.filter(pl.col("call_stack").fill_null("") != "")
         else:
             lazy = source_frames(trace)
             lazy = lazy if frame == "python" else lazy.filter(~is_library_frame(pl.col("name")))
-        # (the nesting order sorts them: no sort by start first; the names as categories, kept for the trace's life)
+        keep = ("name", "event_id", "call_stack") if frame == "stacked_ops" else ("name", "event_id")
+        # (the nesting order sorts them: no sort by start first; the strings as categories, kept for the trace's life)
         found = trace.nestings[frame] = Nested.of(
-            lazy.filter(pl.col("dur_ns").is_not_null()).select(*_COLUMNS)
-            .with_columns(pl.col("name").cast(pl.Categorical)).collect(engine="in-memory"), keep=("name", "event_id"))
+            lazy.filter(pl.col("dur_ns").is_not_null()).select(*_COLUMNS, *keep[2:])
+            .with_columns(pl.col("name", *keep[2:]).cast(pl.Categorical)).collect(engine="in-memory"), keep=keep)
     return found
+
+
+#: a Python frame that names a source line: `path(N): function`
+_SOURCE_LINE = r"\(\d+\): "
 
 
 def source_frames(trace: Trace) -> pl.LazyFrame:
@@ -166,7 +175,7 @@ def source_frames(trace: Trace) -> pl.LazyFrame:
         <built-in method copy_ of Tensor object at 0x7f…>   -> skipped (it says nothing about where)
         train.py(88): train_step                            -> kept
     """
-    return trace.python.filter(pl.col("name").str.contains(r"\(\d+\): "))
+    return trace.python.filter(pl.col("name").str.contains(_SOURCE_LINE))
 
 
 #: top-level packages whose frames are not where a user looks: torch's own stack, the compilers under it,
@@ -198,6 +207,44 @@ def is_library_frame(name: pl.Expr) -> pl.Expr:
             | top.is_in(list(LIBRARY_PACKAGES)).fill_null(False))
 
 
+#: the install prefixes that the older `Call stack` writes before a package's or the standard library's path and
+#: today's Python frames leave out (torch writes those relative to their sys.path entry)
+_SITE_PREFIX = r"^.*[/\\](?:site|dist)-packages[/\\]"
+_STDLIB_PREFIX = r"^.*[/\\]lib[/\\]python3\.\d+[/\\]"
+
+
+def stack_lines(stacks: pl.Series) -> pl.DataFrame:
+    """For each op's `Call stack` (the older with_stack format: its Python frames, innermost first, ';'-separated),
+    what `python_lines` says of Python frames: the user's line (`python`: the innermost frame not a library's, by
+    `is_library_frame` on the frame as written; the innermost frame where all are a library's) and, as context,
+    the innermost frame when that one is a library's (`library`). A library's frame is shown as today's frames
+    name it, its install prefix left out. One row per stack, in order; nulls for a null or empty stack. The frames
+    are split once per distinct stack.
+
+        /…/site-packages/torchvision/transforms/functional.py(136): to_tensor;…;resnet50_profiler_api.py(44): <module>
+        -> python  resnet50_profiler_api.py(44): <module>
+           library torchvision/transforms/functional.py(136): to_tensor
+        /…/lib/python3.7/site-packages/torch/optim/optimizer.py(216): zero_grad
+        -> python  torch/optim/optimizer.py(216): zero_grad
+           library the same
+    """
+    stacks = stacks.cast(pl.String)
+    lines = (
+        pl.LazyFrame({"stack": stacks.unique().drop_nulls()})
+        .with_columns(frame=pl.col("stack").str.split(";")).explode("frame")
+        .filter(pl.col("frame").str.contains(_SOURCE_LINE))
+        .with_columns(library=is_library_frame(pl.col("frame")),
+                      frame=pl.col("frame").str.replace(_SITE_PREFIX, "").str.replace(_STDLIB_PREFIX, ""))
+        .group_by("stack", maintain_order=True)  # (each stack's frames stay in their order: innermost first)
+        .agg(inner=pl.col("frame").first(), inner_library=pl.col("library").first(),
+             user=pl.col("frame").filter(~pl.col("library")).first())
+        .select("stack", python=pl.coalesce("user", "inner"),
+                library=pl.when(pl.col("inner_library")).then(pl.col("inner")))
+    )
+    return (pl.LazyFrame({"stack": stacks}).join(lines, on="stack", how="left", maintain_order="left")
+            .select("python", "library").collect(engine="in-memory"))
+
+
 def python_lines(trace: Trace, points: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     """For each point (pid, tid, ts_ns): the user's line (the innermost frame enclosing it that is not a
     library frame; the innermost frame of all where every frame is a library's) and, as context, the
@@ -205,11 +252,25 @@ def python_lines(trace: Trace, points: pl.DataFrame) -> tuple[pl.Series, pl.Seri
 
         train.py(88): step > torch/nn/modules/module.py(1501): _call_impl > point
         -> ("train.py(88): step", "torch/nn/modules/module.py(1501): _call_impl")
+
+    A point no Python frame encloses takes the lines of the `Call stack` of the innermost op enclosing it that
+    carries one (`stack_lines`): the older with_stack format writes no Python frames, only those stacks.
+
+        aten::to [Call stack "/…/site-packages/torch/nn/modules/module.py(889): _call_impl;train.py(44): <module>"]
+          > aten::copy_ > point
+        -> ("train.py(44): <module>", "torch/nn/modules/module.py(889): _call_impl")
     """
     if points.height == 0:
         return pl.Series("python", [], dtype=pl.String), pl.Series("library", [], dtype=pl.String)
     inner = innermost(nested(trace, "python"), points)["name"]
     user = innermost(nested(trace, "user_python"), points)["name"]
-    library = pl.select(pl.when(is_library_frame(pl.lit(inner))).then(pl.lit(inner))).to_series() \
-        if len(inner) else inner
-    return user.fill_null(inner).alias("python"), library.alias("library")
+    library = pl.select(pl.when(is_library_frame(pl.lit(inner))).then(pl.lit(inner))).to_series()
+    python = user.fill_null(inner)
+    if inner.null_count():
+        ops = nested(trace, "stacked_ops")
+        if ops.height:
+            rows = ops.enclosing(points)
+            stacked = stack_lines(ops.rows.select(pl.col("call_stack").gather(rows))["call_stack"])
+            framed = inner.is_not_null()
+            python, library = python.zip_with(framed, stacked["python"]), library.zip_with(framed, stacked["library"])
+    return python.alias("python"), library.alias("library")
