@@ -16,13 +16,29 @@ What it is, first answer wins (so an all-to-all that NCCL runs as grouped send/r
     gloo:all_reduce                                                         -> all_reduce
 
 Sizes: `In msg nelems` / `Out msg nelems` / `dtype` (the call's args, else its record_param_comms op), else
-the enclosing annotation's recorded input shape and type (record_shapes), summed over its tensors. The
-message size is nccl-tests' "size": max(in, out) elements x the element size (the whole output of an
-all_gather, the whole input of a reduce_scatter).
+the recorded shapes (record_shapes). The message size is nccl-tests' "size": max(in, out) elements x the
+element size (the whole output of an all_gather, the whole input of a reduce_scatter). Without the counts:
+
+    the enclosing annotation's input, summed over its tensors: in (and out, but for an all_gather or a
+        reduce_scatter, whose output differs from the input)
+    the innermost `c10d::` op enclosing the call (its launch, or the annotation itself), of the call's
+    collective, for an all_gather / reduce_scatter: its largest tensor of the call's dtype where it records two
+    or more (one alone may be the input): the output of an all_gather, the input of a reduce_scatter; with
+    exactly two, largest / smallest (where exact) is the group size, `shape_group_size`
+
+    c10d::_allgather_base_ [[1073741824], [16777216], []] + nccl:_all_gather_base [[16777216]], int8
+        -> in 16777216, out 1073741824, message 1 GiB, shape_group_size 64
+
+An all_gather's annotation holds only this rank's input: with no such op, its output is in x the group size
+where the call states that size (`Group size`, else the ranks its group lists), else unknown, and so is its
+message size (null), never the input. (`gloo:all_gather` records its input only, on a worker thread that no
+c10d op encloses.)
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -65,10 +81,12 @@ _DTYPE_ALIASES: dict[str, str] = {
 #: one rank's collectives (`rank_calls`), one row each
 CALL_SCHEMA: dict[str, pl.DataType] = {
     "source": pl.String(), "name": pl.String(), "collective": pl.String(), "process_group": pl.String(),
-    "group_ranks": pl.String(), "group_size": pl.Int64(), "seq": pl.Int64(), "in_nelems": pl.Int64(),
-    "out_nelems": pl.Int64(), "dtype": pl.String(), "message_bytes": pl.Int64(), "ts_ns": pl.Int64(),
-    "dur_ns": pl.Int64(), "device": pl.Int64(), "stream": pl.Int64(),
+    "group_ranks": pl.String(), "group_size": pl.Int64(), "shape_group_size": pl.Int64(), "seq": pl.Int64(),
+    "in_nelems": pl.Int64(), "out_nelems": pl.Int64(), "dtype": pl.String(), "message_bytes": pl.Int64(),
+    "ts_ns": pl.Int64(), "dur_ns": pl.Int64(), "device": pl.Int64(), "stream": pl.Int64(),
 }
+#: a collective's dispatcher op (c10d::_allgather_base_, c10d::allreduce_), whose recorded shapes hold its output
+C10D_OP = "c10d::"
 
 
 def collective_type(name: str | None) -> str | None:
@@ -116,7 +134,8 @@ def rank_calls(trace: Trace, *, pg_config: Mapping[str, Any] | None = None,
         if calls.height == 0:
             calls = cpu.filter((pl.col("name") == PARAM_COMMS) & pl.col("collective_name").is_not_null()).collect(
                 engine="in-memory")
-        calls = _with_sizes(calls.with_columns(source=pl.lit("cpu"), ann_name=pl.col("name")))
+        calls = calls.with_columns(source=pl.lit("cpu"), ann_name=pl.col("name"))
+        calls = _with_sizes(_with_c10d(trace, calls, calls.select("pid", "tid", "ts_ns")))
     return _finish(calls, pg_config or {})
 
 
@@ -145,7 +164,18 @@ def _kernel_calls(trace: Trace, kernels: pl.DataFrame, launches: pl.DataFrame | 
         .with_columns([pl.coalesce(c, f"op_{c}").alias(c) for c in arg_cols])
         .with_columns(source=pl.lit("kernel"))
     )
-    return _with_sizes(linked)
+    return _with_sizes(_with_c10d(trace, linked, points))
+
+
+def _with_c10d(trace: Trace, calls: pl.DataFrame, points: pl.DataFrame) -> pl.DataFrame:
+    """`calls` with the innermost `c10d::` op enclosing each of `points` (pid, tid, ts_ns; one per call, in order):
+    c10d_name, c10d_dims, c10d_types (its recorded Input Dims / Input type), nulls where none encloses it."""
+    ops = (trace.cpu_ops.filter(pl.col("name").str.starts_with(C10D_OP))
+           .select("pid", "tid", "ts_ns", "dur_ns", "name", "event_id", "input_dims", "input_types")
+           .collect(engine="in-memory"))  # one scan: a trace has a few c10d ops per collective
+    shapes = ops.select("event_id", c10d_name="name", c10d_dims="input_dims", c10d_types="input_types")
+    return (calls.with_columns(c10d_event_id=innermost(ops.lazy(), points)["event_id"])
+            .join(shapes, left_on="c10d_event_id", right_on="event_id", how="left", maintain_order="left"))
 
 
 def _with_seq(frame: pl.LazyFrame) -> pl.LazyFrame:
@@ -156,7 +186,8 @@ def _with_seq(frame: pl.LazyFrame) -> pl.LazyFrame:
 def _with_sizes(calls: pl.DataFrame) -> pl.DataFrame:
     """Fill nelems and dtype from the annotation's recorded shapes where the args give none."""
     for col in ("collective_name", "in_msg_nelems", "out_msg_nelems", "dtype", "process_group_name",
-                "process_group_ranks", "group_size", "seq", "ann_name", "input_dims", "input_types"):
+                "process_group_ranks", "group_size", "seq", "ann_name", "input_dims", "input_types", "c10d_name",
+                "c10d_dims", "c10d_types"):
         if col not in calls.columns:
             calls = calls.with_columns(pl.lit(None).alias(col))
     shapes = [_shape_size(d, t) for d, t in zip(calls["input_dims"].to_list(), calls["input_types"].to_list(),
@@ -172,8 +203,6 @@ def _shape_size(dims: str | None, types: str | None) -> tuple[int | None, str | 
 
     Tensors of the first tensor's dtype are summed (a coalesced call lists several); none -> (None, None).
     """
-    import json
-
     try:
         shapes = json.loads(dims) if dims else []
         kinds = json.loads(types) if types else []
@@ -193,8 +222,59 @@ def _shape_size(dims: str | None, types: str | None) -> tuple[int | None, str | 
     return total, dtype
 
 
+def _c10d_shapes(dims: str | None, types: str | None, dtype: str | None) -> tuple[int | None, int | None]:
+    """(largest, group size) of a c10d op's single tensors of `dtype` (canonical; the first tensor's where None):
+    the largest where it records two or more, largest / smallest where exactly two and it divides; else None.
+
+        [[65536, 64], [8192, 64], []], ["float", "float", ""], float32  ->  4194304, 8
+        [[[256, 256]], [], []], ["TensorList", "", ""]                   ->  None, None (a list: no single tensor)
+    """
+    try:
+        shapes = json.loads(dims) if dims else []
+        kinds = json.loads(types) if types else []
+    except ValueError:
+        return None, None
+    sizes = []
+    for shape, kind in zip(shapes, kinds, strict=False):
+        if not isinstance(shape, list) or not shape or not all(isinstance(x, int) for x in shape):
+            continue
+        dtype = dtype or canonical_dtype(str(kind))
+        if canonical_dtype(str(kind)) == dtype:
+            sizes.append(math.prod(shape))
+    if len(sizes) < 2:
+        return None, None
+    big, small = max(sizes), min(sizes)
+    return big, big // small if len(sizes) == 2 and small > 0 and big % small == 0 else None
+
+
+def _with_c10d_sizes(calls: pl.DataFrame) -> pl.DataFrame:
+    """c10d_nelems and shape_group_size (`_c10d_shapes`) of the all_gathers and reduce_scatters whose c10d op is of
+    their collective; null for other calls. Per call, not per event: a trace's collectives, parsed once per shape."""
+    mine = (pl.col("collective").is_in(["all_gather", "reduce_scatter"])
+            & (_mapped(calls, "c10d_name", collective_type) == pl.col("collective")))
+    keys = calls.select(pl.when(mine).then(pl.struct(d="c10d_dims", t="c10d_types", x="dtype")).alias("k"))["k"]
+    memo: dict[tuple[str | None, str | None, str | None], tuple[int | None, int | None]] = {}
+    found = [None if k is None else memo.setdefault((k["d"], k["t"], k["x"]), _c10d_shapes(k["d"], k["t"], k["x"]))
+             for k in keys.to_list()]
+    return calls.with_columns(
+        c10d_nelems=pl.Series([f[0] if f else None for f in found], dtype=pl.Int64),
+        shape_group_size=pl.Series([f[1] if f else None for f in found], dtype=pl.Int64))
+
+
+def listed_ranks(text: str | None) -> list[int] | None:
+    """The ranks a group lists (args `Process Group Ranks`, or pg_config's as text): "[0, 1, 2]" -> [0, 1, 2];
+    None where it lists none: null, empty, not JSON or not integers (a truncated list: "[0, 1, ...]")."""
+    try:
+        listed = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if isinstance(listed, list) and listed and all(isinstance(r, int) for r in listed):
+        return listed
+    return None
+
+
 def _finish(calls: pl.DataFrame, pg_config: Mapping[str, Any]) -> pl.DataFrame:
-    """The CALL_SCHEMA columns of `rank_calls`, sorted by start."""
+    """The CALL_SCHEMA columns of `rank_calls`, sorted by start; the sizes as the module docstring says."""
     if calls.height == 0:
         return pl.DataFrame(schema=CALL_SCHEMA)
     calls = calls.with_columns(dtype=pl.coalesce(pl.col("dtype").cast(pl.String), "shape_dtype"))
@@ -204,15 +284,28 @@ def _finish(calls: pl.DataFrame, pg_config: Mapping[str, Any]) -> pl.DataFrame:
     out = calls.with_columns(
         collective=collective.fill_null("unknown"),
         process_group=group if len(ranks_of) != 1 else group.fill_null(next(iter(ranks_of))),
-        in_nelems=pl.coalesce("in_msg_nelems", "shape_nelems").cast(pl.Int64),
-        out_nelems=pl.coalesce("out_msg_nelems", "shape_nelems").cast(pl.Int64),
         dtype=_mapped(calls, "dtype", canonical_dtype),
     ).with_columns(
         group_ranks=pl.coalesce(
             pl.col("process_group_ranks").cast(pl.String),
             pl.col("process_group").replace_strict({k: str(v) for k, v in ranks_of.items()}, default=None,
                                                    return_dtype=pl.String)),
-        message_bytes=pl.max_horizontal("in_nelems", "out_nelems")
+    )
+    out = _with_c10d_sizes(out)
+    counts = {g: len(r) for g in out["group_ranks"].unique().drop_nulls().to_list() if (r := listed_ranks(g))}
+    # the group size the call states: its `Group size`, else the ranks its group lists
+    stated = pl.coalesce(pl.col("group_size").cast(pl.Int64),
+                         pl.col("group_ranks").replace_strict(counts, default=None, return_dtype=pl.Int64))
+    gather, scatter = pl.col("collective") == "all_gather", pl.col("collective") == "reduce_scatter"
+    out = out.with_columns(
+        in_nelems=pl.coalesce("in_msg_nelems", pl.when(scatter).then("c10d_nelems"), "shape_nelems").cast(pl.Int64),
+    ).with_columns(
+        out_nelems=pl.coalesce(
+            "out_msg_nelems",
+            pl.when(gather).then(pl.coalesce("c10d_nelems", pl.col("in_nelems") * stated))
+            .when(~scatter).then("shape_nelems")).cast(pl.Int64),
+    ).with_columns(
+        message_bytes=pl.when(gather).then("out_nelems").otherwise(pl.max_horizontal("in_nelems", "out_nelems"))
         * pl.col("dtype").replace_strict(ELEMENT_BYTES, default=None, return_dtype=pl.Int64),
     )
     return out.select(pl.col(c).cast(t) for c, t in CALL_SCHEMA.items()).sort("ts_ns")

@@ -4,8 +4,10 @@ Definitions are DESIGN.md's "Distributed runs"; what a collective is, its group 
 `_comm_events`, the ranks of a run from `_comm_run`.
 
 Matching: the same call on every rank of its process group. By the c10d sequence number (args `Seq`)
-where every call of the group has one; else by order within (group, collective, message size), the
-size left out for all_to_all, send/recv, gather and scatter, whose sizes differ between ranks:
+where every call of the group has one; else by order within (group, collective, message size, dtype), the
+size left out for all_to_all, send/recv, gather and scatter, whose sizes differ between ranks (their dtype does
+not: two sampled ranks of hta/trace_filter once paired an int64 all_to_all of 384 elements with a 339 MB uint8
+one, 600 ms apart):
 
     rank 0: all_reduce 1 MiB, all_reduce 4 KiB, all_reduce 1 MiB     call (all_reduce, 1 MiB, #0), (…, 4 KiB, #0),
     rank 1: all_reduce 1 MiB, all_reduce 4 KiB, all_reduce 1 MiB     (…, 1 MiB, #1): three calls of two ranks each
@@ -19,9 +21,13 @@ call's median aligned end.
 Per call: arrival skew = latest - earliest aligned start; latency = the shortest duration; wait of a rank =
 its duration - latency; algbw = message bytes / latency (bytes per ns = GB/s); busbw = algbw x the
 nccl-tests factor for group size n; link share = busbw / the link's GB/s per direction (`links`: the device
-table's link for a run on one host, or --link-bandwidth). Straggler: the rank that arrives
-last in the most calls of two ranks or more (a tie in one call counts for every tied rank; a tie in the
-count goes to the rank whose late arrivals cost more), with the others' wait in those calls.
+table's link for a run on one host, or --link-bandwidth). n is the call's `Group size`, else the number of
+ranks its group lists, else the world size where every rank of the world took part, else an all_gather's or
+reduce_scatter's from its c10d op's shapes (`_comm_events`); else unknown, and so are busbw and link share
+(never the count of ranks that happen to have a trace: 2 of 8 ranks' traces do not make a group of 2).
+Straggler: the rank that arrives last in the most calls of two ranks or more (a tie in one call counts for
+every tied rank; a tie in the count goes to the rank whose late arrivals cost more), with the others' wait in
+those calls.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 
 import polars as pl
 
+from stepscope.analyze._comm_events import ELEMENT_BYTES, listed_ranks
 from stepscope.analyze._comm_run import RankCalls, RunCalls, run_calls
 from stepscope.analyze._text import plural
 from stepscope.analyze.links import RunLink, device_name, run_link
@@ -87,7 +94,7 @@ def analyze_run(run: RunCalls, *, link_bandwidth_gbps: float | None = None) -> C
     parts = parts.with_columns(rel_ns=pl.col("ts_ns") - pl.col("ts_ns").min())
     offsets = clock_offsets(parts)
     parts = _aligned(parts, offsets)
-    calls = _per_call(parts, [r.rank for r in run.ranks], link_bandwidth_gbps)
+    calls = _per_call(parts, [r.rank for r in run.ranks], link_bandwidth_gbps, run.world_size)
     waits = _waits(parts, calls)
     warnings = list(run.warnings)
     if unaligned := sorted({c for c in parts["clock"].unique().to_list() if c not in offsets}):
@@ -96,6 +103,8 @@ def analyze_run(run: RunCalls, *, link_bandwidth_gbps: float | None = None) -> C
     if (n := calls.filter(pl.col("missing_ranks").list.len() > 0).height):
         warnings.append(f"{plural(n, 'call')} not seen on every rank of their group (see missing_ranks in the calls "
                         "table)")
+    warnings += _unknown_bandwidth(calls)
+    warnings += _loose_alignment(waits, calls)
     straggler = _straggler(calls, waits)
     sources = set(parts["source"].unique().to_list())
     return CollectivesResult(
@@ -142,16 +151,18 @@ def match(calls: pl.DataFrame) -> pl.DataFrame:
     group = pl.coalesce("process_group", "group_ranks", pl.lit("")).alias("group")
     calls = calls.with_columns(group)
     by_seq = calls.group_by("group").agg(all_seq=pl.col("seq").is_not_null().all())
+    # a call of unknown message size (an all_gather whose group size is unknown) by its input, the same on every rank
     size = pl.when(pl.col("collective").is_in(SIZE_UNIFORM)).then(
-        pl.coalesce(pl.col("message_bytes").cast(pl.String), pl.lit("?"))).otherwise(pl.lit("*"))
-    ordinal = pl.col("ts_ns").rank("ordinal").over("rank", "group", "collective", "size") - 1
+        pl.coalesce(pl.col("message_bytes").cast(pl.String), pl.format("in {} {}", "in_nelems", "dtype"),
+                    pl.lit("?"))).otherwise(pl.lit("*"))
+    ordinal = pl.col("ts_ns").rank("ordinal").over("rank", "group", "collective", "size", "dtype_key") - 1
     return (
-        calls.join(by_seq, on="group").with_columns(size=size)
+        calls.join(by_seq, on="group").with_columns(size=size, dtype_key=pl.col("dtype").fill_null("?"))
         .with_columns(key=pl.when(pl.col("all_seq"))
                       .then(pl.concat_str(pl.lit("seq"), "group", "collective", "seq", separator="|"))
-                      .otherwise(pl.concat_str(pl.lit("ord"), "group", "collective", "size",
+                      .otherwise(pl.concat_str(pl.lit("ord"), "group", "collective", "size", "dtype_key",
                                                ordinal.cast(pl.String), separator="|")))
-        .drop("all_seq", "size")
+        .drop("all_seq", "size", "dtype_key")
     )
 
 
@@ -187,45 +198,87 @@ def _aligned(parts: pl.DataFrame, offsets: dict[str, int]) -> pl.DataFrame:
 
 def _expected(group_ranks: str | None, present: list[int]) -> list[int]:
     """The ranks a call should have: its group's (where the trace lists them), of those with a trace."""
-    import json
-
-    try:
-        listed = json.loads(group_ranks) if group_ranks else None
-    except ValueError:
-        listed = None
-    if isinstance(listed, list) and listed and all(isinstance(r, int) for r in listed):
-        return sorted(set(listed) & set(present))
-    return present
+    listed = listed_ranks(group_ranks)
+    return sorted(set(listed) & set(present)) if listed else present
 
 
-def _per_call(parts: pl.DataFrame, present: list[int], link_gbps: float | None) -> pl.DataFrame:
+def _per_call(parts: pl.DataFrame, present: list[int], link_gbps: float | None, world: int | None) -> pl.DataFrame:
     """One row per call: participants, skew, latency, bytes, bandwidths, the last arrivals, and the ranks of
-    the run (`present`) that its group holds but that did not take part."""
+    the run (`present`) that its group holds but that did not take part.
+
+    The group size n, exact or null (then busbw and link share are null too), first answer wins: the call's
+    `Group size`; the number of ranks its group lists (all of them, with a trace or not); the world size where
+    every rank of the world (`world`) took part; an all_gather's / reduce_scatter's from its c10d op's shapes
+    (`_comm_events.shape_group_size`). An all_gather whose size no rank knows (only its input recorded) gets
+    input x n where n is known."""
     first = pl.col("rank").arg_min()
     calls = parts.sort("rank").group_by("key").agg(
         collective=pl.col("collective").first(), process_group=pl.col("process_group").first(),
         group_ranks=pl.col("group_ranks").drop_nulls().first(), seq=pl.col("seq").first(),
         dtype=pl.col("dtype").get(first), message_bytes=pl.col("message_bytes").get(first),
-        group_size_arg=pl.col("group_size").drop_nulls().first(), participants=pl.col("rank"),
+        in_nelems=pl.col("in_nelems").get(first),
+        group_size_arg=pl.col("group_size").drop_nulls().first(),
+        shape_group_size=pl.col("shape_group_size").drop_nulls().first(), participants=pl.col("rank"),
         first_start=pl.col("start").min(), skew_ns=pl.col("start").max() - pl.col("start").min(),
         latency_ns=pl.col("dur_ns").min(), max_wait_ns=pl.col("wait_ns").max(),
         last_ranks=pl.col("rank").filter(pl.col("start") == pl.col("start").max()),
     )
-    expected = [_expected(g, present) for g in calls["group_ranks"].to_list()]
-    calls = calls.with_columns(expected=pl.Series(expected, dtype=pl.List(pl.Int64)))
-    n = pl.coalesce("group_size_arg", pl.col("expected").list.len())
+    groups = calls["group_ranks"].to_list()
+    calls = calls.with_columns(
+        expected=pl.Series([_expected(g, present) for g in groups], dtype=pl.List(pl.Int64)),
+        listed_size=pl.Series([len(r) if (r := listed_ranks(g)) else None for g in groups], dtype=pl.Int64))
+    took = pl.col("participants")  # distinct ranks: all of 0..world-1 where there are world of them in that range
+    whole_world = pl.lit(False) if world is None else (
+        (took.list.len() == world) & (took.list.min() == 0) & (took.list.max() == world - 1))
+    n = pl.coalesce("group_size_arg", "listed_size", pl.when(whole_world).then(pl.lit(world, pl.Int64)),
+                    "shape_group_size")
+    gathered = pl.when(pl.col("collective") == "all_gather").then(
+        pl.col("in_nelems") * n * pl.col("dtype").replace_strict(ELEMENT_BYTES, default=None, return_dtype=pl.Int64))
+    calls = calls.with_columns(group_size=n, message_bytes=pl.coalesce("message_bytes", gathered))
     algbw = pl.when(pl.col("message_bytes") > 0).then(pl.col("message_bytes") / pl.col("latency_ns"))
     calls = calls.with_columns(
         ranks=pl.col("participants").list.len(),
         missing_ranks=pl.col("expected").list.set_difference("participants").list.sort(),
         skew_ns=pl.when(pl.col("participants").list.len() > 1).then("skew_ns"),
         last_ranks=pl.when(pl.col("participants").list.len() > 1).then("last_ranks"),
-        group_size=n, algbw_gbps=algbw.fill_nan(None),
+        algbw_gbps=algbw.fill_nan(None),
     ).with_columns(busbw_gbps=pl.col("algbw_gbps") * bus_factor(pl.col("collective"), pl.col("group_size")))
     calls = calls.with_columns(link_share=pl.col("busbw_gbps") / link_gbps if link_gbps else pl.lit(None))
     origin = calls["first_start"].min()
     return (calls.sort("first_start", "key").with_row_index("call", offset=1)
             .with_columns(call=pl.col("call").cast(pl.Int64), start_ns=pl.col("first_start") - origin))
+
+
+#: matched calls end together once clocks are aligned (a collective's end is a global event; a CPU backend's calls
+#: return within a millisecond or so of each other, sample_traces/late_rank: 1.04 ms): a residual above this and
+#: above the calls' median latency says the pairing or the clocks are off, not the ranks
+LOOSE_RESIDUAL_NS = 5_000_000
+
+
+def _loose_alignment(waits: pl.DataFrame, calls: pl.DataFrame) -> list[str]:
+    """A warning where matched calls do not end together after alignment (hta/trace_filter, two sampled ranks of
+    128: residuals of 308 ms against calls of ~30 ms): skews, waits and the straggler then say little."""
+    worst = _max_int(waits["residual_ns"].abs()) if waits.height else None
+    latency = calls.filter(pl.col("ranks") > 1).select(pl.col("latency_ns").median()).item()
+    if worst is None or latency is None or worst <= max(LOOSE_RESIDUAL_NS, latency):
+        return []
+    return [f"matched calls do not end together after clock alignment (residual up to {worst / 1e6:,.1f} ms, above "
+            f"their median latency {latency / 1e6:,.1f} ms): calls paired wrongly (traces missing calls, sampled or "
+            "cut) or drifting clocks; read skews, waits and the straggler with care"]
+
+
+def _unknown_bandwidth(calls: pl.DataFrame) -> list[str]:
+    """Why busbw is missing where it is: an unknown group size, an all_gather's unknown message size (one line
+    each, where some call has it)."""
+    out = []
+    factored = bus_factor(pl.col("collective"), pl.lit(2)).is_not_null()  # a collective that has a busbw
+    if n := calls.filter(factored & pl.col("busbw_gbps").is_null() & pl.col("algbw_gbps").is_not_null()).height:
+        out.append(f"busbw unknown for {plural(n, 'call')}: group size unknown (no `Group size` or group ranks in the "
+                   "trace, and not every rank of the world took part)")
+    if n := calls.filter((pl.col("collective") == "all_gather") & pl.col("message_bytes").is_null()).height:
+        out.append(f"size and bandwidth unknown for {plural(n, 'all_gather call')}: the trace records only each "
+                   "rank's input, and the group size is unknown")
+    return out
 
 
 def bus_factor(collective: pl.Expr, n: pl.Expr) -> pl.Expr:
@@ -274,16 +327,18 @@ def _groups(calls: pl.DataFrame, link_gbps: float | None) -> pl.DataFrame:
     bucket = pl.when(pl.col("message_bytes") > 0).then(
         pl.lit(2, pl.Int64).pow(pl.col("message_bytes").log(2).floor().cast(pl.Int64))).otherwise("message_bytes")
     timed = pl.col("algbw_gbps").is_not_null()
-    # exact or null: a call of unknown size leaves its group's total unknown, never a partial sum
+    # exact or null: a call of unknown size leaves its group's total unknown, never a partial sum; so does a timed
+    # call of unknown busbw (its group size unknown) for the group's busbw
     total = pl.when(pl.col("message_bytes").null_count() == 0).then(pl.col("message_bytes").sum())
+    busbw = pl.when(pl.col("busbw_gbps").filter(timed).null_count() == 0).then(
+        (pl.col("busbw_gbps") * pl.col("latency_ns")).filter(timed).sum() / pl.col("latency_ns").filter(timed).sum())
     out = (calls.with_columns(size_bucket_bytes=bucket)
            .group_by("collective", "size_bucket_bytes", "dtype", "process_group")
            .agg(calls=pl.len(), ranks=pl.col("ranks").max(), mean_skew_ns=pl.col("skew_ns").mean(),
                 max_skew_ns=pl.col("skew_ns").max(), mean_latency_ns=pl.col("latency_ns").mean(),
                 max_wait_ns=pl.col("max_wait_ns").max(), total_message_bytes=total,
                 algbw_gbps=pl.col("message_bytes").filter(timed).sum() / pl.col("latency_ns").filter(timed).sum(),
-                busbw_gbps=(pl.col("busbw_gbps") * pl.col("latency_ns")).filter(timed).sum()
-                / pl.col("latency_ns").filter(timed).sum())
+                busbw_gbps=busbw)
            .with_columns(pl.col("mean_skew_ns", "mean_latency_ns").round().cast(pl.Int64),
                          pl.col("algbw_gbps", "busbw_gbps").fill_nan(None))
            .sort("collective", "process_group", "size_bucket_bytes", "dtype", nulls_last=True))

@@ -353,3 +353,193 @@ def test_a_large_run_is_read_in_worker_processes_with_the_same_answer(tmp_path: 
             serial.straggler_rank, serial.straggler_wait_cost_ns, serial.total_wait_ns)
         for table in ("calls", "groups", "waits", "ranks"):
             assert getattr(other, table).equals(getattr(serial, table)), table
+
+
+# ------------------------------------------------------------------- the group size n of busbw, and all_gather sizes
+
+AG = "ncclKernel_AllGather_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _ar_run(directory: Path, ranks: tuple[int, ...], world: int, **args: Any) -> None:
+    """An all-reduce of 1 Mi floats on each of `ranks` (of `world`): latency 50 µs (rank 0 arrives last), with
+    the kernel args `args` besides its type, counts and dtype."""
+    for r in ranks:
+        rank_trace(directory, r, kernel(AR, 150 - 50 * (r > 0), 50 + 50 * (r > 0), **{
+            "Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20, "dtype": "Float",
+            **args}), world=world)
+
+
+@pytest.mark.parametrize(("args", "n"), [
+    ({"Group size": 4}, 4),                                    # stated
+    ({"Process Group Ranks": "[0, 1, 2, 3]"}, 4),              # listed: all four, though two have no trace
+    ({"Group size": 4, "Process Group Ranks": "[0, 1]"}, 4),   # `Group size` first
+])
+def test_busbw_takes_the_group_size_the_call_states_not_the_ranks_with_a_trace(
+        tmp_path: Path, args: dict[str, Any], n: int) -> None:
+    # GIVEN ranks 0 and 1 of a world of 8 in an all-reduce whose group is stated
+    _ar_run(tmp_path / "run", (0, 1), 8, **args)
+    # WHEN analysed
+    res = analyze(tmp_path / "run", tmp_path)
+    (call,) = res.calls.iter_rows(named=True)
+    # THEN n is the group's size, not the 2 ranks that have a trace; the missing ranks are those of the run only
+    algbw = 4 * (1 << 20) / 50_000
+    assert call["group_size"] == n and call["algbw_gbps"] == pytest.approx(algbw)
+    assert call["busbw_gbps"] == pytest.approx(algbw * 2 * (n - 1) / n) and call["missing_ranks"] is None
+    assert not any("busbw unknown" in w for w in res.warnings)
+
+
+def test_busbw_without_group_information_needs_every_rank_of_the_world(tmp_path: Path) -> None:
+    # GIVEN an all-reduce with no group size or ranks (PARAM-era args), on 2 of 4 ranks, then on all 4
+    _ar_run(tmp_path / "two", (0, 1), 4)
+    _ar_run(tmp_path / "all", (0, 1, 2, 3), 4)
+    two, every = analyze(tmp_path / "two", tmp_path), analyze(tmp_path / "all", tmp_path)
+    # THEN with ranks missing the group size is unknown: busbw is refused, and a warning says why, once
+    (call,) = two.calls.iter_rows(named=True)
+    assert call["algbw_gbps"] == pytest.approx(4 * (1 << 20) / 50_000)
+    assert (call["group_size"], call["busbw_gbps"], call["missing_ranks"]) == (None, None, None)
+    assert two.groups["busbw_gbps"].to_list() == [None]
+    assert [w for w in two.warnings if "busbw unknown" in w] == [
+        "busbw unknown for 1 call: group size unknown (no `Group size` or group ranks in the trace, and not every "
+        "rank of the world took part)"]
+    # AND with every rank of the world in the call, n is the world size, observed
+    (call,) = every.calls.iter_rows(named=True)
+    assert call["group_size"] == 4 and call["busbw_gbps"] == pytest.approx(call["algbw_gbps"] * 1.5)
+    assert not any("busbw unknown" in w for w in every.warnings)
+
+
+def _gather_rank(directory: Path, rank: int, world: int, *, c10d: bool, **top: Any) -> None:
+    """An older torch's all-gather on `rank`: no counts in any args; the nccl:_all_gather_base annotation records
+    this rank's input (1,024 floats); with `c10d`, the c10d::_allgather_base_ op around it records the output
+    (4,096: a group of 4) and the input."""
+    start = 100 + 10 * rank  # every rank ends at 200 µs: the latency is the last rank's duration
+    events = [
+        cpu_op("record_param_comms", start - 8, 30),
+        {**annotation("nccl:_all_gather_base", start - 6, 20), "args": {"Input Dims": [[1024]],
+                                                                         "Input type": ["float"]}},
+        runtime("cudaLaunchKernel", start - 4, 3, correlation=9, external_id=9),
+        kernel(AG, start, 200 - start, correlation=9),
+    ]
+    if c10d:
+        shapes: dict[str, Any] = {"Input Dims": [[4096], [1024], []], "Input type": ["float", "float", ""]}
+        events.insert(0, cpu_op("c10d::_allgather_base_", start - 10, 40, **shapes))
+    rank_trace(directory, rank, *events, world=world, **top)
+
+
+def test_an_all_gathers_size_is_its_c10d_ops_output_not_the_annotations_input(tmp_path: Path) -> None:
+    # GIVEN ranks 0 and 1 of a world of 16, each all-gather inside its c10d::_allgather_base_ op
+    for r in (0, 1):
+        _gather_rank(tmp_path / "run", r, 16, c10d=True)
+    res = analyze(tmp_path / "run", tmp_path)
+    (call,) = res.calls.iter_rows(named=True)
+    # THEN the size is the gathered output (nccl-tests' size) and n its ratio to the input, though the world is 16
+    assert (call["collective"], call["message_bytes"], call["group_size"]) == ("all_gather", 4096 * 4, 4)
+    assert call["latency_ns"] == 90 * US and call["busbw_gbps"] == pytest.approx(4096 * 4 / 90_000 * 3 / 4)
+
+
+def test_an_all_gather_from_its_annotations_input_alone_has_no_size(tmp_path: Path) -> None:
+    # GIVEN all-gathers whose only record of size is the annotation's input: no counts, no c10d op
+    for r in (0, 1):
+        _gather_rank(tmp_path / "two", r, 4, c10d=False)
+    res = analyze(tmp_path / "two", tmp_path)
+    (call,) = res.calls.iter_rows(named=True)
+    # THEN its size is refused, not read as the input: no algbw, no busbw, and a warning says why
+    assert call["collective"] == "all_gather" and call["ranks"] == 2
+    assert (call["message_bytes"], call["algbw_gbps"], call["busbw_gbps"]) == (None, None, None)
+    assert res.groups["total_message_bytes"].to_list() == [None]
+    assert any("size and bandwidth unknown for 1 all_gather call" in w for w in res.warnings)
+    # AND where the group size is known exactly (every rank of the world took part; or listed), out = in x n
+    for r in range(4):
+        _gather_rank(tmp_path / "all", r, 4, c10d=False)
+    (call,) = analyze(tmp_path / "all", tmp_path).calls.iter_rows(named=True)
+    assert (call["message_bytes"], call["group_size"]) == (1024 * 4 * 4, 4)
+    path = tmp_path / "listed" / "rank0.pt.trace.json"
+    _gather_rank(path.parent, 0, 8, c10d=False)
+    doc = json.loads(path.read_text())
+    doc["distributedInfo"]["pg_config"] = [{"pg_name": "0", "pg_size": 2, "ranks": [0, 5]}]
+    path.write_text(json.dumps(doc))
+    (call,) = analyze(path, tmp_path).calls.iter_rows(named=True)
+    assert (call["message_bytes"], call["group_size"]) == (1024 * 4 * 2, 2)
+
+
+def test_gloo_all_gather_records_its_input_only(tmp_path: Path) -> None:
+    # GIVEN gloo all-gathers (CPU annotations on a worker thread, no c10d op around them) of 64 floats per rank
+    def run(directory: Path, pg: list[dict[str, Any]] | None) -> CollectivesResult:
+        for r in (0, 1):
+            ev = annotation("gloo:all_gather", 100 + 10 * r, 50 - 10 * r, tid=77)
+            ev["args"] = {"Input Dims": [[64]], "Input type": ["float"]}
+            info: dict[str, Any] = {"backend": "gloo", "rank": r, "world_size": 4}
+            write_trace(directory, {"schemaVersion": 1, "distributedInfo": info | ({"pg_config": pg} if pg else {}),
+                                    "host_name": "vm", "traceEvents": [ev]}, f"rank{r}.pt.trace.json")
+        return analyze(directory, tmp_path)
+    # THEN with the group listed in pg_config the size is in x n; without it (2 of 4 ranks) it is unknown
+    (listed,) = run(tmp_path / "listed", [{"pg_name": "0", "pg_size": 2, "ranks": [0, 1]}]).calls.iter_rows(named=True)
+    assert (listed["collective"], listed["message_bytes"], listed["group_size"]) == ("all_gather", 64 * 4 * 2, 2)
+    (unknown,) = run(tmp_path / "unknown", None).calls.iter_rows(named=True)
+    assert (unknown["message_bytes"], unknown["group_size"], unknown["busbw_gbps"]) == (None, None, None)
+
+
+def test_dlrm_busbw_over_some_ranks_is_unknown_and_over_all_is_exact(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN the 8-rank dlrm run, whose calls name no group (world size 8 in distributedInfo)
+    d = corpus / "traces" / "param" / "dlrm_kineto"
+    every = analyze(d, tmp_path)
+    some = analyze([next(d.glob("worker0_*")), next(d.glob("worker7_*"))], tmp_path)
+    # THEN over all 8 ranks n = 8 for every call: busbw = bytes / latency x 2(n-1)/n for the 1.5 MiB all-reduce
+    big = every.calls.filter(pl.col("collective") == "all_reduce").sort("message_bytes").row(-1, named=True)
+    assert 1 << 20 < big["message_bytes"] < 2 << 20
+    assert big["group_size"] == 8
+    assert big["busbw_gbps"] == pytest.approx(big["message_bytes"] / big["latency_ns"] * 2 * 7 / 8)
+    # AND over 2 of them n is unknown: no busbw anywhere (it read 2 before: 18.34 GB/s, not 32.09), said once
+    assert some.calls["group_size"].null_count() == some.calls.height == 8
+    assert some.calls["busbw_gbps"].null_count() == 8 and some.groups["busbw_gbps"].null_count() == some.groups.height
+    assert some.calls["algbw_gbps"].null_count() == 0
+    assert sum("busbw unknown for 8 calls" in w for w in some.warnings) == 1
+
+
+def test_trace_filter_all_gather_is_its_gathered_output(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN 2 sampled ranks of a world of 128: c10d::_allgather_base_ [[1073741824], [16777216], []] int8 around
+    # nccl:_all_gather_base [[16777216]]
+    res = analyze(corpus / "traces" / "hta" / "trace_filter", tmp_path)
+    gathers = res.calls.filter(pl.col("collective") == "all_gather")
+    # THEN the size is the 1 GiB output, n its ratio 64, busbw (n-1)/n of algbw; the other calls' n is unknown
+    assert gathers.height == 2 and gathers["message_bytes"].to_list() == [1073741824] * 2
+    assert gathers["group_size"].to_list() == [64, 64]
+    for row in gathers.iter_rows(named=True):
+        assert row["busbw_gbps"] == pytest.approx(1073741824 / row["latency_ns"] * 63 / 64)
+    assert res.calls.filter(pl.col("collective") != "all_gather")["busbw_gbps"].null_count() == res.calls.height - 2
+
+
+def test_a_single_rank_of_a_sharded_run_reads_its_groups_from_the_c10d_ops(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN rank 0 of 16 alone: c10d::_allgather_base_ [[65536, 64], [8192, 64], []] float (a group of 8) and
+    # c10d::_reduce_scatter_base_ [[8192, 384], [65536, 384], ...]
+    res = analyze(corpus / "traces" / "hta" / "negative_queue_length_values_check", tmp_path)
+    sharded = res.calls.filter(pl.col("collective").is_in(["all_gather", "reduce_scatter"]))
+    # THEN each is its whole tensor (the output gathered, the input scattered) in a group of 8, not 16 or 1
+    assert sorted(set(sharded["message_bytes"].to_list())) == [65536 * 64 * 4, 65536 * 384 * 4]
+    assert set(sharded["group_size"].to_list()) == {8}
+    # AND the all-reduces' n is unknown (1 trace of 16, no group in the trace): busbw null, not 0
+    assert res.calls.filter(pl.col("collective") == "all_reduce")["busbw_gbps"].to_list() == [None] * 10
+
+
+def test_calls_matched_by_order_keep_their_dtype(tmp_path: Path) -> None:
+    # GIVEN two ranks without sequence numbers; rank 1's trace lacks the small int64 all_to_all rank 0 ran first
+    # (sampled or cut traces): all_to_all sizes differ between ranks, so only the order and the dtype pair them
+    a2a = "ncclDevKernel_SendRecv"
+    small = comm_kernel(a2a, 100, 10, nelems=384, coll="all_to_all", dtype="Long", ranks="[0, 1]")
+    big = [comm_kernel(a2a, 200 + r, 50, nelems=1 << 20 + r, coll="all_to_all", dtype="Float", ranks="[0, 1]")
+           for r in range(2)]
+    rank_trace(tmp_path / "run", 0, small, big[0], world=2)
+    rank_trace(tmp_path / "run", 1, big[1], world=2)
+    res = analyze(tmp_path / "run", tmp_path)
+    # THEN the float calls pair, and the int64 call is rank 0's alone (once paired with rank 1's float call)
+    assert sorted(res.calls.select("dtype", "ranks").rows()) == [("float32", 2), ("int64", 1)]
+    assert res.unmatched_calls == 1
+
+
+def test_a_loose_alignment_is_a_warning(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN two sampled ranks of 128 whose matched calls cannot be made to end together (residuals of 308 ms)
+    res = analyze(corpus / "traces" / "hta" / "trace_filter", tmp_path)
+    assert res.max_clock_residual_ns is not None and res.max_clock_residual_ns > 100_000_000
+    # THEN the run says the pairing or the clocks are off; dlrm's 8 ranks end together to 4 µs and say nothing
+    assert any("do not end together after clock alignment" in w for w in res.warnings)
+    dlrm = analyze(corpus / "traces" / "param" / "dlrm_kineto", tmp_path)
+    assert not any("end together" in w for w in dlrm.warnings)
