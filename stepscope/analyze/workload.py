@@ -14,20 +14,21 @@ import polars as pl
 
 from stepscope.analyze.frames import TraceFrames
 from stepscope.analyze.graph_capture import GRAPH_LAUNCH
-from stepscope.analyze.kernels import KernelCategory, category_expr
+from stepscope.analyze.kernels import triton_kernel_expr
 from stepscope.analyze.roofline import RooflineResult
 from stepscope.analyze.schema import Kind
 
 
 def workload_evidence(frames: TraceFrames, limits: RooflineResult | None) -> dict[str, float | None]:
-    """graph_replay_fraction and compiled_fraction (of the trace's kernel time; None without kernels) and
+    """graph_replay_fraction and compiled_fraction (of the trace's kernel time; None without kernels; compiled: the
+    inductor-generated `triton_*` kernels, `kernels.triton_kernel_expr`, whatever ops their names say they fused) and
     memory_bound_fraction (of the GPU time of the ops with FLOPs, those below the ridge point; None where the
     roofline has no peak, no such op, or FLOP-bearing ops it could not count)."""
     kernels = frames.launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("dur_ns").is_not_null())
     total = int(kernels["dur_ns"].sum() or 0)
     shares = kernels.select(
         replayed=pl.col("dur_ns").filter(pl.col("runtime_name").fill_null("").str.contains(GRAPH_LAUNCH)).sum(),
-        compiled=pl.col("dur_ns").filter(category_expr() == KernelCategory.TRITON.value).sum(),
+        compiled=pl.col("dur_ns").filter(triton_kernel_expr()).sum(),
     ).row(0, named=True) if total else {}
     return {
         "graph_replay_fraction": shares["replayed"] / total if total else None,

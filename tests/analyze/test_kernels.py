@@ -9,7 +9,14 @@ import pytest
 from builders import kernel, load_events, memcpy, memset, trace
 
 from stepscope.analyze import load
-from stepscope.analyze.kernels import CATEGORY_RULES, KernelCategory, category_expr, kernel_summary
+from stepscope.analyze.kernels import (
+    CATEGORY_RULES,
+    KernelCategory,
+    category_expr,
+    kernel_summary,
+    own_names,
+    triton_kernel_expr,
+)
 
 REAL_NAMES = {  # real kernel names from the corpus (GPU in brackets) -> expected category
     "void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int)": KernelCategory.CONVOLUTION,  # V100
@@ -62,13 +69,97 @@ def test_rule_order_matters() -> None:
     """Reversing the table changes the answer for names two rules match: the first rule wins."""
     flash = "void pytorch_flash::flash_fwd_kernel<cutlass::bfloat16_t>"
     conv = "void implicit_convolve_sgemm<float, float, 128>"
-    order = [c for c, _ in CATEGORY_RULES]
+    order = [c for c, _, _ in CATEGORY_RULES]
     assert order.index(KernelCategory.ATTENTION) < order.index(KernelCategory.GEMM)
     assert order.index(KernelCategory.CONVOLUTION) < order.index(KernelCategory.GEMM)
-    reversed_first = next(c for c, rx in reversed(CATEGORY_RULES) if rx.search(flash))
+    flash_own, conv_own = "pytorch_flash::flash_fwd_kernel_cutlass", "implicit_convolve_sgemm"
+    reversed_first = next(c for c, rx, _ in reversed(CATEGORY_RULES) if rx.search(flash_own))
     assert reversed_first is KernelCategory.GEMM and classify(flash) is KernelCategory.ATTENTION
-    assert next(c for c, rx in reversed(CATEGORY_RULES) if rx.search(conv)) is KernelCategory.GEMM
+    assert next(c for c, rx, _ in reversed(CATEGORY_RULES) if rx.search(conv_own)) is KernelCategory.GEMM
     assert classify(conv) is KernelCategory.CONVOLUTION
+
+
+OWN_NAMES = {  # full demangled name -> the own name the rules read
+    "void tensorrt_llm::kernels::quantize_with_block_size<(tensorrt_llm::BlockScaleQuantizationType)2, "
+    "__nv_bfloat16, 32, true>(int, __nv_bfloat16 const*, flashinfer::QuantizationSFLayout)":
+        "tensorrt_llm::kernels::quantize_with_block_size",
+    "void at::native::(anonymous namespace)::softmax_warp_forward<float, float, float, 4, true, false>"
+    "(float*, float const*, int, int, int, bool const*, int, bool)":
+        "at::native::(anonymous namespace)::softmax_warp_forward",
+    "std::enable_if<(((8)>(0)))&&vllm::_typeConvert<c10::BFloat16>::exists, void>::type "
+    "vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, long)": "vllm::fused_add_rms_norm_kernel",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::sin_kernel_cuda(at::TensorIteratorBase&)"
+    "::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >(int, std::array<char*, 2ul>)":
+        "at::native::vectorized_elementwise_kernel",
+    "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>"
+    "(cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4::Params)":
+        "cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>",
+    "void ck_tile::kentry<1, ck_tile::Rmsnorm2dFwd<ck_tile::Pipeline<int>>>(ck_tile::Args)":
+        "ck_tile::kentry<ck_tile::Rmsnorm2dFwd>",
+    "triton_poi_fused_convolution_0": "triton_poi_fused_convolution_0",
+    "Cijk_Alik_Bljk_HHS_BH_MT128x128x32": "Cijk_Alik_Bljk_HHS_BH_MT128x128x32",
+    "void foo<int, bar<float": "foo",  # truncated: an unbalanced bracket is cut off
+}
+
+
+def test_own_names_drop_return_type_template_arguments_and_parameters() -> None:
+    names = pl.Series("name", [*OWN_NAMES, None])
+    assert own_names(names).to_list() == [*OWN_NAMES.values(), None]
+
+
+READ_BY_OWN_NAME = {  # names whose template / parameter TYPES match another rule -> the category of the kernel
+    # B200 (tracelens eager_trace): "flash" only in a parameter type, "cutlass" only in a template argument
+    "void tensorrt_llm::kernels::quantize_with_block_size<(tensorrt_llm::BlockScaleQuantizationType)2, "
+    "__nv_bfloat16, 32, true>(int, int, int, int, __nv_bfloat16 const*, float const*, unsigned int*, "
+    "unsigned int*, int, int, flashinfer::QuantizationSFLayout)": KernelCategory.ELEMENTWISE,
+    "void moe::dev::finalize::finalizeKernelVecLoad<moe::dev::finalize::KernelParams<cutlass::bfloat16_t, "
+    "cutlass::bfloat16_t, 4, true> >(moe::dev::finalize::KernelParams<cutlass::bfloat16_t, cutlass::bfloat16_t, 4, "
+    "true>)": KernelCategory.OTHER,
+    # DLRM (param): "fbgemm" in the functor's namespace or a parameter type
+    "void at::native::vectorized_elementwise_kernel<4, fbgemm_gpu::_float_to_hfp8_gpu(at::Tensor const&, long, "
+    "long, double)::{lambda(float)#1}, at::detail::Array<char*, 2> >(int, at::detail::Array<char*, 2>)":
+        KernelCategory.ELEMENTWISE,
+    "void split_embedding_codegen_forward_unweighted_kernel<float, float, float, false, long, 1ul, 8ul>"
+    "(at::GenericPackedTensorAccessor<float, 1ul, at::RestrictPtrTraits, long>, fbgemm_gpu::FixedDivisor)":
+        KernelCategory.ELEMENTWISE,
+    # V100: cuDNN's FFT kernels take a cudnn::reduced_divisor; not a reduction
+    "void fft2d_r2c_32x32<float, false, 0u, false>(float2*, float const*, int, cudnn::reduced_divisor, bool)":
+        KernelCategory.OTHER,
+    # a launcher's identity IS its template argument
+    "void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_64x128_32x3_nhwc_align4>"
+    "(cutlass_tensorop_s1688dgrad_optimized_tf32_64x128_32x3_nhwc_align4::Params)": KernelCategory.CONVOLUTION,
+    "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>(cutlass_80_simt_sgemm_128x64_8x5_nn_align1"
+    "::Params)": KernelCategory.GEMM,
+    "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<int>>>(flash::Params)":
+        KernelCategory.ATTENTION,
+    "void ck_tile::kentry<1, ck_tile::Rmsnorm2dFwd<ck_tile::Rmsnorm2dFwdPipelineOnePass<int>>>(ck_tile::Args)":
+        KernelCategory.NORMALIZATION,
+    # cuBLAS's helper kernels name cuBLAS only in their parameter types: GEMM work, as before
+    "void splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>"
+    "(cublasSplitKParams<float>, float const*, float const*, float*)": KernelCategory.GEMM,
+    "void scal_kernel<float, float, 1, true, 6, 5, 5, 3>(cublasTransposeParams<float>, float const*, float*)":
+        KernelCategory.GEMM,
+    # inductor's Triton kernels are triton whatever ops they fused
+    "triton_poi_fused_convolution_0": KernelCategory.TRITON,
+    "triton_red_fused__native_batch_norm_legit_functional_convolution_backward_div_expand_1":
+        KernelCategory.TRITON,
+    "triton_per_fused_native_batch_norm_backward_7": KernelCategory.TRITON,
+    "triton_poi_fused_all_reduce_0": KernelCategory.TRITON,  # a copy into a collective's buffer, not NCCL
+}
+
+
+@pytest.mark.parametrize(("name", "expected"), list(READ_BY_OWN_NAME.items()))
+def test_rules_read_the_kernels_own_name(name: str, expected: KernelCategory) -> None:
+    assert classify(name) is expected
+
+
+def test_triton_kernels_are_the_triton_category() -> None:
+    """`triton_kernel_expr` (workload's compiled share) and the category agree: triton is the first rule."""
+    names = [*REAL_NAMES, *READ_BY_OWN_NAME]
+    frame = pl.DataFrame({"name": names, "kind": ["kernel"] * len(names)}).select(
+        triton=triton_kernel_expr(), category=category_expr())
+    assert frame["triton"].to_list() == (frame["category"] == KernelCategory.TRITON.value).to_list()
+    assert CATEGORY_RULES[0][0] is KernelCategory.TRITON
 
 
 def test_memcpy_and_memset_by_kind_not_name() -> None:
@@ -116,15 +207,55 @@ def test_grid_and_block_whitespace_normalized(tmp_path: Path) -> None:
 def test_cpu_only_trace_is_empty(tmp_path: Path) -> None:
     from builders import cpu_op
     r = kernel_summary(load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5))))
-    assert (r.gpu_events, r.gpu_busy_ns, r.other_share) == (0, 0, None)
+    assert (r.gpu_events, r.gpu_busy_ns, r.other_share, r.note) == (0, 0, None, "")
     assert r.by_name.height == 0 and r.by_category.height == 0
+
+
+def counter_range(name: str, ts: float) -> dict[str, object]:
+    """A kernel the CUPTI range profiler measured: counters in args, no stream, no correlation."""
+    return {"ph": "X", "cat": "cuda_profiler_range", "name": name, "pid": 0, "tid": 0, "ts": ts, "dur": 121,
+            "args": {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 8}}
+
+
+def test_a_trace_of_counter_ranges_says_so_in_its_note(tmp_path: Path) -> None:
+    # GIVEN a trace recorded with profiler_metrics: two measured kernels, no kernel events
+    from builders import cpu_op
+    r = kernel_summary(load_events(tmp_path, trace(cpu_op("aten::mm", ts=0, dur=5), counter_range("sgemm", 10),
+                                                   counter_range("sgemm", 200))))
+    # THEN there is no GPU event, and the note says the two kernels were measured, and where to read them
+    assert r.gpu_events == 0 and "measured 2 kernels" in r.note and "stepscope counters" in r.note
+
+
+def test_htas_cupti_profiler_trace_has_77_counter_ranges(corpus: Path, tmp_path: Path) -> None:
+    r = kernel_summary(load(corpus / "traces/hta/cupti_profiler/benchmark_result_924719_1679055439_trace.json.gz",
+                            cache_dir=tmp_path))
+    assert r.gpu_events == 0 and "measured 77 kernels" in r.note
+
+
+def test_b200_kernels_whose_argument_types_name_other_libraries(corpus: Path, tmp_path: Path) -> None:
+    r = kernel_summary(load(corpus / "traces/tracelens/b200/eager_trace.json.gz", cache_dir=tmp_path))
+    category = dict(zip(r.by_name["name"], r.by_name["category"], strict=True))
+    quantize = [c for n, c in category.items() if "quantize_with_block_size" in n]
+    finalize = [c for n, c in category.items() if "finalizeKernelVecLoad" in n]
+    assert quantize == ["elementwise"] and finalize == ["other"]
+    assert not [n for n, c in category.items() if c == "attention" and "flashinfer::" in n.partition("(")[0]]
+
+
+def test_compiled_sample_files_inductors_kernels_as_triton() -> None:
+    # GIVEN the torch.compile sample: 60 of its 129 kernels are inductor's triton_*, 87.6 µs of 344.9 µs
+    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "compiled_train_cuda"
+    if not sample.is_dir():
+        pytest.skip("sample_traces/compiled_train_cuda is not present")
+    r = kernel_summary(load(sample))
+    row = r.by_category.filter(pl.col("category") == "triton").row(0, named=True)
+    assert (row["count"], row["total_ns"]) == (60, 87_552)
 
 
 TRACES = {  # corpus trace -> max share of GPU time left in "other"
     "kineto/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz": 0.005,  # V100
     "hta/nccl_parser_config/nccl_data.json.gz": 0.01,  # A100
     "tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz": 0.01,
-    "tracelens/b200/eager_trace.json.gz": 0.02,  # MoE routing kernels
+    "tracelens/b200/eager_trace.json.gz": 0.04,  # MoE routing and finalize (combine) kernels: 3.6%
     "tracelens/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz": 0.01,
     "tracelens/mi210/gpu_only_trace/gpu_only_trace.json.gz": 0.01,
     "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz": 0.01,
