@@ -34,9 +34,13 @@ nothing; causal attention is not halved. These are torch's choices, matched so t
     embedding    aten::embedding w [1000, 64], idx [4, 8] int64           0 FLOPs; bytes 8*32 + 2*4*(32*64)
 
 The last five families are bytes-bound: torch's counter counts no FLOPs for them and neither do we (their
-rows carry 0 FLOPs and a byte count, for the roofline). Bytes are every tensor input read once plus the
+rows carry 0 FLOPs and a byte count, for the roofline). Bytes are every tensor argument read once plus the
 output written once, from shapes x dtype size: `mm [32, 64] x [64, 128] fp32` moves 4*(2048 + 8192 + 4096)
 bytes. Embedding reads only the gathered rows, not the whole table; copy_/fill_/zero_ do not read `self`.
+An out= tensor is the output: recorded after the op's arguments (`ARGUMENTS`), it is written once, not read:
+
+    aten::mm [32768, 2048], [2048, 2048], [32768, 2048] bf16   (Inductor's extern_kernels.mm(a, b, out=buf))
+    bytes 2*(32768*2048 + 2048*2048) read + 2*32768*2048 written = 276,824,064 (not 411,041,792)
 
 Nested ops count once: the OUTERMOST op with a resolved formula counts (`counted`), the modelled ops inside
 it do not.
@@ -103,6 +107,7 @@ class _Inputs:
     dims: list[object]
     types: list[object]
     concrete: list[object]
+    arguments: int | None = None  # positions before this are the op's arguments; a tensor past them is an out=
 
     def tensor(self, i: int) -> list[int]:
         """Shape of tensor input i; _Skip when it is absent or not a tensor."""
@@ -142,11 +147,16 @@ class _Inputs:
             raise _Skip(f"argument {i} has {len(v)} values for {n} spatial dims")
         return [int(x) for x in v]
 
+    def read(self, i: int) -> bool:
+        """Whether input i is an argument the op reads, not an out= tensor after its arguments."""
+        return self.arguments is None or i < self.arguments
+
     def tensor_bytes(self, *, skip: Sequence[int] = ()) -> int:
-        """Bytes of every tensor input (each read once), leaving out the positions in `skip`."""
+        """Bytes of every tensor argument (each read once), leaving out the positions in `skip` and any out=
+        tensor (the output: the formula counts it, written)."""
         total = 0
         for i, t in enumerate(self.types):
-            if i in skip or t not in DTYPES:
+            if i in skip or t not in DTYPES or not self.read(i):
                 continue
             shape = self.dims[i] if i < len(self.dims) else None
             if isinstance(shape, list) and all(isinstance(d, int) for d in shape):
@@ -454,7 +464,7 @@ def _elementwise(inp: _Inputs) -> tuple[int, int]:
     """0 FLOPs; the output is as large as the largest tensor input (the broadcast shape, or `self`)."""
     if any(t == "TensorList" for t in inp.types):
         raise _Skip("TensorList inputs: their dtypes are not recorded")
-    tensors = [i for i in range(len(inp.types)) if inp.has_tensor(i)]
+    tensors = [i for i in range(len(inp.types)) if inp.has_tensor(i) and inp.read(i)]
     if not tensors:
         raise _Skip("no tensor input recorded")
     largest = max(tensors, key=lambda i: prod(inp.tensor(i)))
@@ -469,6 +479,8 @@ def _write_only(inp: _Inputs) -> tuple[int, int]:
 def _reduction(inp: _Inputs) -> tuple[int, int]:
     """0 FLOPs; the output keeps the dims not reduced (argument 1: a dim or dim list; none: all of them)."""
     x = inp.tensor(0)
+    if inp.has_tensor(1) and inp.read(1):  # max.other(self, other) or max.unary_out(self, *, out): not told apart
+        raise _Skip("a second tensor: max/min of two tensors, or an out= tensor, which the trace does not tell apart")
     dims = inp.value(1) if len(inp.types) > 1 and inp.types[1] in ("Scalar", "ScalarList") else None
     if isinstance(dims, bool) or not isinstance(dims, (int, list)):
         dims = []
@@ -496,6 +508,52 @@ def _embedding_backward(inp: _Inputs) -> tuple[int, int]:
 
 def _names(*names: str) -> tuple[str, ...]:
     return tuple(f"aten::{n}" for n in names)
+
+
+def _arguments(count: int, *names: str) -> dict[str, int]:
+    return dict.fromkeys(_names(*names), count)
+
+
+#: op -> how many leading recorded inputs are its arguments: 1 + the last position any of its functional overloads
+#: (those of older torch releases too) takes a tensor at. A tensor recorded past them is an out= tensor (`mm.out(self,
+#: mat2, *, out)`, `sum.IntList_out(self, dim, keepdim, *, dtype, out)`): the output, written, not read. Ops not
+#: listed (attention) have no out= overload a trace records; every tensor they record is read.
+ARGUMENTS: dict[str, int] = {
+    **_arguments(2, "mm", "_int_mm", "bmm", "matmul", "mv", "dot"),
+    **_arguments(3, "addmm", "_addmm_activation", "baddbmm", "addbmm", "addmv", "linear"),
+    "aten::_scaled_mm": 7,  # torch 2.1: (self, mat2, bias, out_dtype, scale_a, scale_b, scale_result, …)
+    "vllm::rocm_unquantized_gemm": 3,
+    **_arguments(3, "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                 "convolution", "_convolution", "convolution_overrideable", "_convolution_mode", "mkldnn_convolution",
+                 "miopen_convolution", "convolution_backward", "convolution_backward_overrideable",
+                 "cudnn_convolution", "cudnn_convolution_transpose"),  # cudnn_*: a bias at 2 before torch 1.8
+    **_arguments(4, "_slow_conv2d_forward", "thnn_conv2d"),
+    **_arguments(4, "layer_norm", "native_layer_norm", "group_norm"),
+    **_arguments(3, "rms_norm", "_fused_rms_norm", "native_group_norm"),
+    **_arguments(5, "batch_norm", "_batch_norm_impl_index", "native_batch_norm", "_native_batch_norm_legit",
+                 "_native_batch_norm_legit_no_training", "_batch_norm_with_update", "_batch_norm_no_update",
+                 "cudnn_batch_norm", "miopen_batch_norm", "instance_norm", "native_group_norm_backward",
+                 "_fused_rms_norm_backward"),
+    **_arguments(7, "native_layer_norm_backward", "native_batch_norm_backward", "miopen_batch_norm_backward"),
+    "aten::cudnn_batch_norm_backward": 9,  # reserveSpace at 8
+    "aten::batch_norm_backward": 11,  # reserve at 10
+    **_arguments(1, "softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax"),
+    **_arguments(4, "_softmax_backward_data", "_log_softmax_backward_data"),  # `self` at 3 before torch 1.11
+    **_arguments(1, "neg", "abs", "exp", "exp_", "log", "log_", "sqrt", "sqrt_", "rsqrt", "rsqrt_", "reciprocal",
+                 "sin", "cos", "relu", "relu_", "gelu", "gelu_", "silu", "silu_", "sigmoid", "sigmoid_", "tanh",
+                 "tanh_", "hardtanh", "hardtanh_", "leaky_relu", "leaky_relu_", "elu", "erf", "sign", "neg_",
+                 "native_dropout", "zero_"),
+    **_arguments(2, "add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_", "pow", "pow_", "maximum",
+                 "minimum", "eq", "ne", "lt", "le", "gt", "ge", "gelu_backward", "silu_backward",
+                 "sigmoid_backward", "tanh_backward", "threshold_backward", "hardtanh_backward",
+                 "native_dropout_backward", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "copy_", "fill_"),
+    **_arguments(3, "clamp", "clamp_", "where", "masked_fill", "masked_fill_", "addcmul", "addcmul_", "addcdiv",
+                 "addcdiv_", "lerp", "lerp_"),
+    **_arguments(1, "sum", "mean", "amax", "amin", "argmax", "argmin", "norm", "linalg_vector_norm", "var", "std",
+                 "var_mean", "std_mean", "prod", "logsumexp", "all", "any"),
+    **_arguments(2, "max", "min"),  # max.other(self, other): a second tensor is refused (`_reduction`)
+    **_arguments(2, "embedding", "embedding_backward", "embedding_dense_backward"),
+}
 
 
 #: op name -> (family, formula): the whole model
@@ -583,7 +641,7 @@ def resolve(name: str, input_dims: str | None, input_types: str | None,
         return None, None, None, "no FLOP model for this op"
     if input_dims is None:
         return None, None, None, "no input shapes recorded (record_shapes=False)"
-    inp = _Inputs(_parse(input_dims), _parse(input_types), _parse(concrete_inputs))
+    inp = _Inputs(_parse(input_dims), _parse(input_types), _parse(concrete_inputs), ARGUMENTS.get(name))
     dtype = inp.dtype()
     try:
         flops, nbytes = MODELS[name][1](inp)

@@ -20,7 +20,7 @@ import pytest
 from builders import cpu_op, kernel, load_events, runtime, step, trace
 
 from stepscope.analyze import load
-from stepscope.analyze.flops import FLOP_FAMILIES, FlopsResult, op_flops, resolve
+from stepscope.analyze.flops import ARGUMENTS, FLOP_FAMILIES, MODELS, FlopsResult, op_flops, resolve
 
 F32 = "float"
 
@@ -186,6 +186,59 @@ def test_bytes_bound_families_count_bytes_and_no_flops(tmp_path: Path, name: str
                                                        concrete: list[str] | None, family: str, nbytes: int) -> None:
     row = one(flops_of(tmp_path, op(name, 0, 10, dims, types, concrete)), name)
     assert (row["family"], row["flops"], row["bytes"]) == (family, 0, nbytes)
+
+
+BF16 = "c10::BFloat16"
+
+
+@pytest.mark.parametrize(("name", "dims", "types", "concrete", "nbytes"), [
+    # Inductor's extern_kernels.mm(a, b, out=buf): a and b read, buf written once
+    ("aten::mm", [[32, 64], [64, 128], [32, 128]], [BF16] * 3, ["", "", ""], 2 * (2048 + 8192) + 2 * 4096),
+    ("aten::addmm", [[10], [16, 32], [32, 10], [], [], [16, 10]], [F32, F32, F32, "Scalar", "Scalar", F32],
+     ["", "", "", "1", "1", ""], 4 * (10 + 512 + 320) + 4 * 160),
+    ("aten::bmm", [[4, 8, 16], [4, 16, 2], [4, 8, 2]], [BF16] * 3, None, 2 * (512 + 128) + 2 * 64),
+    ("aten::linear", [[8, 32], [96, 32], [96], [8, 96]], [F32] * 4, None, 4 * (256 + 3072 + 96) + 4 * 768),
+    ("aten::mul", [[128, 64], [], [128, 64]], [F32, "Scalar", F32], None, 4 * 8192 + 4 * 8192),  # mul.out
+    ("aten::div", [[64, 1], [64, 1], [64, 1]], [F32] * 3, None, 4 * 128 + 4 * 64),  # div.out, not div.Tensor_mode
+    ("aten::clamp_min", [[32, 64], [], [32, 64]], [F32, "Int", F32], None, 4 * 2048 + 4 * 2048),
+    ("aten::where", [[8, 1], [8, 32], [8, 32], [8, 32]], ["bool", F32, F32, F32], None, 8 + 4 * 256 * 3),
+    ("aten::sum", [[16, 10], [], [], [], [10]], [F32, "ScalarList", "Scalar", "", F32], ["", "[0]", "False", "", ""],
+     4 * 160 + 4 * 10),  # sum.IntList_out
+    ("aten::neg", [[16, 10], [16, 10]], [F32, F32], None, 4 * 160 + 4 * 160),
+])
+def test_an_out_tensor_is_written_once_not_also_read(tmp_path: Path, name: str, dims: list[Any], types: list[str],
+                                                    concrete: list[str] | None, nbytes: int) -> None:
+    # GIVEN an op called with out= (the out tensor recorded after the op's arguments)
+    row = one(flops_of(tmp_path, op(name, 0, 10, dims, types, concrete)), name)
+    # THEN its bytes are the arguments read and the output written, the out tensor once
+    assert row["bytes"] == nbytes
+
+
+def test_every_op_with_an_out_overload_says_where_its_arguments_end() -> None:
+    """Only attention and einsum (no out= overload a trace records; einsum's bytes are unknown) read every tensor."""
+    unlisted = {n for n in MODELS if n not in ARGUMENTS}
+    assert {MODELS[n][0] for n in unlisted} == {"attention", "matmul"} and [
+        n for n in unlisted if MODELS[n][0] == "matmul"] == ["aten::einsum"]
+    assert set(ARGUMENTS) <= set(MODELS)
+
+
+def test_max_of_two_tensors_is_refused_not_guessed() -> None:
+    # max.other(self, other) is elementwise; max.unary_out(self, *, out) a reduction: the trace does not tell which
+    dims, types = json.dumps([[4, 8], [4, 8]]), json.dumps([F32, F32])
+    flops, nbytes, _, reason = resolve("aten::max", dims, types, None)
+    assert (flops, nbytes) == (None, None) and reason is not None and "out=" in reason
+    assert resolve("aten::max", json.dumps([[4, 8]]), json.dumps([F32]), None)[:2] == (0, 4 * 32 + 4)
+
+
+def test_inductor_extern_mm_bytes_on_the_compile_trace(corpus: Path, tmp_path: Path) -> None:
+    # GIVEN TraceLens's torch.compile trace: 7 aten::mm calls from Inductor's extern_kernels.mm(a, b, out=buf)
+    r = op_flops(load(corpus / "traces/tracelens/torch_compile_triton/trace.json.gz", cache_dir=tmp_path))
+    mm = r.ops.filter(pl.col("name") == "aten::mm")
+    shapes = [json.loads(d) for d in mm["input_dims"].to_list()]
+    assert mm.height == 7 and all(len(s) == 3 for s in shapes)
+    # THEN the bytes are (MK + KN + MN) x 2 per call (bf16), the out tensor once: 3,221,225,472 (not 4,966,055,936)
+    expected = sum(2 * (prod(a) + prod(b) + a[0] * b[1]) for a, b, _ in shapes)
+    assert int(mm["bytes"].sum()) == expected == 3_221_225_472
 
 
 # --------------------------------------------------------------------------------------------- nesting
