@@ -21,6 +21,9 @@ convolution or attention op whose recorded inputs do not resolve its FLOPs has n
 lower bound. Where activation checkpointing's recomputation is visible (reentrant `torch.utils.checkpoint`:
 the forward ops re-run directly inside `CheckpointFunctionBackward`, not inside a backward node of their
 own), those FLOPs are recomputed work: they count in HFU (hardware FLOPs utilization) and not in MFU.
+An MFU (or HFU) above 100% is refused, the headline's and each step's: no GPU runs past its peak, so the peak
+is not the one the kernels ran at (bf16 matmuls held to the fp32 peak by `--dtype fp32`) or the shapes are
+wrong; `note` says so and which option to pass.
 
 An fp32 op whose kernels run on TF32 tensor cores (by their cuBLAS / CUTLASS names, `TF32_KERNEL`) is
 held to the TF32 peak and shows as dtype tf32. An op above its attainable figure is flagged: either the
@@ -132,6 +135,9 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
     hardware = int(steps["hardware_flops"].sum() or 0)
     exact = steps.height > 0 and int(steps["uncounted_ops"].sum()) == 0
     peak = device.peak_tflops if device is not None else None
+    mfu = int(steps["flops"].sum()) / (wall * peak * 1e3) if wall and peak and exact else None
+    hfu = hardware / (wall * peak * 1e3) if wall and peak and exact and recomputed else None
+    impossible = max(mfu or 0.0, hfu or 0.0)
     return RooflineResult(
         shapes_recorded=flops_result.shapes_recorded,
         device=device.name if device is not None else None, vendor=vendor,
@@ -141,13 +147,14 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
         ridge_flop_per_byte=device.ridge_point_flop_per_byte if device is not None else None,
         model_flops=total - recomputed, recomputed_flops=recomputed, modelled_gpu_ns=gpu_ns,
         achieved_tflops=total / flop_ns / 1e3 if flop_ns else None,
-        mfu_fraction=int(steps["flops"].sum()) / (wall * peak * 1e3) if wall and peak and exact else None,
-        hfu_fraction=hardware / (wall * peak * 1e3) if wall and peak and exact and recomputed else None,
+        mfu_fraction=mfu if impossible <= 1.0 else None,
+        hfu_fraction=hfu if impossible <= 1.0 else None,
         unmodelled_gpu_fraction=flops_result.unmodelled_gpu_fraction,
         ops_above_peak=int(ops["above_peak"].sum() or 0) if ops.height else 0,
         uncounted_ops=missing.height,
         note=_note(flops_result, device, main_dtype, steps,
-                   cpu_side=every.filter(pl.col("flops") > 0).height - counted.filter(pl.col("flops") > 0).height),
+                   cpu_side=every.filter(pl.col("flops") > 0).height - counted.filter(pl.col("flops") > 0).height,
+                   above_peak=impossible if impossible > 1.0 else None, dominant=_dominant_dtype(counted)),
         families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops, vendor),
     )
 
@@ -306,7 +313,8 @@ def _per_step(frames: TraceFrames, counted: pl.DataFrame, missing: pl.DataFrame,
     """step, wall_ns, flops, hardware_flops, uncounted_ops, tflops, mfu_fraction: the counted ops' FLOPs by
     the step whose CPU span holds their start (`window.cpu_spans`: in a GPU-bound loop the CPU runs ahead, and
     an op starts before its step's window does), over the step's window. A step holding a FLOP-bearing op
-    that could not be counted (`_uncounted`) has no TFLOP/s or MFU: its FLOPs would be a lower bound."""
+    that could not be counted (`_uncounted`) has no TFLOP/s or MFU: its FLOPs would be a lower bound; a step whose
+    MFU would pass 100% has none either (the module docstring); `steps_above_peak` counts them."""
     windows = frames.step_windows
     schema = {"step": pl.Int64, "wall_ns": pl.Int64, "flops": pl.Int64, "hardware_flops": pl.Int64,
               "uncounted_ops": pl.Int64, "tflops": pl.Float64, "mfu_fraction": pl.Float64}
@@ -326,6 +334,7 @@ def _per_step(frames: TraceFrames, counted: pl.DataFrame, missing: pl.DataFrame,
         .with_columns(pl.col("flops", "hardware_flops", "uncounted_ops").fill_null(0))
         .with_columns(tflops=pl.when(pl.col("uncounted_ops") == 0).then(pl.col("flops") / pl.col("wall_ns") / 1e3))
         .with_columns(mfu_fraction=pl.col("tflops") / peak if peak else pl.lit(None, pl.Float64))
+        .with_columns(mfu_fraction=pl.when(pl.col("mfu_fraction") <= 1.0).then("mfu_fraction"))
         .select(list(schema)).cast(schema)  # type: ignore[arg-type]
         .sort("step")
     )
@@ -394,10 +403,11 @@ def _origin(device: ResolvedDevice | None) -> str | None:
 
 
 def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None, steps: pl.DataFrame, *,
-          cpu_side: int) -> str:
+          cpu_side: int, above_peak: float | None = None, dominant: Dtype | None = None) -> str:
     """What the reader must know before trusting the figures: no shapes, an unknown device, no peak, ops
     whose recorded inputs do not resolve their FLOP model (and the MFU refused for it), no steps to hold
-    MFU to, ops with FLOPs that ran on the CPU and are left out."""
+    MFU to, an MFU above 100% (`above_peak`, refused; `dominant`: the dtype holding most FLOPs, to suggest), ops
+    with FLOPs that ran on the CPU and are left out."""
     parts = [_peak_note(flops, device, dtype)]
     if flops.ops_skipped and flops.shapes_recorded:
         reasons = flops.ops.filter(pl.col("skip_reason").is_not_null()).group_by("skip_reason").len().sort(
@@ -411,10 +421,26 @@ def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None
                      "the steps' FLOPs would be a lower bound")
     elif steps.height == 0 and flops.shapes_recorded and dtype is not None:
         parts.append("no MFU: the trace has no ProfilerStep# windows to hold the FLOPs to (MFU is per step)")
+    elif above_peak is not None and device is not None:
+        which = (f"most FLOPs are {dominant}: pass --dtype {dominant}" if dominant is not None and dominant != dtype
+                 else "pass --dtype with the dtype they ran at")
+        parts.append(f"no MFU: the steps' FLOPs come to {above_peak:.0%} of the {dtype + ' ' if dtype else ''}peak "
+                     f"({device.peak_tflops:,.4g} TFLOP/s), more than the GPU can do: the kernels ran at another "
+                     f"peak ({which}) or the peak is wrong (pass --peak-tflops)")
+    elif device is not None and device.peak_tflops and (above := _steps_above_peak(steps)):
+        parts.append(f"{above:,} {'step has' if above == 1 else 'steps have'} no MFU: the FLOPs of the ops that "
+                     "start in it pass 100% of the peak over its window")
     if cpu_side:
         parts.append(f"{_ops(cpu_side)} with FLOPs launched no GPU kernel (they ran on the CPU) and "
                      f"{'is' if cpu_side == 1 else 'are'} left out")
     return "; ".join(p for p in parts if p)
+
+
+def _steps_above_peak(steps: pl.DataFrame) -> int:
+    """Steps whose MFU was refused for passing 100% (a TFLOP/s and a peak, but no MFU)."""
+    if steps.height == 0:
+        return 0
+    return steps.filter(pl.col("tflops").is_not_null() & pl.col("mfu_fraction").is_null()).height
 
 
 def _ops(count: int, kind: str = "") -> str:

@@ -212,6 +212,45 @@ def test_work_the_flops_cannot_count_refuses_mfu_and_cpu_ops_are_left_out(tmp_pa
         assert (workload_evidence(frames_of(t), limits)["memory_bound_fraction"] is None) is refused
 
 
+def test_an_mfu_above_100_percent_is_refused_with_what_to_pass(tmp_path: Path) -> None:
+    # GIVEN the bf16 matmul (137.4 TFLOP in a 1 ms step) held to the H100's fp32 peak (67 TFLOP/s): 205%
+    t = load_events(tmp_path, _doc())
+    result = roofline(t, dtype="fp32")
+    # THEN no MFU, in the headline or the step, and the note says why and which dtype the FLOPs are
+    assert result.peak_tflops == 67.0 and result.mfu_fraction is None and result.hfu_fraction is None
+    assert result.steps["mfu_fraction"].to_list() == [None]
+    assert result.steps["tflops"][0] == pytest.approx(MM_FLOPS / 1e-3 / 1e12)  # the measured rate stays
+    assert "no MFU: the steps' FLOPs come to 205% of the fp32 peak" in result.note
+    assert "pass --dtype bf16" in result.note and "--peak-tflops" in result.note
+    # AND a peak override the FLOPs pass (137%) is refused the same way
+    low = roofline(t, peak_tflops=100)
+    assert low.mfu_fraction is None and "137% of the bf16 peak (100 TFLOP/s)" in low.note
+    # AND on the command line the headline shows no figure for it
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_doc()))
+    out = CliRunner().invoke(cli, ["flops", str(path), "--dtype", "fp32"])
+    assert out.exit_code == 0, out.output
+    mfu = next(line for line in out.output.splitlines() if line.startswith("mfu "))
+    assert mfu.split() == ["mfu", "-"] and "205%" in out.output
+
+
+def test_a_step_above_the_peak_has_no_mfu_while_the_run_has_one(tmp_path: Path) -> None:
+    # GIVEN the matmul in a 1 ms step, then the same matmul in a 10 ms step, on a 100 TFLOP/s peak
+    doc = _doc()
+    doc["traceEvents"] += [
+        step(2, ts=1000, dur=10_000),
+        cpu_op("aten::mm", ts=1010, dur=20, external_id=15, **{
+            "Input Dims": [[N, N], [N, N]], "Input type": ["c10::BFloat16", "c10::BFloat16"],
+            "Concrete Inputs": ["", ""]}),
+        runtime("cudaLaunchKernel", ts=1012, dur=3, correlation=11, external_id=15),
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", ts=1100, dur=200, correlation=11, external_id=15)]
+    result = roofline(load_events(tmp_path, doc), peak_tflops=100)
+    # THEN step 1 (137%) has no MFU, step 2 has 13.7%, and the run's 2 x 137.4 TFLOP over 11 ms is 25%
+    assert result.steps["mfu_fraction"].to_list() == [None, pytest.approx(MM_FLOPS / (10e-3 * 100e12))]
+    assert result.mfu_fraction == pytest.approx(2 * MM_FLOPS / (11e-3 * 100e12))
+    assert "1 step has no MFU" in result.note
+
+
 def test_the_flops_command(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc()))
