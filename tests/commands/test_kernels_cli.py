@@ -28,6 +28,19 @@ def test_kernels_cpu_only(tmp_path: Path) -> None:
     assert out.exit_code == 0 and "no GPU kernels" in out.output
 
 
+def test_kernels_measured_by_the_range_profiler_are_not_a_cpu_only_trace(tmp_path: Path) -> None:
+    # GIVEN a trace recorded with profiler_metrics: its kernels are cuda_profiler_range events, not kernel events
+    ranges = [{"ph": "X", "cat": "cuda_profiler_range", "name": "sgemm", "pid": 0, "tid": 0, "ts": ts, "dur": 121,
+               "args": {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 8}} for ts in (10, 200, 400)]
+    path = write_trace(tmp_path, trace(cpu_op("aten::mm", ts=0, dur=5), *ranges))
+    # WHEN `kernels` runs on it
+    out = CliRunner().invoke(cli, ["kernels", str(path)])
+    # THEN it says the 3 kernels were measured, not timed, and where their counters are; not "CPU-only"
+    assert out.exit_code == 0, out.output
+    assert "CPU-only" not in out.output and "measured 3 kernels" in out.output
+    assert "stepscope counters" in out.output
+
+
 def test_kernels_csv_follows_by(tmp_path: Path) -> None:
     path = write_trace(tmp_path, trace(kernel("volta_sgemm_64x64_nt", ts=0, dur=10)))
     by_name = CliRunner().invoke(cli, ["kernels", str(path), "--csv"]).output
