@@ -48,11 +48,19 @@ import polars as pl
 
 from stepscope.analyze import intervals
 from stepscope.analyze.blame import innermost
+from stepscope.analyze.kernels import KernelCategory, category_expr
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
 
-#: a communication kernel's name
-COMM_KERNEL = r"(?i)(nccl|rccl)"
+#: the communication kernels: the kernel table's communication category (`kernels.CATEGORY_RULES`: NCCL/RCCL, and
+#: torch's symmetric-memory collectives, `multimem_all_reduce_kernel`), so `kernels`, `summary`, `ranks` and the
+#: what-if agree on what is communication (b200's 73 multimem all-reduces: 2.1 ms `kernels` called communication
+#: were once compute in `summary`'s exposed communication, 0.0%)
+
+
+def comm_kernel() -> pl.Expr:
+    """Whether a GPU event (its name and kind) is a communication kernel (the kernel table's category)."""
+    return category_expr() == KernelCategory.COMMUNICATION.value
 #: CPU-side collective annotations: the backend, a colon, the op (gloo:all_reduce, nccl:all_to_all)
 COMM_ANNOTATION = r"^(nccl|rccl|gloo|mpi|ucc|xccl|hccl):[a-z_]+$"
 PARAM_COMMS = "record_param_comms"
@@ -94,13 +102,18 @@ def collective_type(name: str | None) -> str | None:
 
         ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL -> reduce_scatter     _allgather_base -> all_gather
         gloo:all_reduce -> all_reduce                                       alltoall_base   -> all_to_all
+        void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(…) -> all_reduce
     """
     if not name:
         return None
     low = name.lower()
     m = re.search(r"(?:nccl|rccl)(?:dev)?kernel_([a-z]+)", low)
     token = m.group(1) if m else re.sub(r"[^a-z]", "", low.split(":", 1)[-1])
-    return next((label for prefix, label in _TYPE_PREFIXES if token.startswith(prefix)), None)
+    found = next((label for prefix, label in _TYPE_PREFIXES if token.startswith(prefix)), None)
+    if found is None and not m:  # a collective kernel of another library: multimem_all_reduce_kernel<…>
+        word = re.search(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", low.split("<", 1)[0])
+        found = collective_type(word.group(0)) if word else None
+    return found
 
 
 def canonical_dtype(dtype: str | None) -> str | None:
@@ -125,7 +138,7 @@ def rank_calls(trace: Trace, *, pg_config: Mapping[str, Any] | None = None,
     `pg_config` (distributedInfo's, by pg_name) fills the ranks of a group that the call does not list;
     `launches` (`Trace.launches()`, collected) saves recomputing the launch links where the caller has them.
     """
-    kernels = trace.kernels.filter(pl.col("name").str.contains(COMM_KERNEL)).collect(engine="in-memory")
+    kernels = trace.kernels.filter(comm_kernel()).collect(engine="in-memory")
     if kernels.height:
         calls = _kernel_calls(trace, kernels, launches)
     else:
@@ -326,7 +339,7 @@ class CommSplit:
     """A rank's GPU time split for communication (DESIGN.md, "Distributed runs"), disjoint (device, start_ns,
     end_ns) intervals per device:
 
-        compute   union of the kernels that are not communication kernels (COMM_KERNEL); memcpy/memset are not
+        compute   union of the kernels that are not communication kernels (`comm_kernel`); memcpy/memset are not
         comm      union of the collectives (`rank_calls`: NCCL/RCCL kernels, or a CPU backend's collective ops)
         exposed   comm not covered by compute on the same device (a CPU backend's collectives, device null,
                   are all exposed)
@@ -347,7 +360,7 @@ def gpu_work(gpu: pl.LazyFrame) -> pl.LazyFrame:
     kernel = pl.col("kind") == Kind.KERNEL.value
     return (gpu.filter(pl.col("dur_ns").is_not_null() & pl.col("device").is_not_null())
             .select(pl.col("device").cast(pl.Int64), start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
-                    compute=kernel & ~pl.col("name").fill_null("").str.contains(COMM_KERNEL)))
+                    compute=kernel & ~comm_kernel().fill_null(False)))
 
 
 def comm_split(gpu: pl.LazyFrame, calls: pl.LazyFrame) -> CommSplit:

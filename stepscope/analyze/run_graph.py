@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from stepscope.analyze._comm_events import COMM_ANNOTATION, COMM_KERNEL, PARAM_COMMS
+from stepscope.analyze._comm_events import COMM_ANNOTATION, PARAM_COMMS, comm_kernel
 from stepscope.analyze._comm_run import RunCalls, parallel_map, run_calls
 from stepscope.analyze._text import numbers, plural
 from stepscope.analyze.collectives import clock_offsets, match
@@ -200,7 +200,7 @@ def _comm_events(trace: Trace, g: DependencyGraph, part: DependencyGraph, calls:
     kernel_calls = calls.filter(pl.col("source") == "kernel")
     found = []
     if kernel_calls.height:
-        kernels = trace.kernels.filter(pl.col("name").str.contains(COMM_KERNEL)).select(
+        kernels = trace.kernels.filter(comm_kernel()).select(
             "event_id", "ts_ns", pl.col("device").cast(pl.Int64), pl.col("stream").cast(pl.Int64)).collect(
                 engine="in-memory")
         gpu = g.edges.filter(pl.col("type") == EdgeType.GPU.value).select(

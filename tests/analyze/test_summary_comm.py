@@ -209,3 +209,16 @@ def test_the_places_hold_each_call_s_exposed_time_as_counted(tmp_path: Path) -> 
     places = {row["name"]: row["total_ns"] for row in r.places.to_dicts() if row["what"] == "collective, exposed time"}
     assert places == {name: us * 1000 for name, us in expected.items()}
     assert expected == {"all_reduce 4,096 B": 80, "all_reduce 8,192 B": 60}
+
+
+def test_symmetric_memory_collectives_are_communication_not_compute(tmp_path: Path) -> None:
+    """torch's symmetric-memory all-reduce (b200's multimem_all_reduce_kernel) is what `kernels` calls
+    communication: `summary` counts it as exposed communication, and `comm` lists it as an all_reduce."""
+    from stepscope.analyze._comm_events import rank_calls
+
+    mm = "void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*, unsigned long)"
+    events = [step(1, ts=0, dur=100), *_launched("sgemm", 2, 68, 1), *_launched(mm, 60, 35, 2, stream=20)]
+    r = verdict(load_events(tmp_path, trace(*events)))
+    assert r.exposed_comm_fraction == pytest.approx(0.25)  # [70, 95): after the sgemm, before the step's end
+    calls = rank_calls(load_events(tmp_path / "again", trace(*events)))
+    assert calls.select("collective", "dur_ns").rows() == [("all_reduce", 35_000)]
