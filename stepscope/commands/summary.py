@@ -36,7 +36,7 @@ def command(trace: Path, graph_capture: Path | None, predict: bool, fmt: str | N
     with each rank's own. A trace of CUDA/HIP graph replays with a profile of the graph capture (--graph-capture,
     or found in its run directory) has its replayed kernels attributed to the ops that launched them."""
     from stepscope.analyze.graphs import locate_capture
-    from stepscope.analyze.inputs import Dataset, RunDir, TraceBatch, resolve
+    from stepscope.analyze.inputs import Dataset, RunDir, TraceBatch, resolve, traces_of
     from stepscope.analyze.run_summary import run_summary
     from stepscope.analyze.summary import verdict
     from stepscope.reports.summary_text import render_run_summary, render_summary
@@ -44,7 +44,8 @@ def command(trace: Path, graph_capture: Path | None, predict: bool, fmt: str | N
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
     with_capture = graph_capture is not None or locate_capture(trace).capture is not None
     inp = resolve(trace, batch=True) if not with_capture else None
-    if isinstance(inp, Dataset | TraceBatch) or (isinstance(inp, RunDir) and len(inp.traces) > 1):
+    # a directory of one trace is that trace (its evidence, --predict), not a run of one rank
+    if isinstance(inp, RunDir | Dataset | TraceBatch) and len(traces_of(inp)) > 1:
         run = run_summary(trace)
         if out_fmt == "table":
             emit(render_run_summary(run), output)

@@ -26,6 +26,19 @@ def test_summary_text_and_json(tmp_path: Path) -> None:
     assert data["verdict"] == "data_loading_bound" and data["per_step"][0]["step"] == 1
 
 
+def test_a_directory_of_one_trace_is_that_trace(tmp_path: Path) -> None:
+    # GIVEN a directory holding one trace (as resnet50_num_workers_0/ does)
+    doc = trace(step(1, ts=0, dur=100), annotation("enumerate(DataLoader)#It.__next__", 0, 30),
+                runtime("cudaLaunchKernel", ts=29, dur=1, correlation=1), kernel("sgemm", ts=30, dur=70, correlation=1))
+    path = write_trace(tmp_path / "one", doc)
+    by_file = CliRunner().invoke(cli, ["summary", str(path), "--predict"])
+    by_dir = CliRunner().invoke(cli, ["summary", str(path.parent), "--predict"])
+    # THEN its summary is the trace's own, evidence and predictions included, not a run of one rank
+    assert by_dir.exit_code == 0, by_dir.output
+    assert by_dir.output == by_file.output and "--no-data-loading" in by_dir.output
+    assert "one rank" not in by_dir.output
+
+
 def test_summary_says_how_close_the_call_was(tmp_path: Path) -> None:
     # GIVEN a step whose GPU is busy 59 of its 100 µs
     path = write_trace(tmp_path, trace(
