@@ -19,6 +19,9 @@ and the start and end of every kernel, memcpy and memset.
                   before the event's record; a synchronous cudaMemcpy or a DtoH copy to pageable memory: the
                   copy); `.item()` / `.cpu()` block through these calls
     wake          a helper thread (autograd, …) resumes after idling: from the main thread's last boundary
+    join          the main thread resumes after waiting for a helper thread (loss.backward() returns when the
+                  autograd thread has run the backward): the helper's last boundary of the work it ran while the
+                  main thread was inside no op of its own -> the main thread's next boundary
     arrival       (runs only, `run_graph`) each rank's arrival at a collective -> the call's arrival node of its
                   place in arrival order, and each such node -> the next: the nodes hold the latest arrival so far
     collective    (runs only, `run_graph`) a call's latest arrival before a rank's end of it -> that end
@@ -79,6 +82,7 @@ class EdgeType(str, enum.Enum):
     CROSS_STREAM = "cross_stream"
     SYNC = "sync"
     WAKE = "wake"
+    JOIN = "join"
     COLLECTIVE = "collective"
     ARRIVAL = "arrival"
     COMM_WAIT = "comm_wait"
@@ -100,8 +104,8 @@ class PathKind(str, enum.Enum):
 #: names the cause, then the launch, then plain order; a collective's end is its own rank's transfer before it is
 #: another rank's arrival
 PRIORITY: dict[EdgeType, int] = {EdgeType.SYNC: 0, EdgeType.COMM_WAIT: 0, EdgeType.CROSS_STREAM: 1,
-                                 EdgeType.LAUNCH: 2, EdgeType.WAKE: 3, EdgeType.GPU: 4, EdgeType.COLLECTIVE: 5,
-                                 EdgeType.ARRIVAL: 5, EdgeType.CPU: 6, EdgeType.STREAM: 7}
+                                 EdgeType.LAUNCH: 2, EdgeType.WAKE: 3, EdgeType.JOIN: 3, EdgeType.GPU: 4,
+                                 EdgeType.COLLECTIVE: 5, EdgeType.ARRIVAL: 5, EdgeType.CPU: 6, EdgeType.STREAM: 7}
 #: edges that say a blocking wait: the CPU slice ending where one lands counts only its part after the wait ended
 WAIT_TYPES = (EdgeType.SYNC.value, EdgeType.COMM_WAIT.value)
 
@@ -544,9 +548,10 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
         .otherwise(pl.lit(PathKind.CPU.value))
     )
     helper_idle = pl.col("event_id").is_null() & ~pl.col("main")
+    slices, joins = _joins(slices)
     parts = [
         _edges(slices, src="src", dst="dst", type=EdgeType.CPU, kind=cpu_kind,
-              natural_ns=pl.when(helper_idle).then(0).otherwise(pl.col("b") - pl.col("a")),
+              natural_ns=pl.when(helper_idle).then(0).otherwise(pl.col("b") - pl.col("a") - pl.col("helped")),
               event_id="event_id",
               name=pl.when(pl.col("data_loading")).then(pl.coalesce("loader", "name"))  # data loading: the fetch
               .otherwise(pl.coalesce("name", pl.when(pl.col("main")).then(pl.lit("(untraced CPU time)"))
@@ -575,6 +580,9 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     parts.append(_sync_edges(frames, cpu, bounds, gpu))
     parts.append(_cross_stream_edges(frames, gpu, lo, hi))
     parts.append(_wake_edges(slices, bounds, threads, main))
+    parts.append(_edges(joins, src="h_node", dst="dst", type=EdgeType.JOIN, kind=PathKind.IDLE,
+                        natural_ns=pl.col("b") - pl.col("h_end"), name=pl.lit("(thread join)"),
+                        lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="h_end"))
     del cpu, slices, launch_src  # (what the graph keeps is in the parts: the rest is freed before it is ordered)
     return _finish(nodes, parts, windows, gpu, by_step, main, n_cpu, bounds, window_kind, latency, samples)
 
@@ -697,17 +705,62 @@ def _cross_stream_edges(frames: TraceFrames, gpu: pl.DataFrame, lo: int, hi: int
                 lane="dlane", pid="pid", tid="tid", point_ns="wait_ts")
 
 
+#: what the autograd engine's thread runs: `autograd::engine::evaluate_function: MmBackward0`, `MmBackward0`
+AUTOGRAD_ENGINE = r"^autograd::engine::evaluate_function|Backward\d*$"
+
+
+def _joins(slices: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`slices` with `helped`: the part of a main-thread slice inside no op of its own (no event, or only an
+    annotation: the step, a `## backward ##` region) that a helper thread running the autograd engine
+    (`AUTOGRAD_ENGINE`) spent busy in work that ended inside it, which the main thread waited through
+    (loss.backward() blocks while the autograd thread runs it; 0 elsewhere); and the join edges' rows: the
+    helper's last busy boundary in such a slice (`h_node`, `h_end`) -> the slice's end (`dst`, `b`).
+
+        main   ProfilerStep 0-100 (no op 20-80)        autograd  evaluate_function 25-70
+        -> main slice 20-80: helped 45 (its CPU weight 15), join autograd@70 -> main@80 (weight 10)
+    """
+    # helpers the main thread waits for: those running the autograd engine (its backward: `evaluate_function`,
+    # `…Backward0`); a pin-memory or logging thread busy while the main thread runs untraced Python is not waited for
+    engine = slices.filter(~pl.col("main") & pl.col("name").str.contains(AUTOGRAD_ENGINE).fill_null(False)).select(
+        "pid", "tid").unique()
+    busy = slices.filter(~pl.col("main") & pl.col("event_id").is_not_null()).join(engine, on=["pid", "tid"],
+                                                                                  how="semi")
+    waiting = (pl.col("main") & (pl.col("event_id").is_null() | (pl.col("ev_kind") == Kind.USER_ANNOTATION.value)
+                                 | pl.col("name").str.starts_with("ProfilerStep#").fill_null(False)))
+    if busy.height == 0:
+        return slices.with_columns(helped=pl.lit(0, pl.Int64)), pl.DataFrame(
+            schema={"pid": pl.String, "tid": pl.String, "dst": pl.Int64, "b": pl.Int64, "h_node": pl.Int64,
+                    "h_end": pl.Int64})
+    merged = intervals.union(busy.lazy().select(start_ns="a", end_ns="b"), start="start_ns", end="end_ns")
+    cand = slices.filter(waiting).select("src", "dst", "pid", "tid", "a", "b")
+    inside = pl.min_horizontal("end_ns", "b") - pl.max_horizontal("start_ns", "a")
+    # (helper work still running when the main thread resumes was not waited for: only work that ends inside)
+    helped = (cand.lazy().join_where(merged, pl.col("end_ns") <= pl.col("b"), pl.col("end_ns") > pl.col("a"))
+              .group_by("src").agg(helped=inside.sum(), h_end=pl.col("end_ns").max())
+              .collect(engine="in-memory"))
+    ends = busy.select(h_end="b", h_node="dst").sort("h_end", "h_node").unique("h_end", keep="first")
+    joins = (cand.join(helped, on="src").filter(pl.col("h_end") > pl.col("a"))
+             .join(ends, on="h_end", how="inner").select("pid", "tid", "dst", "b", "h_node", "h_end"))
+    out = slices.join(helped.select("src", "helped"), on="src", how="left", maintain_order="left").with_columns(
+        pl.col("helped").fill_null(0).cast(pl.Int64))
+    return out, joins
+
+
 def _wake_edges(slices: pl.DataFrame, bounds: pl.DataFrame, threads: pl.DataFrame, main: tuple[str, str]
                 ) -> pl.DataFrame:
-    """A helper thread resuming (after an idle slice, or at its first boundary) <- the main thread's last boundary."""
+    """A helper thread resuming (after an idle slice, or at its first boundary) <- the main thread's last boundary,
+    the first such resume after each main boundary."""
     helper = bounds.join(threads.filter(~pl.col("main")), on=["pid", "tid"], how="semi")
     first = helper.group_by("pid", "tid").agg(pl.col("node").min())["node"]
     after_idle = slices.filter(pl.col("event_id").is_null() & ~pl.col("main"))["dst"]
     resumes = helper.filter(pl.col("node").is_in(pl.concat([first, after_idle]).implode())).sort("t")
     main_nodes = bounds.filter((pl.col("pid") == main[0]) & (pl.col("tid") == main[1])).select(
         main_node="node", main_t="t").sort("main_t")
-    found = resumes.join_asof(main_nodes, left_on="t", right_on="main_t", strategy="backward",
-                              check_sortedness=False).filter(pl.col("main_node").is_not_null())
+    # the first resume after each main-thread boundary only: later ones, with no main boundary between, are the
+    # helper's own (the autograd thread idling between its tasks while the main thread waits in backward)
+    found = (resumes.join_asof(main_nodes, left_on="t", right_on="main_t", strategy="backward",
+                               check_sortedness=False).filter(pl.col("main_node").is_not_null())
+             .sort("t").unique(["pid", "tid", "main_node"], keep="first", maintain_order=True))
     return _edges(found, src="main_node", dst="node", type=EdgeType.WAKE,
                 kind=PathKind.IDLE, natural_ns=pl.col("t") - pl.col("main_t"), name=pl.lit("(thread wait)"),
                 lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="t")

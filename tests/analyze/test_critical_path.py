@@ -314,6 +314,26 @@ def test_a_helper_thread_waits_for_the_main_thread(tmp_path: Path) -> None:
     ]
 
 
+def test_the_main_thread_waits_for_the_autograd_thread_to_run_backward(tmp_path: Path) -> None:
+    """loss.backward() returns when the autograd thread has run the backward: the main thread's time inside no op
+    of its own while that thread works is a wait (item_in_forward_cuda once had 49.5% of its path in
+    `ProfilerStep*`, the backward's own ops and launches nowhere on it)."""
+    # GIVEN the main thread in its step with no op from 10 to 80 (loss.backward(), recorded as no op), the autograd
+    # thread (tid 2) running MmBackward0 15-70 with its launch, then the main thread's optimizer op 80-95
+    doc = trace(step(1, ts=0, dur=100), cpu_op("aten::mse_loss", ts=2, dur=8),
+                cpu_op("autograd::engine::evaluate_function: MmBackward0", ts=15, dur=55, tid=2),
+                cpu_op("MmBackward0", ts=16, dur=50, tid=2, external_id=1),
+                runtime("cudaLaunchKernel", ts=20, dur=40, correlation=1, external_id=1, tid=2),
+                kernel("sgemm_nt", ts=62, dur=5, correlation=1),
+                cpu_op("Optimizer.step#SGD.step", ts=80, dur=15))
+    got = segments(doc, tmp_path)
+    # THEN the path runs through the autograd thread's launch and joins the main thread where backward returns:
+    # the launch is on it, and the step's own untraced time is only its Python around the ops, not the wait
+    assert ("cudaLaunchKernel", "launch_overhead", 20, 40) in got
+    assert ("(thread join)", "idle", 70, 10) in got
+    assert sum(d for name, kind, _s, d in got if name == "ProfilerStep#1") == 2 + 5
+
+
 def test_an_annotation_s_instances_can_be_the_steps(tmp_path: Path) -> None:
     # GIVEN a "forward" annotation around aten::mm (9-31 µs) WHEN it is the step THEN its window runs to the end
     # of the GEMM it launched (130) and the path is the annotation's own time, the op, the launch and the GEMM
