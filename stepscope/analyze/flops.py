@@ -673,6 +673,7 @@ class FlopsResult:
     ops_skipped: int  # with a model, but the recorded inputs do not resolve it (skip_reason says why)
     ops_unmodelled: int  # no model for the op at all
     unmodelled_gpu_fraction: float | None  # kernel time whose launching op (and its ancestors) has no model
+    unmodelled_ops: pl.DataFrame  # that kernel time by the outermost op around its launch (`_unmodelled_ops`)
     trace_flops_present: bool
     ops: pl.DataFrame
     families: pl.DataFrame
@@ -731,10 +732,16 @@ def op_flops(source: Source) -> FlopsResult:
     resolved = cpu["flops"].is_not_null().to_numpy()
     top = _outermost_resolved(parent, depth, resolved)
     event_ids = cpu["event_id"].to_numpy()
+    root = np.arange(cpu.height)  # each op's outermost enclosing op (itself at depth 0)
+    for d in range(1, int(depth.max()) + 1 if cpu.height else 0):
+        rows = np.flatnonzero(depth == d)
+        root[rows] = root[parent[rows]]
+    names = cpu["name"].to_numpy()
     cpu = cpu.with_columns(
         counted=pl.Series(resolved & (top == np.arange(cpu.height))),
         counting_event_id=pl.Series(np.where(top >= 0, event_ids[np.maximum(top, 0)], -1)).replace(-1, None),
         covered=pl.Series(top >= 0),
+        root_name=pl.Series(names[root] if cpu.height else [], dtype=pl.String),
     )
     ops = cpu.filter(pl.col("family").is_not_null()).select(
         "event_id", "name", "family", "dtype", "flops", "bytes", "counted", "counting_event_id", "skip_reason",
@@ -751,6 +758,7 @@ def op_flops(source: Source) -> FlopsResult:
         ops_skipped=ops.height - n_modelled,
         ops_unmodelled=cpu.height - ops.height,
         unmodelled_gpu_fraction=_unmodelled_gpu_fraction(frames.launches, cpu),
+        unmodelled_ops=_unmodelled_ops(frames.launches, cpu),
         trace_flops_present=bool(cpu["trace_flops"].is_not_null().any()) if cpu.height else False,
         ops=ops,
         families=_families(ops),
@@ -781,6 +789,27 @@ def _vs_trace(ops: pl.DataFrame) -> pl.DataFrame:
                       .then((pl.col("flops") - pl.col("trace_flops")) / pl.col("trace_flops")))
         .join(order, on="family").sort("order").drop("order")
     )
+
+
+#: rows of `unmodelled_ops`
+UNMODELLED_TOP = 5
+
+
+def _unmodelled_ops(launches: pl.DataFrame, cpu: pl.DataFrame) -> pl.DataFrame:
+    """name, gpu_ns, of_kernel_time_fraction: the kernel time no FLOP model covers, by the outermost op around its launch
+    (a custom op such as vllm::moe_forward, whose GEMMs no formula counts), `(no op)` where none is linked; the
+    UNMODELLED_TOP largest. What `unmodelled_gpu_fraction` is made of."""
+    schema = {"name": pl.String, "gpu_ns": pl.Int64, "of_kernel_time_fraction": pl.Float64}
+    kernels = launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("dur_ns").is_not_null())
+    total = int(kernels["dur_ns"].sum()) if kernels.height else 0
+    if total == 0:
+        return pl.DataFrame(schema=schema)
+    return (kernels.join(cpu.select(op_event_id="event_id", covered="covered", root="root_name"), on="op_event_id",
+                         how="left", maintain_order="left")
+            .filter(~pl.col("covered").fill_null(False))
+            .group_by(name=pl.col("root").fill_null("(no op)")).agg(gpu_ns=pl.col("dur_ns").sum())
+            .with_columns(of_kernel_time_fraction=pl.col("gpu_ns") / total)
+            .sort(["gpu_ns", "name"], descending=[True, False]).head(UNMODELLED_TOP).cast(schema))  # type: ignore[arg-type]
 
 
 def _unmodelled_gpu_fraction(launches: pl.DataFrame, cpu: pl.DataFrame) -> float | None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -81,7 +81,8 @@ class RooflineResult:
     None), tflops, mfu_fraction; the headline's `uncounted_ops` counts them over the whole trace. `handoff`: the
     kernels far below their roofline that cost most, each with the command of the vendor's kernel profiler that
     profiles it (`kernel_profile_command`). `vendor`: who made the GPU (`peaks.gpu_vendor`; None where the trace
-    does not say, and the commands are then NVIDIA's).
+    does not say, and the commands are then NVIDIA's). `unmodelled`: the kernel time no FLOP model covers
+    (`unmodelled_gpu_fraction`) by the outermost op around its launch, largest first: name, gpu_ns, of_kernel_time_fraction.
     """
 
     shapes_recorded: bool
@@ -106,6 +107,7 @@ class RooflineResult:
     ops: pl.DataFrame
     steps: pl.DataFrame
     handoff: pl.DataFrame
+    unmodelled: pl.DataFrame = field(default_factory=pl.DataFrame)  # `flops.FlopsResult.unmodelled_ops`
 
 
 def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: float | None = None,
@@ -156,6 +158,7 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
                    cpu_side=every.filter(pl.col("flops") > 0).height - counted.filter(pl.col("flops") > 0).height,
                    above_peak=impossible if impossible > 1.0 else None, dominant=_dominant_dtype(counted)),
         families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops, vendor),
+        unmodelled=flops_result.unmodelled_ops,
     )
 
 

@@ -19,7 +19,7 @@ from stepscope.commands._options import (
 )
 
 #: --by -> the tables shown in a terminal (JSON always holds every table)
-_VIEWS = {"op": ("ops", "handoff"), "family": ("families",), "step": ("steps",)}
+_VIEWS = {"op": ("ops", "unmodelled", "handoff"), "family": ("families",), "step": ("steps",)}
 
 
 @click.command("flops")
@@ -54,7 +54,7 @@ def command(trace: Path, by: str | None, peak_tflops: float | None, peak_bandwid
     if out_fmt == "table":
         parts = [note + render_headline(result_headline(result))]
         parts += [render_frame(getattr(result, name), title=f"\n{name}:", max_rows=40 if by in (None, "op") else None)
-                  for name in _VIEWS[by or "op"] if getattr(result, name).height or name != "handoff"]
+                  for name in _VIEWS[by or "op"] if getattr(result, name).height or name not in ("handoff", "unmodelled")]
         emit("\n".join(parts) + "\n", output)
         return
     picked = table or (_VIEWS[by][0] if by is not None and out_fmt == "csv" else None)

@@ -360,6 +360,9 @@ def roofline_section(ctx: ReportContext) -> Section | None:
         tables.append(frame_table(result.ops, "Per op (most GPU time first)", max_rows=25))
     if result.steps.height:
         tables.append(frame_table(result.steps, "MFU per step"))
+    if result.unmodelled.height:
+        tables.append(frame_table(result.unmodelled, "Kernel time no FLOP model covers, by the outermost op around "
+                                  "its launch"))
     if result.handoff.height:
         tables.append(frame_table(result.handoff, "Far below the roofline: profile the kernel with "
                                   + KERNEL_PROFILER[result.vendor or "NVIDIA"]))

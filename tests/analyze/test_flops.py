@@ -277,6 +277,22 @@ def test_unmodelled_gpu_fraction_is_kernel_time_no_modelled_op_launched(tmp_path
         kernel("topk_kernel", 400, 10, correlation=12),  # no model
     )
     assert r.unmodelled_gpu_fraction == pytest.approx(10 / 40)
+    # and what it is made of, by the outermost op around the launch (a custom op's GEMMs show under its name)
+    assert r.unmodelled_ops.rows() == [("aten::topk", 10_000, pytest.approx(10 / 40))]
+
+
+def test_unmodelled_time_is_named_by_the_outermost_op(tmp_path: Path) -> None:
+    # GIVEN a custom op whose GEMM kernel no formula counts (vLLM's moe_forward: 80% of a run's kernel time), and a
+    # kernel launched by no op
+    r = flops_of(tmp_path, step(1, 0, 1000),
+                 cpu_op("vllm::moe_forward", 10, 100),
+                 cpu_op("aten::empty", 20, 5), cpu_op("vllm::fused_moe_kernel", 30, 50),
+                 runtime("cudaLaunchKernel", 40, 5, correlation=11),
+                 runtime("cudaLaunchKernel", 500, 5, correlation=12),
+                 kernel("fused_moe_kernel", 100, 30, correlation=11), kernel("stray", 200, 10, correlation=12))
+    # THEN its time is under vllm::moe_forward, the stray kernel's under (no op)
+    assert r.unmodelled_ops.rows() == [("vllm::moe_forward", 30_000, pytest.approx(0.75)),
+                                       ("(no op)", 10_000, pytest.approx(0.25))]
 
 
 def test_a_trace_without_shapes_says_so_and_models_nothing(tmp_path: Path) -> None:
