@@ -796,9 +796,9 @@ UNMODELLED_TOP = 5
 
 
 def _unmodelled_ops(launches: pl.DataFrame, cpu: pl.DataFrame) -> pl.DataFrame:
-    """name, gpu_ns, of_kernel_time_fraction: the kernel time no FLOP model covers, by the outermost op around its launch
-    (a custom op such as vllm::moe_forward, whose GEMMs no formula counts), `(no op)` where none is linked; the
-    UNMODELLED_TOP largest. What `unmodelled_gpu_fraction` is made of."""
+    """name, gpu_ns, of_kernel_time_fraction: the kernel time no FLOP model covers, by the outermost op around its
+    launch (a custom op such as vllm::moe_forward, whose GEMMs no formula counts), `(no op)` where none is linked;
+    the UNMODELLED_TOP largest. What `unmodelled_gpu_fraction` is made of."""
     schema = {"name": pl.String, "gpu_ns": pl.Int64, "of_kernel_time_fraction": pl.Float64}
     kernels = launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("dur_ns").is_not_null())
     total = int(kernels["dur_ns"].sum()) if kernels.height else 0

@@ -82,7 +82,8 @@ class RooflineResult:
     kernels far below their roofline that cost most, each with the command of the vendor's kernel profiler that
     profiles it (`kernel_profile_command`). `vendor`: who made the GPU (`peaks.gpu_vendor`; None where the trace
     does not say, and the commands are then NVIDIA's). `unmodelled`: the kernel time no FLOP model covers
-    (`unmodelled_gpu_fraction`) by the outermost op around its launch, largest first: name, gpu_ns, of_kernel_time_fraction.
+    (`unmodelled_gpu_fraction`) by the outermost op around its launch, largest first: name, gpu_ns,
+    of_kernel_time_fraction.
     """
 
     shapes_recorded: bool

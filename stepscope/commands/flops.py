@@ -54,7 +54,8 @@ def command(trace: Path, by: str | None, peak_tflops: float | None, peak_bandwid
     if out_fmt == "table":
         parts = [note + render_headline(result_headline(result))]
         parts += [render_frame(getattr(result, name), title=f"\n{name}:", max_rows=40 if by in (None, "op") else None)
-                  for name in _VIEWS[by or "op"] if getattr(result, name).height or name not in ("handoff", "unmodelled")]
+                  for name in _VIEWS[by or "op"]
+                  if getattr(result, name).height or name not in ("handoff", "unmodelled")]
         emit("\n".join(parts) + "\n", output)
         return
     picked = table or (_VIEWS[by][0] if by is not None and out_fmt == "csv" else None)
