@@ -7,6 +7,7 @@ so in words. Colours come from `palette`, units from `units`.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -283,16 +284,24 @@ def roofline_figure(result: RooflineResult, n: int = 12) -> bytes | None:
         ax.scatter([v for v, m in zip(x, mask, strict=True) if m], [v for v, m in zip(y, mask, strict=True) if m],
                    s=[v for v, m in zip(area, mask, strict=True) if m], color=color(family), alpha=0.7,
                    edgecolors="#333333", linewidths=0.5, label=family, zorder=3)
+    placed: list[tuple[float, float]] = []  # labelled points (log10 x, log10 y): a neighbour's label goes below
     for row in ops.sort("gpu_ns", descending=True, maintain_order=True).head(n).iter_rows(named=True):
+        at = (math.log10(row["intensity_flop_per_byte"]), math.log10(row["tflops"]))
+        near = sum(1 for px, py in placed if abs(px - at[0]) < 0.15 and abs(py - at[1]) < 0.15)
+        placed.append(at)
         ax.annotate(short(row["name"].removeprefix("aten::"), 28), (row["intensity_flop_per_byte"], row["tflops"]),
-                    xytext=(4, 4), textcoords="offset points", fontsize=7)
+                    xytext=(4, 4 - 9 * near), textcoords="offset points", fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.set_title("Ops against the roofline (point size: GPU time)", fontsize=11, loc="left")
-    # upper left: above the memory-bound slope, where no op can be
-    ax.legend(loc="upper left", fontsize=7, frameon=True, framealpha=0.85)
+    # upper left: above the memory-bound slope, where no op can be; one marker size for every family (a family's
+    # first point's size would say nothing there, and a large one covers the entries below it)
+    legend = ax.legend(loc="upper left", fontsize=7, frameon=True, framealpha=0.85)
+    for handle in legend.legend_handles:
+        if hasattr(handle, "set_sizes"):
+            handle.set_sizes([30])
     ax.grid(True, which="both", alpha=0.2)
     style(ax)
     fig.tight_layout()
