@@ -19,7 +19,7 @@ graph costs more than the rest of a summary on a large trace, so it is asked for
 
     resnet50 num_workers=0: data_loading_bound 177.6 ms -> 118.6 ms (-33.2%); gpu_bound (convolution x2) -11.0%
     df_index_resolver: communication_bound (exposed 20.6% of the step), yet --overlap-comm saves 0.0%: the CPU
-    launching the work is the longer chain (launch_bound's fix: 3.7%)
+    launching the work is the longer chain (launch_bound's fix: 11.2%)
 """
 
 from __future__ import annotations
