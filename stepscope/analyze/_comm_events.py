@@ -61,6 +61,8 @@ from stepscope.analyze.trace import Trace
 def comm_kernel() -> pl.Expr:
     """Whether a GPU event (its name and kind) is a communication kernel (the kernel table's category)."""
     return category_expr() == KernelCategory.COMMUNICATION.value
+
+
 #: CPU-side collective annotations: the backend, a colon, the op (gloo:all_reduce, nccl:all_to_all)
 COMM_ANNOTATION = r"^(nccl|rccl|gloo|mpi|ucc|xccl|hccl):[a-z_]+$"
 PARAM_COMMS = "record_param_comms"
