@@ -580,7 +580,8 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     parts.append(_sync_edges(frames, cpu, bounds, gpu))
     parts.append(_cross_stream_edges(frames, gpu, lo, hi))
     parts.append(_wake_edges(slices, bounds, threads, main))
-    parts.append(_edges(joins, src="h_node", dst="dst", type=EdgeType.JOIN, kind=PathKind.IDLE,
+    # (the main thread's own time from the helper's end to its next boundary: resuming, then its Python)
+    parts.append(_edges(joins, src="h_node", dst="dst", type=EdgeType.JOIN, kind=PathKind.CPU,
                         natural_ns=pl.col("b") - pl.col("h_end"), name=pl.lit("(thread join)"),
                         lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="h_end"))
     del cpu, slices, launch_src  # (what the graph keeps is in the parts: the rest is freed before it is ordered)

@@ -330,7 +330,7 @@ def test_the_main_thread_waits_for_the_autograd_thread_to_run_backward(tmp_path:
     # THEN the path runs through the autograd thread's launch and joins the main thread where backward returns:
     # the launch is on it, and the step's own untraced time is only its Python around the ops, not the wait
     assert ("cudaLaunchKernel", "launch_overhead", 20, 40) in got
-    assert ("(thread join)", "idle", 70, 10) in got
+    assert ("(thread join)", "cpu", 70, 10) in got
     assert sum(d for name, kind, _s, d in got if name == "ProfilerStep#1") == 2 + 5
 
 
