@@ -74,6 +74,10 @@ def parse_time_ns(texts: pl.Series) -> pl.Series:
     number beyond int64 ns raises OutOfRange."""
     cleaned = texts.str.strip_chars().str.strip_chars('"')
     micro = cleaned.cast(pl.Decimal(38, 3), strict=False)
+    # beyond int64 ns: null before the scaling, whose Decimal(38, 3) would overflow first (a ComputeError, not
+    # OutOfRange, for "dur": 100e30)
+    fits = (micro.abs() <= _TIME_LIMIT_US + 1).fill_null(True)
+    micro = pl.select(pl.when(fits).then(pl.lit(micro))).to_series()
     ns = (micro * 1000).cast(pl.Int64, strict=False)
     beyond = ns.is_null() & cleaned.str.contains(_NUMBER_TEXT)
     if beyond.any():

@@ -375,6 +375,7 @@ _BAD_NUMBERS = {
     "ts of 40 digits": b'{"ph": "X", "ts": 1' + b"0" * 40 + b"}",
     "dur of 40 digits": b'{"ph": "X", "ts": 1, "dur": -1' + b"0" * 40 + b"}",
     "ts 1e17": b'{"ph": "X", "ts": 1e17}',
+    "dur 100e30 (beyond Decimal(38, 3) once scaled)": b'{"ph": "X", "dur": 100e30}',
     "whole ts beyond int64 ns": b'{"ph": "X", "ts": 9223372036854776}',
     "whole ts at int64 ns's edge": b'{"ph": "X", "ts": -9223372036854775, "dur": 0}',
     "ts with decimals at the edge": b'{"ph": "X", "ts": 9223372036854775.807}',
