@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from builders import write_trace
@@ -42,7 +43,9 @@ def test_corpus_resnet_workers(corpus: Path) -> None:
     assert "177.4 ms" in result.output and "126.7 ms" in result.output and "-28.6%" in result.output
     assert "data_loading_bound" in result.output  # num_workers=0 is data-loading bound
     # each side named as given (both files are worker0.*.pt.trace.json.gz: the directory tells them apart)
-    names = {line.split()[0]: line.split(None, 1)[1] for line in result.output.splitlines()[:2]}
+    # (from --json: the text headline wraps a long path onto a second line)
+    names = json.loads(CliRunner().invoke(cli, ["diff", str(k / "resnet50_num_workers_0"),
+                                                str(k / "resnet50_num_workers_4"), "--json"]).output)
     assert names["before"].startswith(f"{k / 'resnet50_num_workers_0'} (worker0.")
     assert names["after"].startswith(f"{k / 'resnet50_num_workers_4'} (worker0.")
     if "idle by cause:" in result.output:  # with gaps.py: data-loading idle all but disappears
