@@ -81,7 +81,9 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
         raise UsageError(f"is {describe(inp)}, not a trace: use `stepscope "
                          f"{'snapshot' if isinstance(inp, Snapshot) else 'memory-timeline'}`", path=input_path)
     if isinstance(inp, TraceBatch) and not batch:
-        raise UsageError("holds several traces: add --batch for one report per trace and an index", path=input_path)
+        raise UsageError("holds several traces: add --batch for one report per trace and an index (where they are "
+                         "the ranks of one job, the index is the run's page: its verdict, straggler and critical "
+                         "path)", path=input_path)
     check_output_path(out)
     if isinstance(inp, RunDir | Dataset | TraceBatch):
         with atomic_dir(out, create_parents=False) as tmp:
