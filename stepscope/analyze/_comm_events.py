@@ -213,28 +213,31 @@ def _with_sizes(calls: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _shape_size(dims: str | None, types: str | None) -> tuple[int | None, str | None]:
-    """Elements and dtype of an annotation's tensors: Input Dims [[64, 64]], Input type ["float"] -> 4096, float.
+def _tensors(dims: str | None, types: str | None) -> list[tuple[int, str]]:
+    """(elements, recorded type) of each single tensor of an op's Input Dims / Input type, in order; scalars,
+    empty shapes and tensor lists left out; none where the text is not JSON.
 
-    Tensors of the first tensor's dtype are summed (a coalesced call lists several); none -> (None, None).
+        [[65536, 64], [8192, 64], []], ["float", "float", ""]  ->  [(4194304, "float"), (524288, "float")]
     """
     try:
         shapes = json.loads(dims) if dims else []
         kinds = json.loads(types) if types else []
     except ValueError:
+        return []
+    return [(math.prod(shape), str(kind)) for shape, kind in zip(shapes, kinds, strict=False)
+            if isinstance(shape, list) and shape and all(isinstance(x, int) for x in shape)]
+
+
+def _shape_size(dims: str | None, types: str | None) -> tuple[int | None, str | None]:
+    """Elements and dtype of an annotation's tensors: Input Dims [[64, 64]], Input type ["float"] -> 4096, float.
+
+    Tensors of the first tensor's dtype are summed (a coalesced call lists several); none -> (None, None).
+    """
+    tensors = _tensors(dims, types)
+    if not tensors:
         return None, None
-    total, dtype = None, None
-    for shape, kind in zip(shapes, kinds, strict=False):
-        if not isinstance(shape, list) or not shape or not all(isinstance(x, int) for x in shape):
-            continue
-        if dtype is None:
-            dtype = str(kind)
-        if str(kind) == dtype:
-            n = 1
-            for x in shape:
-                n *= x
-            total = (total or 0) + n
-    return total, dtype
+    dtype = tensors[0][1]
+    return sum(n for n, kind in tensors if kind == dtype), dtype
 
 
 def _c10d_shapes(dims: str | None, types: str | None, dtype: str | None) -> tuple[int | None, int | None]:
@@ -244,18 +247,9 @@ def _c10d_shapes(dims: str | None, types: str | None, dtype: str | None) -> tupl
         [[65536, 64], [8192, 64], []], ["float", "float", ""], float32  ->  4194304, 8
         [[[256, 256]], [], []], ["TensorList", "", ""]                   ->  None, None (a list: no single tensor)
     """
-    try:
-        shapes = json.loads(dims) if dims else []
-        kinds = json.loads(types) if types else []
-    except ValueError:
-        return None, None
-    sizes = []
-    for shape, kind in zip(shapes, kinds, strict=False):
-        if not isinstance(shape, list) or not shape or not all(isinstance(x, int) for x in shape):
-            continue
-        dtype = dtype or canonical_dtype(str(kind))
-        if canonical_dtype(str(kind)) == dtype:
-            sizes.append(math.prod(shape))
+    tensors = _tensors(dims, types)
+    dtype = dtype or (canonical_dtype(tensors[0][1]) if tensors else None)
+    sizes = [n for n, kind in tensors if canonical_dtype(kind) == dtype]
     if len(sizes) < 2:
         return None, None
     big, small = max(sizes), min(sizes)
