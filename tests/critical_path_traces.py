@@ -99,6 +99,26 @@ def gpu_bound() -> dict[str, Any]:
     return trace(*events)
 
 
+def cpu_ahead() -> dict[str, Any]:
+    """A GPU-bound loop whose CPU runs ahead: two steps launch two 40 µs GEMMs each in 20 µs of CPU, and the GPU
+    still runs a GEMM launched before the trace began (correlation 1, no launch call) until 100.
+
+        CPU  step 2 0-20: aten::mm 2-8 > launch 3-5, aten::mm 10-16 > launch 11-13 (correlations 10, 11)
+             step 3 20-40: the same at +20 (12, 13); cudaDeviceSynchronize 40-262
+        GPU  sgemm_q 0-100 (queued), sgemm_a 100-140, sgemm_b 140-180, sgemm_c 180-220, sgemm_d 220-260
+    -> windows 100-180 (step 2 starts where the queued work ends) and 180-260: 80 µs each, the GPU's time
+    """
+    events = [step(2, ts=0, dur=20), step(3, ts=20, dur=20), kernel("sgemm_q", ts=0, dur=100, correlation=1)]
+    for i, name in enumerate("abcd"):
+        events += [cpu_op("aten::mm", ts=2 + 8 * i + 4 * (i // 2), dur=6, external_id=10 + i),
+                   runtime("cudaLaunchKernel", ts=3 + 8 * i + 4 * (i // 2), dur=2, correlation=10 + i,
+                           external_id=10 + i),
+                   kernel(f"sgemm_{name}", ts=100 + 40 * i, dur=40, correlation=10 + i)]
+    events += [runtime("cudaDeviceSynchronize", ts=40, dur=222, correlation=99),
+               cuda_sync("Context Sync", ts=41, dur=220, stream=-1, correlation=99)]
+    return trace(*events)
+
+
 def graph_replay() -> dict[str, Any]:
     """One cudaGraphLaunch replays three kernels on stream 7 whose branches overlap: k2 starts before k1 ends, and
     k3 before k2 ends (it waited for k1 only).

@@ -127,7 +127,8 @@ class DependencyGraph:
 
     `windows`: step, start_ns, end_ns, cpu_start_node, cpu_end_node (the step windows, `window.step_windows`; one
     window with a null step over the whole trace where it has no steps); `gpu_ends`: step, node (the end node of
-    every GPU event a step launched). `order` is a topological order of the nodes (time, then tie rules); edges
+    every GPU event a step launched; with a null step, of the GPU work launched before the trace, which the first
+    step waits for: `window.queued_until`). `order` is a topological order of the nodes (time, then tie rules); edges
     against it (clock skew between CPU and GPU) are dropped and counted in `dropped_edges`.
     """
 
@@ -470,7 +471,11 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     main = (str(windows["pid"][0]), str(windows["tid"][0])) if windows.height else _main_thread(frames)
     if windows.height == 0 or main is None:
         return _empty(window_kind)
-    lo, hi = int(windows["start_ns"].min()), int(windows["end_ns"].max())  # type: ignore[arg-type]
+    # from the first step's CPU start: in a GPU-bound loop the CPU runs ahead, and a step's window begins where the
+    # GPU reached its work, after its launches; without them in the graph its GPU work would be bound by nothing
+    # but stream order, and a faster GPU (what-if) could run it before the CPU had issued it
+    lo = int(min(windows["start_ns"].min(), windows["cpu_start_ns"].min()))  # type: ignore[type-var, arg-type]
+    hi = int(windows["end_ns"].max())  # type: ignore[arg-type]
 
     gpu = _gpu_events(frames, lo, hi).with_row_index("g")
     threads = pl.concat([
@@ -585,7 +590,8 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
                         natural_ns=pl.col("b") - pl.col("h_end"), name=pl.lit("(thread join)"),
                         lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="h_end"))
     del cpu, slices, launch_src  # (what the graph keeps is in the parts: the rest is freed before it is ordered)
-    return _finish(nodes, parts, windows, gpu, by_step, main, n_cpu, bounds, window_kind, latency, samples)
+    queued = gpu.filter(_window.launched_before_trace(frames.launches)) if by_step is not None else gpu.clear()
+    return _finish(nodes, parts, windows, gpu, by_step, queued, main, n_cpu, bounds, window_kind, latency, samples)
 
 
 def _sync_edges(frames: TraceFrames, cpu: pl.DataFrame, bounds: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
@@ -768,10 +774,11 @@ def _wake_edges(slices: pl.DataFrame, bounds: pl.DataFrame, threads: pl.DataFram
 
 
 def _finish(nodes: pl.DataFrame, parts: list[pl.DataFrame], windows: pl.DataFrame, gpu: pl.DataFrame,
-            by_step: pl.DataFrame | None, main: tuple[str, str], n_cpu: int, bounds: pl.DataFrame, window_kind: str,
-            latency: int | None, samples: int | None) -> DependencyGraph:
+            by_step: pl.DataFrame | None, queued: pl.DataFrame, main: tuple[str, str], n_cpu: int,
+            bounds: pl.DataFrame, window_kind: str, latency: int | None, samples: int | None) -> DependencyGraph:
     """Join the edge frames `parts` (emptied here, so that they are freed once joined), order the nodes, drop
-    edges against the order, set the measured weights, index the step windows."""
+    edges against the order, set the measured weights, index the step windows (`queued`: the GPU work launched
+    before the trace, `gpu_ends` rows of a null step)."""
     edges = pl.concat(parts).filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
     parts.clear()
     t = nodes["t_ns"].to_numpy()
@@ -783,7 +790,8 @@ def _finish(nodes: pl.DataFrame, parts: list[pl.DataFrame], windows: pl.DataFram
     main_nodes = bounds.filter((pl.col("pid") == main[0]) & (pl.col("tid") == main[1])).select("node", "t")
     if windows["step"].null_count() == windows.height:  # no steps: the window is what the graph covers
         windows = windows.with_columns(start_ns=pl.lit(int(t.min())), end_ns=pl.lit(int(t.max())))
-    lo, hi = int(windows["start_ns"].min()), int(windows["end_ns"].max())  # type: ignore[arg-type]
+    lo = int(min(windows["start_ns"].min(), windows["cpu_start_ns"].min()))  # type: ignore[type-var, arg-type]
+    hi = int(windows["end_ns"].max())  # type: ignore[arg-type]
     win = (windows.with_columns(cs=pl.col("cpu_start_ns").clip(lo, hi), ce=pl.col("cpu_end_ns").clip(lo, hi))
            .join(main_nodes.rename({"node": "cpu_start_node", "t": "cs"}), on="cs", how="left", maintain_order="left")
            .join(main_nodes.rename({"node": "cpu_end_node", "t": "ce"}), on="ce", how="left", maintain_order="left")
@@ -792,8 +800,10 @@ def _finish(nodes: pl.DataFrame, parts: list[pl.DataFrame], windows: pl.DataFram
     if by_step is None:  # no steps: the one window owns all GPU work
         gpu_ends = gpu.select(step=pl.lit(None, pl.Int64), node="end_node")
     else:
-        gpu_ends = by_step.select("gpu_event_id", "step").join(
-            gpu.select("gpu_event_id", node="end_node"), on="gpu_event_id").select("step", "node")
+        gpu_ends = pl.concat([
+            by_step.select("gpu_event_id", "step").join(
+                gpu.select("gpu_event_id", node="end_node"), on="gpu_event_id").select("step", "node"),
+            queued.select(step=pl.lit(None, pl.Int64), node="end_node")])
     return DependencyGraph(nodes=nodes, edges=edges, windows=win, gpu_ends=gpu_ends, order=order,
                            dropped_edges=dropped, window_kind=window_kind, launch_latency_ns=latency,
                            launch_samples=samples)
@@ -846,7 +856,8 @@ def _empty(window_kind: str) -> DependencyGraph:
 def step_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:
     """step, start_ns, end_ns, wall_ns of each window with node times `t_ns`, by the step-window rule
     (`window.step_windows`): a step ends at the later of its CPU end and its last GPU work's end, and starts at
-    its CPU start or where the previous step ended, if later. Without steps: the window's start to the latest
+    its CPU start or where the previous step ended, if later (the first step: where the GPU work launched before
+    the trace ended, if later). Without steps: the window's start to the latest
     node. In a run's graph (`run_graph`: windows per rank) step N runs from the earliest rank's start to the
     latest rank's end."""
     times = window_times(graph, t_ns)
@@ -876,9 +887,15 @@ def window_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:
         return (w.join(last, on="rank", how="left", maintain_order="left")
                 .select("rank", "step", "start_ns", end_ns=pl.max_horizontal("start_ns", pl.coalesce("last", "end_ns")))
                 .with_columns(wall_ns=pl.col("end_ns") - pl.col("start_ns")).cast(schema))  # type: ignore[arg-type]
-    gpu_end = graph.gpu_ends.with_columns(t=times.gather(graph.gpu_ends["node"])).group_by(*by, "step").agg(
-        gpu_end=pl.col("t").max())
-    previous = pl.col("end_ns").shift(1)
+    ends = graph.gpu_ends.with_columns(t=times.gather(graph.gpu_ends["node"]))
+    gpu_end = ends.filter(pl.col("step").is_not_null()).group_by(*by, "step").agg(gpu_end=pl.col("t").max())
+    queued = ends.filter(pl.col("step").is_null())
+    if by:
+        w = w.join(queued.group_by(*by).agg(queued=pl.col("t").max()), on=by, how="left", maintain_order="left")
+    else:
+        w = w.with_columns(queued=pl.lit(queued["t"].max(), pl.Int64))
+    # (the previous step's end; the first step's is where the GPU work queued before the trace ended)
+    previous = (pl.col("end_ns").shift(1).over(by) if by else pl.col("end_ns").shift(1)).fill_null(pl.col("queued"))
     return (
         w.with_columns(cs=times.gather(w["cpu_start_node"].fill_null(0)),
                        ce=times.gather(w["cpu_end_node"].fill_null(0)))
@@ -886,7 +903,7 @@ def window_times(graph: DependencyGraph, t_ns: IntArray) -> pl.DataFrame:
                       ce=pl.when(pl.col("cpu_end_node").is_null()).then(pl.col("cpu_end_ns")).otherwise("ce"))
         .join(gpu_end, on=[*by, "step"], how="left", maintain_order="left")
         .with_columns(end_ns=pl.max_horizontal("ce", "gpu_end"))
-        .with_columns(start_ns=pl.max_horizontal("cs", previous.over(by) if by else previous))
+        .with_columns(start_ns=pl.max_horizontal("cs", previous))
         .with_columns(end_ns=pl.max_horizontal("end_ns", "start_ns"))
         .select(*by, "step", "start_ns", "end_ns", wall_ns=pl.col("end_ns") - pl.col("start_ns"))
     )

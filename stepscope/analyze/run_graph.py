@@ -351,7 +351,7 @@ def _common_steps(windows: pl.DataFrame, ends: pl.DataFrame) -> tuple[pl.DataFra
             "those every rank holds)") if left.len() else None
     keep = common.implode()
     return (windows.filter(pl.col("step").is_in(keep)).sort("rank", "start_ns"),
-            ends.filter(pl.col("step").is_in(keep)), note)
+            ends.filter(pl.col("step").is_in(keep) | pl.col("step").is_null()), note)
 
 
 def _ordered(nodes: pl.DataFrame, edges: pl.DataFrame, windows: pl.DataFrame, ends: pl.DataFrame, kinds: set[str],

@@ -72,6 +72,21 @@ def test_a_gpu_bound_loop_whose_cpu_runs_ahead_is_timed_and_counted_per_step() -
     assert summary["profile_next"].startswith("ncu --kernel-name regex:nvjet_sm90_")
 
 
+def test_a_gpu_bound_loop_with_free_gemms_is_predicted_at_its_cpu_issue_time() -> None:
+    # GIVEN the GEMM loop, whose CPU issues a step in ~2 ms while the GPU takes ~17 ms WHEN what-if makes its GEMMs
+    # 1000x faster THEN each step is predicted at the time its CPU took to issue it (its ProfilerStep span, read from
+    # the raw trace): the loop becomes CPU-bound (once 0.28 ms, under a fifth of the CPU's time)
+    import gzip
+
+    path = next((SAMPLES / "gemm_bound_cuda").glob("*.pt.trace.json.gz"))
+    spans = {int(e["name"].split("#")[1]): e["dur"] * 1000 for e in json.loads(gzip.decompress(path.read_bytes()))[
+        "traceEvents"] if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")}
+    result = _json("whatif", str(SAMPLES / "gemm_bound_cuda"), "--speedup", "gemm=1000")
+    assert len(result["steps"]) == 3 and result["bound_by_predicted"] == "cpu"
+    for s in result["steps"]:
+        assert s["predicted_ns"] == pytest.approx(spans[s["step"]], rel=0.02), (s, spans)
+
+
 def test_a_cuda_graph_replay_maps_every_kernel_to_its_op_through_the_capture_profile() -> None:
     # GIVEN a capture run directory holding the replay's trace and graph_capture.pt.trace.json.gz, whose CUDA
     # launch calls name no kernel (a launch during capture runs nothing)

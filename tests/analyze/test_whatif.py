@@ -38,6 +38,23 @@ def test_a_faster_gemm_shortens_a_step_that_waits_for_it(tmp_path: Path) -> None
     assert result.bound_by_measured == "kernel"
 
 
+def test_a_gpu_bound_loop_made_faster_is_bound_by_the_cpu_that_ran_ahead(tmp_path: Path) -> None:
+    # GIVEN a GPU-bound loop whose CPU issues each step in 20 µs, 80 µs ahead of the GPU (cp.cpu_ahead: the step
+    # windows begin where the GPU reached their work, after every launch of theirs)
+    doc = cp.cpu_ahead()
+    measured = what_if(load_events(tmp_path / "a", doc), WhatIf())
+    assert measured.steps["measured_ns"].to_list() == [80 * US, 80 * US] == measured.steps["replay_ns"].to_list()
+    # WHEN its GEMMs run twice as fast THEN each step takes 40 µs: the GPU still bounds it
+    assert what_if(load_events(tmp_path / "b", doc), WhatIf(speedups=(("sgemm", 2.0),))).steps[
+        "predicted_ns"].to_list() == [40 * US, 40 * US]
+    # WHEN they take 40 ns THEN no step is shorter than the CPU's issue of it (by hand: step 2 from the queued
+    # GEMM's end at 0.1 µs to its CPU end at 20, step 3 from 20 to 40), where the launches stayed out of the
+    # graph and the GEMMs ran before they were issued (80 ns a step)
+    fast = what_if(load_events(tmp_path / "c", doc), WhatIf(speedups=(("sgemm", 1000.0),)))
+    assert fast.steps["predicted_ns"].to_list() == [19_900, 20 * US]
+    assert fast.bound_by_predicted == "cpu"
+
+
 def test_dropping_the_sync(tmp_path: Path) -> None:
     # without the sync the CPU runs on at once (its end moves from 200 to 105) but the add kernel still follows
     # the GEMM on the stream: 130-140, so the step ends at 140
