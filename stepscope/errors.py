@@ -3,7 +3,7 @@
 Exit codes, the same in every command (each class below carries its own as `exit_code`):
 
     0    done
-    1    BatchFailed: a command over many files (ingest, report --batch, a run's ranks, a dataset) could not
+    1    BatchFailed: a command over many files (ingest, report of a batch, a run's ranks, a dataset) could not
          do some of them; each was reported on stderr in one line (`stepscope: error: PATH: reason`) as it
          failed, the others were done, and the command ends with this code
     2    InputError / UsageError: the command's one input is missing, empty, of no known kind, unreadable

@@ -108,7 +108,8 @@ def run_analysis(paths: str | Path | Sequence[str | Path], *, cache_dir: Path | 
     if not run.ranks:  # several traces, none naming its rank: not one run
         raise UsageError("holds several traces and none names its rank (distributedInfo, a capture manifest or "
                          "rank in the file name), so they are not one run: pass one trace file, or use "
-                         "`stepscope report --batch` for many", path=many[0] if len(many) == 1 else None)
+                         "`stepscope report DIR -o OUT/` for one page per trace",
+                         path=many[0] if len(many) == 1 else None)
     done = run_ranks(run, verdicts=True, known=known)
     res = done.ranks
     per_rank = _per_rank(done.verdicts, res)

@@ -1,5 +1,6 @@
 """`stepscope report INPUT -o OUT/`: a self-contained HTML report (OUT/index.html) of one trace, a capture
-run (all ranks) or a batch (a dataset from `stepscope ingest`, or with --batch a directory of traces)."""
+run (all ranks) or a batch (a dataset from `stepscope ingest`, or a directory of traces: where they are the ranks
+of one job, the index is the run's page, as `summary` and `critical-path` read such a directory)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ T = TypeVar("T")
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output directory (replaced atomically); the main page is OUT/index.html.")
 @click.option("--batch", is_flag=True,
-              help="INPUT is a directory of many raw traces: one report each and an index.")
+              help="INPUT is a directory of traces even where it holds one: one report each and an index (a "
+                   "directory of several traces is one without it).")
 @click.option("--step", type=int, default=None,
               help="Step shown in the GPU timeline (default: the median-duration step).")
 @click.option("--perfetto", is_flag=True,
@@ -80,10 +82,6 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
     if isinstance(inp, Snapshot | MemoryTimeline):
         raise UsageError(f"is {describe(inp)}, not a trace: use `stepscope "
                          f"{'snapshot' if isinstance(inp, Snapshot) else 'memory-timeline'}`", path=input_path)
-    if isinstance(inp, TraceBatch) and not batch:
-        raise UsageError("holds several traces: add --batch for one report per trace and an index (where they are "
-                         "the ranks of one job, the index is the run's page: its verdict, straggler and critical "
-                         "path)", path=input_path)
     check_output_path(out)
     if isinstance(inp, RunDir | Dataset | TraceBatch):
         with atomic_dir(out, create_parents=False) as tmp:

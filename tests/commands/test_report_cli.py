@@ -59,12 +59,22 @@ def test_a_batch_names_its_traces_by_their_path_under_the_directory(tmp_path: Pa
         assert (tmp_path / "out" / f"{folder}_trace" / "index.html").is_file()
 
 
-def test_directory_of_traces_without_batch_says_so(tmp_path: Path) -> None:
+def test_directory_of_traces_without_batch_is_a_batch(tmp_path: Path) -> None:
+    # GIVEN a directory of two traces WHEN it is reported without --batch (as summary and critical-path take a
+    # directory without a flag) THEN it is a batch: one page each and an index linking them (once refused)
     write_trace(tmp_path / "in", gpu_doc(), "a.pt.trace.json")
     write_trace(tmp_path / "in", gpu_doc(), "b.pt.trace.json")
-    result = CliRunner().invoke(cli, ["report", str(tmp_path / "in"), "-o", str(tmp_path / "out")])
-    assert result.exit_code != 0 and "add --batch" in str(result.exception) + result.output
-    assert not (tmp_path / "out").exists()
+    code, out = run("report", str(tmp_path / "in"), "-o", str(tmp_path / "out"))
+    assert code == 0, out
+    assert "(batch, 2 reports, 0 failed)" in out
+    index = (tmp_path / "out" / "index.html").read_text()
+    for name in ("a", "b"):
+        assert f'href="{name}.pt.trace/index.html"' in index
+        assert (tmp_path / "out" / f"{name}.pt.trace" / "index.html").is_file()
+    # AND a directory of one trace is that trace's page, and a batch of one with --batch
+    write_trace(tmp_path / "one", gpu_doc(), "a.pt.trace.json")
+    assert "(trace, 1 report" in run("report", str(tmp_path / "one"), "-o", str(tmp_path / "o1"))[1]
+    assert "(batch, 1 report" in run("report", str(tmp_path / "one"), "-o", str(tmp_path / "o2"), "--batch")[1]
 
 
 def test_capture_run_with_two_ranks_marks_the_straggler(tmp_path: Path) -> None:
