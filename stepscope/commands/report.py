@@ -235,7 +235,8 @@ def _write_member(m: Member, tmp: Path, *, run: bool, step: int | None, perfetto
                   keep: bool = False) -> Written:
     """A member's page (and with `perfetto` in a batch its exported trace) written to tmp/<name>/; a failed member
     has none. `read_from`: where the trace file is when `m.path` names it as the user gave it; `keep`: hand the
-    member back with its bundle (a run of one rank, whose index is that rank's report)."""
+    member back with its bundle and write no page of its own (a run of one rank, whose index is that rank's
+    report: a page of its own would be a copy the index never links)."""
     from stepscope.reports.assemble import member_page, member_row
     from stepscope.reports.perfetto import ExportOptions, export_trace
 
@@ -243,6 +244,8 @@ def _write_member(m: Member, tmp: Path, *, run: bool, step: int | None, perfetto
     if m.bundle is None:
         return m, row, []
     steps = m.bundle.frames.step_windows["step"].to_list()
+    if keep:
+        return m, row, steps
     (tmp / m.name).mkdir(parents=True, exist_ok=True)
     link = run_link
     if run_link is not None and run_link.href is not None:
@@ -252,7 +255,7 @@ def _write_member(m: Member, tmp: Path, *, run: bool, step: int | None, perfetto
                        tmp / m.name, TRACE_FILE)
     page = member_page(m, step=step, renderer=renderer, perfetto=link)
     (tmp / m.name / "index.html").write_text(page, encoding="utf-8")
-    return (m if keep else dataclasses.replace(m, bundle=None)), row, steps  # page written: let its frames go
+    return dataclasses.replace(m, bundle=None), row, steps  # page written: let its frames go
 
 
 def report_member(path: str, given: str, name: str, out: str, step: int | None, perfetto: bool,

@@ -111,6 +111,9 @@ def test_sample_run(tmp_path: Path) -> None:
     index = (tmp_path / "out" / "index.html").read_text()
     assert "profiled / baseline" in index
     assert 'id="memory-categories"' in index and "activation" in index  # the run's export_memory_timeline file
+    # AND a run of one rank is that rank's report in the index: no second copy of it that nothing links
+    assert 'id="steps"' in index
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["index.html"]
 
 
 def test_run_with_a_snapshot_and_a_bad_side_file(corpus: Path, tmp_path: Path) -> None:
