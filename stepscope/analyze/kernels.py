@@ -34,6 +34,8 @@ they fused.
 Then the order matters where names overlap:
 
     pytorch_flash::flash_fwd_kernel<… cutlass::bfloat16_t …>   -> attention (own name; "cutlass" only in types)
+    flashinfer::norm::RMSNormKernel<…>                         -> normalization ("flash" of FlashInfer's namespace
+                                                                  is no attention; its BatchPrefillWith… kernels are)
     implicit_convolve_sgemm<float, …>                          -> convolution (before GEMM's "sgemm")
     vllm::fused_add_rms_norm_kernel<…_typeConvert…>            -> normalization ("typeConvert" is no conv)
     ncclKernel_AllReduce_RING_LL_Sum_float                     -> communication (first rule after triton)
@@ -86,7 +88,10 @@ CATEGORY_RULES: tuple[tuple[KernelCategory, re.Pattern[str], re.Pattern[str] | N
     (KernelCategory.TRITON, _rx(TRITON_KERNEL), None),
     (KernelCategory.COMMUNICATION, _rx(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
                                        r"|multimem|cross_device|sendrecv"), None),
-    (KernelCategory.ATTENTION, _rx(r"flash|fmha|attention|attn|sdpa|\bmha|mha_|efficient_attention"), None),
+    # ("flash" but not FlashInfer's namespace, which holds its norm, activation and sampling kernels too: its
+    # attention kernels by their own names, `BatchPrefillWithPagedKVCacheKernel`, `MergeStatesKernel`, …)
+    (KernelCategory.ATTENTION, _rx(r"flash(?:[^i]|$)|fmha|attention|attn|sdpa|\bmha|mha_|efficient_attention"
+                                   r"|(?:prefill|decode)With\w*KVCache|MergeStates?Kernel|PODWithKVCache"), None),
     (KernelCategory.CONVOLUTION, _rx(r"convol|conv[0-9_]|[_:]conv|winograd|scudnn|fprop|dgrad|wgrad|igemm_(fwd|bwd|wrw)"
                                      r"|implicit_?gemm|im2col|col2im"), None),
     (KernelCategory.GEMM, _rx(r"gemm|gemv|cutlass|cublas|Cijk_|nvjet|wgmma|matmul|xmma|^bmm_|\bbmm\b|_mma"),
@@ -97,7 +102,8 @@ CATEGORY_RULES: tuple[tuple[KernelCategory, re.Pattern[str], re.Pattern[str] | N
                                    r"|max_pool|avg_pool|pool|cross_entropy|nll_loss|NLLCriterion|histogram"), None),
     (KernelCategory.ELEMENTWISE, _rx(r"elementwise|vectorized|unrolled|fill|copy|cat|index|gather|scatter"
                                      r"|where|pointwise|transpose|nchwToNhwc|nhwcToNchw|TensorOp|functor"
-                                     r"|multi_tensor_apply|rotary|quant|embedding|dropout|masked|scalePackedTensor"),
+                                     r"|multi_tensor_apply|rotary|quant|embedding|dropout|masked|scalePackedTensor"
+                                     r"|act_and_mul"),
      None),
 )
 

@@ -134,6 +134,24 @@ READ_BY_OWN_NAME = {  # names whose template / parameter TYPES match another rul
         KernelCategory.ATTENTION,
     "void ck_tile::kentry<1, ck_tile::Rmsnorm2dFwd<ck_tile::Rmsnorm2dFwdPipelineOnePass<int>>>(ck_tile::Args)":
         KernelCategory.NORMALIZATION,
+    # FlashInfer (vLLM, SGLang): its namespace says "flash" for every kernel; the attention ones say what they are
+    "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*, "
+    "unsigned int, unsigned int, unsigned int, float, float)": KernelCategory.NORMALIZATION,
+    "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, float)":
+        KernelCategory.NORMALIZATION,
+    "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &silu>(__nv_bfloat16*, __nv_bfloat16 const*, "
+    "int)": KernelCategory.ELEMENTWISE,
+    "void flashinfer::sampling::TopKTopPSamplingFromProbKernel<1024u, (cub::BlockScanAlgorithm)0, 4u, true, float, "
+    "int>(float*, int*, int*)": KernelCategory.REDUCTION,
+    "void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits<(flashinfer::MaskMode)1, 128u>, "
+    "false>(flashinfer::BatchPrefillPagedParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int>)":
+        KernelCategory.ATTENTION,
+    "void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u, 4u, 8u, 16u, 1u, 8u>"
+    "(flashinfer::BatchDecodeParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int>)": KernelCategory.ATTENTION,
+    "void flashinfer::MergeStatesKernel<8u, 16u, 8u, 4u, __nv_bfloat16, __nv_bfloat16>(__nv_bfloat16*, float*)":
+        KernelCategory.ATTENTION,
+    "void vllm::act_and_mul_kernel<c10::BFloat16, &(c10::BFloat16 vllm::silu_kernel<c10::BFloat16>"
+    "(c10::BFloat16 const&)), true>(c10::BFloat16*, c10::BFloat16 const*, int)": KernelCategory.ELEMENTWISE,
     # cuBLAS's helper kernels name cuBLAS only in their parameter types: GEMM work, as before
     "void splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>"
     "(cublasSplitKParams<float>, float const*, float const*, float*)": KernelCategory.GEMM,
