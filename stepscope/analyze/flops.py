@@ -58,6 +58,7 @@ as a string (its inner aten::convolution counts instead), and every op outside t
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -476,12 +477,13 @@ def _write_only(inp: _Inputs) -> tuple[int, int]:
     return 0, inp.tensor_bytes(skip=(0,)) + _out(inp, inp.tensor(0))
 
 
-def _reduction(inp: _Inputs) -> tuple[int, int]:
-    """0 FLOPs; the output keeps the dims not reduced (argument 1: a dim or dim list; none: all of them)."""
+def _reduction(inp: _Inputs, *, at: int = 1) -> tuple[int, int]:
+    """0 FLOPs; the output keeps the dims not reduced (argument `at`: a dim or dim list; none: all of them).
+    `at` is 2 for `norm(self, p, dim)` and `linalg_vector_norm(self, ord, dim)`, whose argument 1 is the order."""
     x = inp.tensor(0)
     if inp.has_tensor(1) and inp.read(1):  # max.other(self, other) or max.unary_out(self, *, out): not told apart
         raise _Skip("a second tensor: max/min of two tensors, or an out= tensor, which the trace does not tell apart")
-    dims = inp.value(1) if len(inp.types) > 1 and inp.types[1] in ("Scalar", "ScalarList") else None
+    dims = inp.value(at) if len(inp.types) > at and inp.types[at] in ("Scalar", "ScalarList") else None
     if isinstance(dims, bool) or not isinstance(dims, (int, list)):
         dims = []
     reduced = {d % len(x) for d in ([dims] if isinstance(dims, int) else dims) if isinstance(d, int)} if x else set()
@@ -610,8 +612,9 @@ MODELS: dict[str, tuple[Family, Formula]] = {
         "native_dropout_backward", "erf", "sign")},
     **{name: ("elementwise", _write_only) for name in _names("copy_", "fill_", "zero_")},
     **{name: ("reduction", _reduction) for name in _names(
-        "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm", "linalg_vector_norm", "var",
-        "std", "var_mean", "std_mean", "prod", "logsumexp", "all", "any")},
+        "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std", "var_mean", "std_mean", "prod",
+        "logsumexp", "all", "any")},
+    **{name: ("reduction", functools.partial(_reduction, at=2)) for name in _names("norm", "linalg_vector_norm")},
     "aten::embedding": ("embedding", _embedding),
     "aten::embedding_backward": ("embedding", _embedding_backward),
     "aten::embedding_dense_backward": ("embedding", _embedding_backward),

@@ -179,6 +179,11 @@ def test_attention_forward_and_backward_follow_torch(tmp_path: Path) -> None:
     ("aten::sum", [[16, 10], [], [], []], [F32, "ScalarList", "Scalar", ""], ["", "[0]", "True", ""], "reduction",
      4 * 160 + 4 * 10),
     ("aten::mean", [[16, 10], []], [F32, ""], None, "reduction", 4 * 160 + 4),
+    # norm(self, p, dim, keepdim): the dim is argument 2 (p=2 read as a dim once kept 16 of [16, 10], not 10)
+    ("aten::norm", [[16, 10], [], [], []], [F32, "Scalar", "ScalarList", "Scalar"], ["", "2", "[1]", "False"],
+     "reduction", 4 * 160 + 4 * 16),
+    ("aten::linalg_vector_norm", [[16, 10], [], [], [], []], [F32, "Scalar", "ScalarList", "Scalar", ""],
+     ["", "2", "[1]", "False", ""], "reduction", 4 * 160 + 4 * 16),
     ("aten::embedding", [[1000, 64], [4, 8], [], [], []], [F32, "long int", "Scalar", "Scalar", "Scalar"], None,
      "embedding", 8 * 32 + 2 * 4 * 32 * 64),
 ])
