@@ -739,12 +739,12 @@ def op_flops(source: Source) -> FlopsResult:
     for d in range(1, int(depth.max()) + 1 if cpu.height else 0):
         rows = np.flatnonzero(depth == d)
         root[rows] = root[parent[rows]]
-    names = cpu["name"].to_numpy()
+    names = cpu["name"]
     cpu = cpu.with_columns(
         counted=pl.Series(resolved & (top == np.arange(cpu.height))),
         counting_event_id=pl.Series(np.where(top >= 0, event_ids[np.maximum(top, 0)], -1)).replace(-1, None),
         covered=pl.Series(top >= 0),
-        root_name=pl.Series(names[root] if cpu.height else [], dtype=pl.String),
+        root_name=names.gather(root) if cpu.height else names.clear(),  # (gathered in polars: a null name stays null)
     )
     ops = cpu.filter(pl.col("family").is_not_null()).select(
         "event_id", "name", "family", "dtype", "flops", "bytes", "counted", "counting_event_id", "skip_reason",

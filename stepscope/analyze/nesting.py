@@ -47,8 +47,18 @@ def sort_for_nesting(events: pl.DataFrame) -> pl.DataFrame:
 def parent_index(events: pl.DataFrame) -> tuple[IntArray, IntArray]:
     """Parent row (-1 for none) and depth of each row of a frame already in `sort_for_nesting` order.
 
-    The frame needs pid, tid, ts_ns, dur_ns (non-null). Returns two int64 arrays aligned with its rows.
+    The frame needs pid, tid, ts_ns, dur_ns. Returns two int64 arrays aligned with its rows. A row without a start
+    or a duration (a damaged event, which `info` warns of) nests nothing and is in nothing: parent -1, depth 0.
     """
+    timed = events.select(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null()).to_series()
+    if not timed.all():
+        rows = timed.arg_true().to_numpy().astype(np.int64)
+        sub_parent, sub_depth = parent_index(events.filter(timed))
+        parent = np.full(events.height, -1, dtype=np.int64)
+        depth = np.zeros(events.height, dtype=np.int64)
+        parent[rows] = np.where(sub_parent >= 0, rows[np.maximum(sub_parent, 0)], -1)
+        depth[rows] = sub_depth
+        return parent, depth
     if _scan is not None:
         return _nest_compiled(events)
     return _nest_python(events)
