@@ -127,8 +127,9 @@ class DependencyGraph:
 
     `windows`: step, start_ns, end_ns, cpu_start_node, cpu_end_node (the step windows, `window.step_windows`; one
     window with a null step over the whole trace where it has no steps); `gpu_ends`: step, node (the end node of
-    every GPU event a step launched; with a null step, of the GPU work launched before the trace, which the first
-    step waits for: `window.queued_until`). `order` is a topological order of the nodes (time, then tie rules); edges
+    every GPU event a step launched; with a null step, of the GPU work launched before the trace or in the set-up
+    iteration left out, which the first step waits for: `window.queued_expr`). `order` is a topological order of
+    the nodes (time, then tie rules); edges
     against it (clock skew between CPU and GPU) are dropped and counted in `dropped_edges`.
     """
 
@@ -590,7 +591,8 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
                         natural_ns=pl.col("b") - pl.col("h_end"), name=pl.lit("(thread join)"),
                         lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="h_end"))
     del cpu, slices, launch_src  # (what the graph keeps is in the parts: the rest is freed before it is ordered)
-    queued = gpu.filter(_window.launched_before_trace(frames.launches)) if by_step is not None else gpu.clear()
+    setup = frames.setup_span if annotation is None else None  # (an annotation's instances have no set-up)
+    queued = gpu.filter(_window.queued_expr(frames.launches, setup)) if by_step is not None else gpu.clear()
     return _finish(nodes, parts, windows, gpu, by_step, queued, main, n_cpu, bounds, window_kind, latency, samples)
 
 

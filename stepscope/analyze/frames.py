@@ -95,7 +95,17 @@ class TraceFrames:
     def step_windows(self) -> pl.DataFrame:
         """The step windows (`window.step_windows`): the one rule every analysis uses."""
         return _window.step_windows(self.profiler_steps, self.gpu_by_step,
-                                    queued_until_ns=_window.queued_until(self.launches))
+                                    queued_until_ns=_window.queued_until(self.launches, self.setup_span))
+
+    @cached_property
+    def setup_span(self) -> tuple[int, int] | None:
+        """The CPU span (start, end ns) of the set-up iteration left out of the inferred steps
+        (`iterations.Warmup`), whose GPU work the first step waits for; None where none was left out."""
+        warmup = self.iterations.warmup
+        if warmup is None:
+            return None
+        row = self.iterations.spans.filter(pl.col("step") == warmup.step).row(0, named=True)
+        return int(row["ts_ns"]), int(row["end_ns"])
 
     def analysis_window(self, window: WindowKind = "steps") -> pl.DataFrame:
         """device, start_ns, end_ns: where GPU idle time counts (`window.analysis_window`)."""

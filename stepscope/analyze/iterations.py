@@ -232,8 +232,60 @@ def _signals(trace: Trace, pid: str, tid: str) -> list[tuple[Signal, pl.DataFram
                       last=False)
     modules = _one_name(markers(cpu.filter((pl.col("kind") == Kind.PYTHON_FUNCTION.value)
                                            & pl.col("name").str.starts_with(MODULE_PREFIX))), last=False)
-    return [(Signal.OPTIMIZER_STEP, optimizer), (Signal.OPTIMIZER_OPS, _optimizer_runs(ops, backward)),
+    op_starts = cpu.filter(pl.col("kind") == Kind.CPU_OP.value)["ts_ns"].sort().to_numpy()
+    loader = _loader_groups(loader, op_starts)
+    runs = _optimizer_runs(ops, backward)
+    return [(Signal.OPTIMIZER_STEP, _per_loader_interval(optimizer, loader)),
+            (Signal.OPTIMIZER_OPS, _per_loader_interval(runs, loader)),
             (Signal.DATALOADER, loader), (Signal.ANNOTATION, named), (Signal.MODULE, modules)]
+
+
+def _regular_groups(group: np.ndarray) -> bool:
+    """Whether `group` (each marker's group id, ascending from 0) forms groups of one size k >= 2, but for the
+    last group, which may be smaller (a loop's last fetch: the StopIteration)."""
+    sizes = np.bincount(group)
+    return len(sizes) >= MIN_MARKERS and sizes[0] >= 2 and bool((sizes[:-1] == sizes[0]).all()) \
+        and sizes[-1] <= sizes[0]
+
+
+def _loader_groups(loader: pl.DataFrame, op_starts: np.ndarray) -> pl.DataFrame:
+    """DataLoader markers (by start) with the calls of one iteration merged: consecutive calls with no CPU op
+    starting between them, where that makes groups of one size k >= 2 (`_regular_groups`): a loop over
+    ``zip(loader_a, loader_b)`` fetches twice per iteration. One marker per group (its first call's start, its last
+    call's end); `children` per marker: the CPU ops inside its calls (a ``StopIteration`` fetch has none).
+
+        calls 0-10, 10-20 | ops | 100-110, 110-120 | ops  ->  markers 0-20, 100-120
+    """
+    m = loader.sort("ts_ns")
+    starts, ends = m["ts_ns"].to_numpy(), m["end_ns"].to_numpy()
+    inside = np.searchsorted(op_starts, ends, side="left") - np.searchsorted(op_starts, starts, side="left")
+    m = m.with_columns(children=pl.Series(inside, dtype=pl.Int64))
+    if m.height < 2:
+        return m
+    # an op between call i's end and call i+1's start: call i+1 starts a new iteration
+    between = np.searchsorted(op_starts, starts[1:], side="left") > np.searchsorted(op_starts, ends[:-1], side="left")
+    group = np.concatenate([[0], np.cumsum(between)])
+    if not _regular_groups(group):
+        return m
+    return (m.with_columns(group=pl.Series(group)).group_by("group", maintain_order=True)
+            .agg(pl.col("name").first(), pl.col("ts_ns").first(), pl.col("end_ns").max(), pl.col("event_id").first(),
+                 pl.col("children").sum())
+            .drop("group"))
+
+
+def _per_loader_interval(optimizer: pl.DataFrame, loader: pl.DataFrame) -> pl.DataFrame:
+    """Optimizer markers, the last of each interval between DataLoader fetches where every interval holds the same
+    number k >= 2 of them (a GAN's discriminator and generator steps, two optimizers of one class): one per
+    iteration. Unchanged without such a regular pattern (gradient accumulation fetches several times per step)."""
+    if optimizer.height < 2 or loader.height < MIN_MARKERS:
+        return optimizer
+    m = optimizer.sort("end_ns")
+    interval = np.searchsorted(loader.sort("ts_ns")["ts_ns"].to_numpy(), m["ts_ns"].to_numpy(), side="right")
+    if interval[0] == 0 or not _regular_groups(interval - interval[0]) or len(np.unique(interval)) != \
+            interval[-1] - interval[0] + 1:
+        return m
+    return m.with_columns(interval=pl.Series(interval)).group_by("interval", maintain_order=True).last().drop(
+        "interval")
 
 
 def _spans(signal: Signal, markers: pl.DataFrame, thread_start: int, thread_ends: pl.DataFrame) -> pl.DataFrame:
@@ -248,7 +300,10 @@ def _spans(signal: Signal, markers: pl.DataFrame, thread_start: int, thread_ends
         last_end = max(last_marker_end, int(tail["end_ns"].max() or last_start))  # type: ignore[arg-type]
         spans = m.select("ts_ns", end_ns=pl.col("ts_ns").shift(-1).fill_null(last_end), event_id="event_id")
         body_after = tail.filter(pl.col("ts_ns") >= last_marker_end).height > 0
-        if signal is Signal.DATALOADER and spans.height > 1 and not body_after:
+        # the StopIteration fetch: no op after it, or none inside it where the other fetches run ops (collate)
+        empty_fetch = "children" in m.columns and int(m["children"][-1]) == 0 and \
+            float(m["children"].head(-1).median() or 0) >= 1  # type: ignore[arg-type]
+        if signal is Signal.DATALOADER and spans.height > 1 and (not body_after or empty_fetch):
             spans = spans.head(-1)
     return spans.with_columns(end_ns=pl.max_horizontal("end_ns", "ts_ns")).with_row_index("step", offset=1)
 

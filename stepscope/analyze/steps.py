@@ -91,7 +91,8 @@ def _cpu_beyond_wall(steps: pl.DataFrame) -> str:
     return (f"{over.height:,} of {plural(steps.height, 'step')} with more CPU time than wall time "
             f"(step {first['step']}: cpu {duration(first['cpu_ns'])}, wall {duration(first['wall_ns'])}): a step's "
             "window opens only once the GPU work before it is done (the previous step's, or work launched before the "
-            "trace), while its CPU span (cpu, which the phases split) starts with its ProfilerStep")
+            "trace or in a set-up iteration left out), while its CPU span (cpu, which the phases split) starts "
+            "with its ProfilerStep, or its inferred iteration")
 
 
 def _covered_length(windows: pl.DataFrame, ivs: pl.DataFrame) -> pl.DataFrame:

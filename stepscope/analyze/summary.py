@@ -472,6 +472,9 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
     if verdict is Verdict.DATA_LOADING_BOUND:
         loaders = trace.cpu.filter(pl.col("name").str.contains(DATALOADER_PATTERN)).select(
             "pid", "tid", s="ts_ns", e=pl.col("ts_ns") + pl.col("dur_ns")).collect(engine="in-memory").sort("s")
+        if frames.profiler_steps.height:  # the fetches of the steps the figures count (not a set-up iteration's)
+            loaders = with_step(loaders, cpu_spans(frames.profiler_steps), at="s").filter(
+                pl.col("step").is_not_null()).drop("step").sort("s")
         inside = (
             ops.filter(~pl.col("name").str.contains(DATALOADER_PATTERN)).collect(engine="in-memory").sort("ts_ns")
             .join_asof(loaders, left_on="ts_ns", right_on="s", by=["pid", "tid"], strategy="backward",

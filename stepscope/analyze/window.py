@@ -15,7 +15,8 @@ no launch link belongs to the step whose CPU span holds its start. This is what 
 GPU work launched before the trace began (by the warm-up step the profiler discarded, typically) has no
 launch link and a correlation id below every recorded launch's: CUPTI and roctracer number API calls in
 the order they are made. It belongs to no step, and it stands for the previous step: the first step starts
-no earlier than it ends. In a GPU-bound loop the CPU runs steps ahead of the GPU, so this queued work can
+no earlier than it ends. So does the GPU work launched in an inferred set-up iteration that is left out
+(`iterations.Warmup`). In a GPU-bound loop the CPU runs steps ahead of the GPU, so this queued work can
 fill the first step's CPU span and more (`queued_until`).
 
     warm-up kernels (launched before the trace) run until 10.7 ms; step 2 CPU [0, 2.7 ms), its kernels end
@@ -84,9 +85,20 @@ def launched_before_trace(launches: pl.DataFrame) -> pl.Expr:
     return (pl.col("launch_ts_ns").is_null() & (pl.col("correlation") < linked)).fill_null(False)
 
 
-def queued_until(launches: pl.DataFrame) -> int | None:
-    """The end of the GPU work launched before the trace began (`launched_before_trace`); None without any."""
-    ends = launches.filter(launched_before_trace(launches) & pl.col("dur_ns").is_not_null()).select(
+def queued_expr(launches: pl.DataFrame, setup: tuple[int, int] | None = None) -> pl.Expr:
+    """Over `launches`: whether a GPU event is work the first step waits for: launched before the trace began
+    (`launched_before_trace`), or inside the set-up iteration left out of the inferred steps (`setup`: its CPU
+    span, `iterations.Warmup`), which stands for the previous step the same way."""
+    queued = launched_before_trace(launches)
+    if setup is None:
+        return queued
+    key = pl.coalesce("launch_ts_ns", "ts_ns")
+    return queued | ((key >= setup[0]) & (key < setup[1])).fill_null(False)
+
+
+def queued_until(launches: pl.DataFrame, setup: tuple[int, int] | None = None) -> int | None:
+    """The end of the GPU work the first step waits for (`queued_expr`); None without any."""
+    ends = launches.filter(queued_expr(launches, setup) & pl.col("dur_ns").is_not_null()).select(
         (pl.col("ts_ns") + pl.col("dur_ns")).max()).item()
     return int(ends) if ends is not None else None
 

@@ -74,6 +74,19 @@ def test_two_optimizers_end_at_the_last(tmp_path: Path) -> None:
     assert found.marker == "Optimizer.step#EMAOptimizer.step" and _spans(found) == [(1, 10, 98), (2, 98, 198)]
 
 
+def test_two_optimizers_of_one_class_each_iteration_are_one_iteration(tmp_path: Path) -> None:
+    """A GAN: each batch (one DataLoader fetch) runs a discriminator and a generator step, two Adam optimizers, so
+    Optimizer.step#Adam.step comes twice per iteration: the iteration ends with the second (once: twice the
+    iterations, every other one read as set-up or an outlier)."""
+    adam = "Optimizer.step#Adam.step"
+    events = [e for i in range(3) for e in _training(100 * i, i + 1, optimizer=adam, loader=True)]
+    events += [annotation(adam, ts=100 * i + 42, dur=2) for i in range(3)]  # the discriminator's step
+    events.append(annotation(LOADER, ts=300, dur=2))  # the StopIteration fetch
+    found = _found(load_events(tmp_path, trace(*events)))
+    assert (found.signal, found.marker, found.markers) == (Signal.OPTIMIZER_STEP, adam, 3)
+    assert _spans(found) == [(1, 0, 95), (2, 95, 195), (3, 195, 295)] and found.warmup is None
+
+
 def test_optimizer_ops_grouped_between_backward_passes(tmp_path: Path) -> None:
     """No Optimizer.step annotation: runs of _foreach ops (clip_grad_norm's _foreach_norm, then the update) with
     no backward between them are one optimizer step; zero_grad's _foreach_zero_ is no marker."""
@@ -97,6 +110,29 @@ def test_dataloader_starts_each_iteration_and_stop_iteration_opens_none(tmp_path
     found = _found(load_events(tmp_path, trace(*events)))
     assert found.signal is Signal.DATALOADER and found.markers == 4
     assert _spans(found) == [(1, 0, 100), (2, 100, 200), (3, 200, 300)]
+
+
+def test_two_loaders_zipped_are_one_fetch_per_iteration(tmp_path: Path) -> None:
+    """`for (a, _), (b, _) in zip(loader_a, loader_b)`: two fetches back to back, nothing between them, then the
+    body; the loop ends at loader_a's StopIteration. Three iterations, not six (once: one per fetch)."""
+    events = [e for i in range(3) for e in (annotation(LOADER, ts=100 * i, dur=4),  # loader_a, then loader_b
+                                            annotation(LOADER, ts=100 * i + 5, dur=4),
+                                            cpu_op("aten::linear", ts=100 * i + 10, dur=80))]
+    events.append(annotation(LOADER, ts=300, dur=2))
+    found = _found(load_events(tmp_path, trace(*events)))
+    assert found.signal is Signal.DATALOADER and found.markers == 4  # fetch pairs, and the StopIteration
+    assert _spans(found) == [(1, 0, 100), (2, 100, 200), (3, 200, 300)]
+
+
+def test_work_after_the_loop_is_no_iteration(tmp_path: Path) -> None:
+    """An evaluation loop whose fetches run ops (collate), then work after the loop (a checkpoint, metrics): the
+    last fetch, the StopIteration, runs no op, so it opens no iteration though ops follow it (once: a fourth
+    iteration of 300 µs)."""
+    events = [e for i in range(3) for e in _training(100 * i, i + 1, optimizer=None, loader=True)]
+    events += [cpu_op("aten::stack", ts=100 * i + 2, dur=6) for i in range(3)]
+    events += [annotation(LOADER, ts=300, dur=2), cpu_op("aten::mm", ts=310, dur=300)]
+    found = _found(load_events(tmp_path, trace(*events)))
+    assert found.signal is Signal.DATALOADER and _spans(found) == [(1, 0, 100), (2, 100, 200), (3, 200, 300)]
 
 
 def test_repeated_top_level_annotation(tmp_path: Path) -> None:
@@ -197,6 +233,24 @@ def test_setup_iteration_reported_and_excluded(tmp_path: Path) -> None:
     assert (info.steps_found, info.step_numbers, info.step_source) == (3, "2..4", found.source)
     codes = dict(zip(info.warnings["code"], info.warnings["count"], strict=True))
     assert codes["steps_inferred"] == 4 and codes["setup_iteration_excluded"] == 1 and "missing_steps" not in codes
+
+
+def test_the_first_step_waits_for_the_set_up_iterations_gpu_work(tmp_path: Path) -> None:
+    """The set-up iteration [0, 395) launches a kernel that runs until 412, into iteration 2's CPU span [395, 495),
+    before iteration 2's own kernel (415-445): like GPU work launched before the trace, it stands for the previous
+    step, so step 2's window starts at 412 (once at 395, its busy time counting 17 µs of the set-up's kernel)."""
+    events = [cpu_op("aten::empty", ts=0, dur=300), runtime("cudaMalloc", ts=10, dur=100),
+              runtime("cudaLaunchKernel", ts=200, dur=5, correlation=900),
+              kernel("setup_fill", ts=210, dur=202, correlation=900)]
+    events += [e for i in range(4) for e in _training(300 + 100 * i, i + 1, loader=True)]
+    frames = TraceFrames(load_events(tmp_path, trace(*events)))
+    assert frames.iterations.warmup is not None and frames.setup_span == (0, 395_000)
+    steps = step_breakdown(frames)
+    assert steps.steps.select("step", "wall_ns", "gpu_busy_ns").rows() == [
+        (2, 83_000, 30_000), (3, 100_000, 30_000), (4, 100_000, 30_000)]
+    # AND the dependency graph's replay of step 2 starts there too
+    from stepscope.analyze.whatif import WhatIf, what_if
+    assert what_if(frames, WhatIf()).steps["replay_ns"].to_list() == [83_000, 100_000, 100_000]
 
 
 def test_first_iteration_within_twice_the_median_is_steady(tmp_path: Path) -> None:
@@ -408,3 +462,63 @@ def test_capture_inference_loop(tmp_path: Path, loader: bool, signal: Signal, ma
     found = _found(load(path, cache_dir=tmp_path / "cache"))
     assert found.signal is signal and str(found.marker).startswith(marker)
     assert found.spans.height == INFER_BATCHES  # StopIteration opens none
+
+
+def _capture_loop(path: Path, kind: str) -> int:
+    """A tiny CPU loop under a plain profile() of `kind`: "gan" (a discriminator and a generator step a batch, two
+    Adam optimizers), "zip" (an evaluation over two DataLoaders zipped) or "after" (an evaluation loop, then work
+    after it); returns how many iterations ran."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+
+    def batches() -> Any:
+        return DataLoader(TensorDataset(torch.randn(INFER_BATCHES * 4, 16)), batch_size=4)
+
+    ran = 0
+    with torch.profiler.profile() as prof:
+        if kind == "gan":
+            gen, disc = nn.Linear(16, 16), nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1))
+            opt_g, opt_d = torch.optim.Adam(gen.parameters()), torch.optim.Adam(disc.parameters())
+            for (x,) in batches():
+                loss_d: Any = disc(x).mean() - disc(gen(x).detach()).mean()
+                opt_d.zero_grad()
+                loss_d.backward()
+                opt_d.step()
+                loss_g: Any = -disc(gen(x)).mean()
+                opt_g.zero_grad()
+                loss_g.backward()
+                opt_g.step()
+                ran += 1
+        else:
+            model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+            with torch.no_grad():
+                if kind == "zip":
+                    for (a,), (b,) in zip(batches(), batches(), strict=False):
+                        model(a), model(b)
+                        ran += 1
+                else:
+                    for (a,) in batches():
+                        model(a)
+                        ran += 1
+                    for _ in range(20):  # after the loop: a checkpoint, metrics
+                        torch.randn(256, 256) @ torch.randn(256, 256)
+    prof.export_chrome_trace(str(path))
+    return ran
+
+
+@pytest.mark.parametrize("kind", ["gan", "zip", "after"])
+def test_capture_loops_whose_markers_are_not_one_per_iteration(tmp_path: Path, kind: str) -> None:
+    # GIVEN real captures of loops with two Optimizer.step of one name per iteration, two DataLoader fetches per
+    # iteration, or ops after the loop's StopIteration fetch THEN each iteration that ran is one step
+    path = tmp_path / f"{kind}.pt.trace.json"
+    ran = _capture_loop(path, kind)
+    raw = _raw_events(path)
+    optimizer_steps = sum(str(e["name"]).startswith("Optimizer.step#") for e in raw)
+    fetches = sum(str(e["name"]).startswith("enumerate(DataLoader)#") for e in raw)
+    assert (optimizer_steps, fetches) == {"gan": (2 * ran, ran + 1), "zip": (0, 2 * ran + 1),
+                                          "after": (0, ran + 1)}[kind]  # the slow count
+    found = _found(load(path, cache_dir=tmp_path / "cache"))
+    assert found.spans.height == ran == INFER_BATCHES
