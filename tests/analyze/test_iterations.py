@@ -272,6 +272,9 @@ def _exposed(t: Trace) -> tuple[int, int, int | None]:
 
 def test_exposed_data_loading_agrees_on_inferred_steps(tmp_path: Path) -> None:
     assert _exposed(_with_setup(tmp_path)) == (30_000, 30_000, 30_000)  # 10 µs a step, no GPU work then
+    # AND summary's places to look count the fetches of those steps, not the set-up iteration's (once 40 µs, 4)
+    v = verdict(_with_setup(tmp_path / "again"))
+    assert v.places.rows()[0] == ("annotation", "DataLoader __next__", 30_000, 3)
 
 
 def test_exposed_data_loading_agrees_without_any_steps(tmp_path: Path) -> None:
