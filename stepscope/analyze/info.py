@@ -109,7 +109,7 @@ def trace_warnings(source: Source) -> pl.DataFrame:
 
 
 def _event_warnings(trace: Trace, add: _Add) -> None:
-    """Overlapping kernels on a stream, negative or missing times, a span of more than a day."""
+    """Overlapping kernels on a stream, negative or missing times, a span (starts to ends) of more than a day."""
     gpu = trace.gpu.select("device", "stream", "ts_ns", "dur_ns", "kind")
     overlaps = (
         gpu.filter(pl.col("kind") == Kind.KERNEL.value)
@@ -129,7 +129,8 @@ def _event_warnings(trace: Trace, add: _Add) -> None:
         missing_ts=pl.col("ts_ns").is_null().sum(),
         missing_dur=((pl.col("ph") == "X") & pl.col("dur_ns").is_null()).sum(),
         missing_ph=pl.col("ph").is_null().sum(),
-        span=pl.col("ts_ns").max() - pl.col("ts_ns").min(),
+        span=(pl.col("ts_ns").cast(pl.Float64) + pl.col("dur_ns").clip(lower_bound=0).fill_null(0)).max()
+        - pl.col("ts_ns").min(),  # (in floats: a start and a duration near int64's end do not wrap)
     ).collect(engine="in-memory").row(0, named=True)
     add("negative_durations", int(bad["negative"] or 0), "events with a negative duration")
     add("missing_timestamps", int(bad["missing_ts"] or 0), "events without a usable ts (excluded from timing)")
@@ -137,7 +138,7 @@ def _event_warnings(trace: Trace, add: _Add) -> None:
     add("missing_phases", int(bad["missing_ph"] or 0),
         "events without a usable ph (kept, their kind taken from their category)")
     if bad["span"] is not None and bad["span"] > _DAY_NS:
-        add("clock_span", 1, "events span more than a day: mixed clocks or a corrupt timestamp")
+        add("clock_span", 1, "events span more than a day: mixed clocks, or a corrupt timestamp or duration")
 
 
 def _counter_ranges(trace: Trace, add: _Add) -> None:

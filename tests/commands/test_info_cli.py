@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from builders import kernel, step, trace, write_trace
+from builders import annotation, kernel, step, trace, write_trace
 from click.testing import CliRunner
 
 from stepscope.cli import cli
@@ -33,3 +33,13 @@ def test_table_json_csv_and_output_file(tmp_path: Path) -> None:
 def test_conflicting_formats_are_a_usage_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["info", str(_trace(tmp_path)), "--json", "--csv"])
     assert res.exit_code == 2 and "conflicting output formats" in res.output
+
+
+def test_a_corrupt_duration_is_warned_of_as_a_clock_span(tmp_path: Path) -> None:
+    # GIVEN a 100 µs step whose DataLoader call says it lasted 1e12 µs (11.6 days) THEN info warns, as it does of a
+    # corrupt timestamp (the span of starts alone was 100 µs: no warning, and the figures moved silently)
+    path = write_trace(tmp_path, trace(step(1, ts=0, dur=100), annotation(
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", ts=10, dur=1e12)))
+    res = CliRunner().invoke(cli, ["info", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    assert "clock_span" in [w["code"] for w in json.loads(res.output)["warnings"]]
