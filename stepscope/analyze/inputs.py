@@ -532,6 +532,8 @@ def memory_file(path: str | Path, kind: Literal["snapshot", "memory_timeline"]) 
         raise UsageError(f"holds {len(found):,} {many}: pass one: {names}", path=local)
     source = resolve(path)
     if not isinstance(source, Snapshot if kind == "snapshot" else MemoryTimeline):
+        if isinstance(source, TraceFile) and as_url(path) is None and local.stat().st_size == 0:
+            raise InputError(f"is empty (0 bytes), not {one}", path=path)  # (not "a Chrome trace", by its name)
         raise UsageError(f"is {describe(source)}, not {one}", path=path)
     return source.path
 

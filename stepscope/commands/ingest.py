@@ -62,10 +62,9 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
             result = ingest_many(list(paths), dataset, jobs=jobs, force=force, on_done=done, fork_workers=True,
                                  engine="ray" if engine == "ray" else "local", address=address,
                                  drop_added=drop_added)
-        except BaseException:  # (the engine could not start: leave no empty dataset behind)
+        finally:  # (every file failed, or the engine could not start: leave no empty dataset behind)
             if not existed and dataset.is_dir() and not any(dataset.iterdir()):
                 dataset.rmdir()
-            raise
     if as_json:
         emit(render_json(result), None)
     else:

@@ -210,6 +210,11 @@ def test_a_batch_where_every_file_fails_leaves_no_dataset_behind(tmp_path: Path)
     assert result.failed == 1 and not (tmp_path / "ds").exists()
     (tmp_path / "kept").mkdir()  # a directory the user made beforehand stays
     assert ingest_many([bad], tmp_path / "kept").failed == 1 and (tmp_path / "kept").is_dir()
+    # AND so through the command, which makes the directory before it ingests (once left behind, empty)
+    res = CliRunner().invoke(cli, ["ingest", str(bad), "-o", str(tmp_path / "cli")])
+    assert res.exit_code == 1 and not (tmp_path / "cli").exists()
+    res = CliRunner().invoke(cli, ["ingest", str(bad), "-o", str(tmp_path / "kept")])
+    assert res.exit_code == 1 and (tmp_path / "kept").is_dir()
 
 
 _FRESH = r"""

@@ -67,6 +67,19 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert len(err) == 1 and needle in err[0] and str(path) in err[0]
 
 
+@pytest.mark.parametrize("command", ["snapshot", "memory-timeline"])
+def test_an_empty_file_is_said_empty_not_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 command: str) -> None:
+    # GIVEN a 0-byte file named like a trace THEN it is said to be empty (once: "is a Chrome trace", by its name)
+    path = tmp_path / "memory.json"
+    path.write_bytes(b"")
+    with pytest.raises(SystemExit) as info:
+        main([command, str(path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: is empty (0 bytes), not " in err[0]
+
+
 def test_conflicting_formats_are_a_usage_error(corpus: Path) -> None:
     res = CliRunner().invoke(cli, ["snapshot", str(corpus / "snapshots/decomfl/memory.pickle"), "--json", "--csv"])
     assert res.exit_code == 2 and "conflicting output formats" in res.output
