@@ -24,11 +24,14 @@ def command(trace: Path, fmt: str | None, as_json: bool, as_csv: bool, table: st
     from stepscope.analyze import load
     from stepscope.analyze._text import NO_STEPS, STEPS_ADVICE
     from stepscope.analyze.steps import step_breakdown
+    out_fmt = resolve_format(fmt, as_json, as_csv, table)
     result = step_breakdown(load(trace))
     if result.steps_found == 0:
-        emit(f"{NO_STEPS}: {STEPS_ADVICE}\n", output)
-        return
-    out_fmt = resolve_format(fmt, as_json, as_csv, table)
+        if out_fmt == "table":
+            emit(f"{NO_STEPS}: {STEPS_ADVICE}\n", output)
+            return
+        # JSON and CSV stay what was asked for (no steps, the reason in the note), so a script can read them
+        result = dataclasses.replace(result, note=f"{NO_STEPS}: {STEPS_ADVICE}")
     if out_fmt == "table":
         result = dataclasses.replace(result, steps=result.steps.drop(_ABSOLUTE))
     emit_result(result, out_fmt, output, table=table, max_rows=None)

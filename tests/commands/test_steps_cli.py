@@ -31,3 +31,6 @@ def test_steps_without_profiler_steps(tmp_path: Path) -> None:
     path = write_trace(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
     out = CliRunner().invoke(cli, ["steps", str(path)])
     assert out.exit_code == 0 and "no ProfilerStep" in out.output
+    # AND --json is JSON still (once the same sentence as text, which no script could read): no steps, the reason
+    data = json.loads(CliRunner().invoke(cli, ["steps", str(path), "--json"]).output)
+    assert data["steps_found"] == 0 and data["steps"] == [] and data["note"].startswith("no ProfilerStep#N spans")
