@@ -259,9 +259,10 @@ def column_name(name: str) -> str:
 def parse_condition(text: str) -> pl.Expr:
     """One --where condition, `COLUMN OP VALUE` (OP: = == != < <= > >=), as a polars expression.
 
-    VALUE: a number; for *_fraction/*_share columns also a percentage (50%); for *_ns a duration (120ms, 2s);
-    for *_bytes a size (20G); for text columns the text itself; `null` for a missing value (with = or !=).
-    Rows whose value is missing never satisfy an order comparison. Anything else is a UsageError."""
+    VALUE: a number; for *_fraction/*_share columns a fraction from 0 to 1 or a percentage (50%); for *_ns a
+    duration with its unit (120ms, 2s); for *_bytes a size (20G); for text columns the text itself (for verdict
+    and top_idle_cause one of their values); `null` for a missing value (with = or !=). Rows whose value is
+    missing never satisfy an order comparison. Anything else is a UsageError."""
     m = _CONDITION.fullmatch(text)
     if m is None or not m.group(3):
         raise UsageError(f"--where {text!r}: expected COLUMN OP VALUE, e.g. verdict=gpu_bound or gpu_busy<0.5")
@@ -282,21 +283,49 @@ def parse_condition(text: str) -> pl.Expr:
 def _value(name: str, raw: str, text: str) -> float | str:
     kind = FLEET_SCHEMA[name]
     if kind is pl.String:
-        return raw.strip("'\"")
+        word = raw.strip("'\"")
+        known = _known_values(name)
+        if known and word not in known:  # a typo would silently select nothing
+            raise UsageError(f"--where {text!r}: {word!r} is no {name}; one of: {', '.join(known)}")
+        return word
     try:
-        if name.endswith(("_fraction", "_share")) and raw.endswith("%"):
-            return float(raw[:-1]) / 100
-        if name.endswith("_ns"):
-            unit = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*(ns|us|µs|ms|s)?", raw)
-            if unit is not None:
-                return float(unit.group(1)) * _SCALE[unit.group(2) or "ns"]
-        if name.endswith("_bytes") and not re.fullmatch(r"[0-9.]+", raw):
-            from stepscope.analyze.cache import parse_size
-
-            return float(parse_size(raw))
-        return float(raw)
+        value = _number(name, raw)
     except (ValueError, UsageError):
         raise UsageError(f"--where {text!r}: {raw!r} is not a value for {name}") from None
+    fraction = name.endswith(("_fraction", "_share"))
+    if fraction and not raw.endswith("%") and abs(value) > 1:  # 50 would be 5000%: every row is below it
+        raise UsageError(f"--where {text!r}: {name} is a fraction from 0 to 1: write {raw}% or {value / 100:g}")
+    if name.endswith("_ns") and re.fullmatch(r"[0-9]*\.?[0-9]+(?:e[0-9]+)?", raw) and value != 0:
+        raise UsageError(f"--where {text!r}: {name} is a duration: give its unit (ns, us, ms or s), e.g. {raw}ms")
+    return value
+
+
+def _number(name: str, raw: str) -> float:
+    """A --where value of a numeric column as a number (`parse_condition`'s units); ValueError where it is none."""
+    if name.endswith(("_fraction", "_share")) and raw.endswith("%"):
+        return float(raw[:-1]) / 100
+    if name.endswith("_ns"):
+        unit = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*(ns|us|µs|ms|s)?", raw)
+        if unit is not None:
+            return float(unit.group(1)) * _SCALE[unit.group(2) or "ns"]
+    if name.endswith("_bytes") and not re.fullmatch(r"[0-9.]+", raw):
+        from stepscope.analyze.cache import parse_size
+
+        return float(parse_size(raw))
+    return float(raw)
+
+
+def _known_values(name: str) -> list[str]:
+    """The values a text column can hold where they are a fixed set (verdict, top_idle_cause); [] otherwise."""
+    if name == "verdict":
+        from stepscope.analyze.summary import Verdict
+
+        return [v.value for v in Verdict]
+    if name == "top_idle_cause":
+        from stepscope.analyze.gaps import GapCause
+
+        return [c.value for c in GapCause]
+    return []
 
 
 def select_rows(result: FleetResult, *, where: Sequence[str] = (), sort: str | None = None,

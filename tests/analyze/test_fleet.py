@@ -96,6 +96,11 @@ def test_where_and_sort(tmp_path: Path) -> None:
     ("__import__('os').system('true')", "expected COLUMN OP VALUE"),
     ("gpu_busy<lots", "'lots' is not a value for gpu_busy_fraction"),
     ("verdict<null", "null compares with = or != only"),
+    # read as a fraction, 50 is 5000% and 0.12 a duration of 0.12 ns: every row once passed; a typo none
+    ("gpu_busy<50", "gpu_busy_fraction is a fraction from 0 to 1: write 50% or 0.5"),
+    ("step_p95>=0.12", "step_p95_ns is a duration: give its unit (ns, us, ms or s), e.g. 0.12ms"),
+    ("verdict=gpu_bund", "'gpu_bund' is no verdict; one of: "),
+    ("top_idle_cause=sync", "'sync' is no top_idle_cause; one of: host_sync"),
 ])
 def test_a_bad_condition_is_one_usage_error(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
