@@ -116,6 +116,7 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, sp
             shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging, target)
+        _drop_earlier_versions(root, stem, src, keep=target.parent)
         return FileOutcome(source=source, trace_id=trace_id, out_dir=str(target), status="ingested",
                            n_events=result.n_events, seconds=result.seconds, error=None)
     except StepscopeError as exc:
@@ -127,6 +128,24 @@ def ingest_one(source: str, dataset: str, force: bool = False, jobs: int = 1, sp
     finally:
         if isinstance(sha, Future):
             sha.exception()  # (a file that failed: its hashing thread ends before this returns, never outlives it)
+
+
+def _drop_earlier_versions(root: Path, stem: str, src: Path, *, keep: Path) -> None:
+    """Remove the partitions of an earlier version of the file `src` (its path, another sha256: it changed since it
+    was ingested), so that the dataset holds each file once; `keep` is the one just written. A file of the same name
+    elsewhere (another run's rank0.json) is another file and stays."""
+    here = str(src.resolve())
+    for parent in root.glob(f"trace={glob.escape(stem)}-*"):
+        if parent == keep or not parent.is_dir():
+            continue
+        for child in parent.glob("rank=*"):
+            try:
+                same = read_meta(child).source.path == here
+            except (OSError, StepscopeError, ValueError):
+                continue
+            if same:
+                shutil.rmtree(parent, ignore_errors=True)
+                break
 
 
 def ingest_many(paths: Sequence[Path], dataset: Path, *, jobs: int | None = None, force: bool = False,

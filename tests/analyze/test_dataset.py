@@ -67,6 +67,21 @@ def test_unchanged_files_are_skipped_on_a_second_run(tmp_path: Path) -> None:
     assert not list((tmp_path / "ds").glob(".staging-*"))
 
 
+def test_a_file_that_changed_replaces_its_earlier_version(tmp_path: Path) -> None:
+    # GIVEN a dataset of two runs' rank0.json (one name, two files) WHEN one of them changes and is ingested again
+    # THEN its new version replaces the old one (once both stayed: two rank-0 rows in the fleet table, the old
+    # version's verdict counted), and the other run's file of the same name stays
+    for run, dur in (("a", 5), ("b", 7)):
+        write_trace(tmp_path / run, trace(kernel("k", ts=0, dur=dur)), "rank0.json")
+    ingest_many([tmp_path / "a", tmp_path / "b"], tmp_path / "ds", jobs=1)
+    write_trace(tmp_path / "a", trace(kernel("k", ts=0, dur=5), kernel("k2", ts=10, dur=5)), "rank0.json")
+    again = ingest_many([tmp_path / "a", tmp_path / "b"], tmp_path / "ds", jobs=1)
+    assert sorted(o.status for o in again.outcomes) == ["ingested", "skipped"]
+    table = pl.scan_parquet(str(tmp_path / "ds" / "**" / "events.parquet"), hive_partitioning=True).select(
+        "trace").collect()
+    assert table["trace"].n_unique() == 2 and table.height == 2 + 1  # a's two kernels, b's one
+
+
 def test_a_run_again_reads_no_unchanged_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              cache_hashes: list[Path]) -> None:
     """Resuming a batch hashes each file once (its hash then remembered against its stat, in the trace cache):
@@ -115,11 +130,12 @@ def test_a_file_with_nothing_to_skip_is_hashed_while_it_is_ingested(tmp_path: Pa
     meanwhile.clear()
     again = ingest_many([src], tmp_path / "ds", jobs=1)
     assert meanwhile == [] and {o.status for o in again.outcomes} == {"skipped"}
-    # a file changed under the same name: hashed first, ingested into a partition of its own
+    # a file changed under the same name: hashed first, ingested into a partition of its own, which replaces its
+    # earlier version's
     write_trace(src, trace(kernel("new", ts=0, dur=9)), "rank0.pt.trace.json")
     changed = ingest_many([src / "rank0.pt.trace.json"], tmp_path / "ds", jobs=1)
     assert meanwhile == [] and changed.outcomes[0].status == "ingested"
-    assert len(list((tmp_path / "ds").glob("trace=rank0-*"))) == 2
+    assert [p.name for p in (tmp_path / "ds").glob("trace=rank0-*")] == [f"trace={changed.outcomes[0].trace_id}"]
     # --force: nothing is skipped, so it is hashed meanwhile
     ingest_many([src / "rank0.pt.trace.json"], tmp_path / "ds", jobs=1, force=True)
     assert meanwhile == [src / "rank0.pt.trace.json"]
