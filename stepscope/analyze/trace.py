@@ -11,7 +11,7 @@ engine"; tests/analyze/test_bundle.py holds a report's queries to it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +21,7 @@ import polars as pl
 from stepscope.analyze._workers import usable_cores
 from stepscope.analyze.cache import Lease, default_cache_dir, open_entry, source_sha256
 from stepscope.analyze.ingest import ingest_trace
-from stepscope.analyze.inputs import IngestedTrace, Input, expect_trace, resolve
+from stepscope.analyze.inputs import IngestedTrace, Input, expect_trace, resolve, trace_id_for
 from stepscope.analyze.meta import TraceMeta, read_meta
 from stepscope.analyze.schema import CPU_KINDS, GPU_KINDS, Kind
 
@@ -252,4 +252,19 @@ def load(path: str | Path | Input, *, cache_dir: Path | None = None) -> Trace:
     # processes loading one file ingest it once, and the entry stays whole while this Trace lives (analyze/cache.py)
     target, lease = open_entry(cache, sha,
                                lambda entry: ingest_trace(source, entry, force=True, jobs=usable_cores(), sha256=sha))
-    return Trace(directory=target, meta=read_meta(target), lease=lease)
+    return Trace(directory=target, meta=as_given(read_meta(target), source, sha), lease=lease)
+
+
+def as_given(meta: TraceMeta, source: Path, sha: str) -> TraceMeta:
+    """`meta` of a cache entry as the file `source` names it: the entry is keyed by content, so its meta.json names
+    whichever file of that content was read first (a copy in another run's directory, a file since renamed);
+    `info`, `fleet` and the report name the file given, and its trace id."""
+    here = str(source.resolve())
+    if meta.source.path == here:
+        return meta
+    try:
+        mtime: float | None = source.stat().st_mtime
+    except OSError:
+        mtime = meta.source.mtime
+    return replace(meta, trace_id=trace_id_for(source, sha),
+                   source=replace(meta.source, path=here, name=source.name, mtime=mtime))

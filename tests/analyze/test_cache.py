@@ -275,3 +275,18 @@ def test_a_cached_sources_hash_is_remembered_against_its_stat(tmp_path: Path, mo
     assert load(src, cache_dir=cache).directory.name == again.directory.name and len(hashed) == 5
     prune(cache, 0)
     assert not (cache / cache_module.HASHES).exists()
+
+
+def test_a_copy_of_a_cached_file_is_named_as_given(tmp_path: Path) -> None:
+    # GIVEN one trace's content in two runs' directories, under two names (the cache holds it once, by content)
+    first = write_trace(tmp_path / "run_a", trace(kernel("k", ts=0, dur=5)), "worker0.pt.trace.json")
+    copy = tmp_path / "run_b" / "rank0.pt.trace.json"
+    copy.parent.mkdir()
+    copy.write_bytes(first.read_bytes())
+    cache = tmp_path / "cache"
+    a, b = load(first, cache_dir=cache), load(copy, cache_dir=cache)
+    # THEN each is named after the file given (once both after whichever was read first), on one entry
+    assert a.directory == b.directory
+    assert (a.meta.source.path, a.source_name) == (str(first.resolve()), "worker0.pt.trace.json")
+    assert (b.meta.source.path, b.source_name) == (str(copy.resolve()), "rank0.pt.trace.json")
+    assert a.trace_id.startswith("worker0-") and b.trace_id.startswith("rank0-")
