@@ -97,7 +97,15 @@ def _device_name(devices: Sequence[DeviceProperties], launches: pl.DataFrame) ->
 def failed_row(path: str, run: str | None, host: str | None, exc: BaseException) -> dict[str, Any]:
     """The row of a trace that could not be analysed: its names and its one-line failure."""
     row: dict[str, Any] = dict.fromkeys(FLEET_SCHEMA)
-    row.update(run=run or _run_of(path), trace=Path(path).name, host=host, path=path, error=failure_line(exc, path))
+    where = Path(path)
+    partition = where.name.startswith("rank=") and where.parent.name.startswith("trace=")
+    if partition:  # a dataset's trace=<id>/rank=<r>: its trace id and rank, not the folders' names
+        rank = where.name.removeprefix("rank=")
+        row.update(trace=where.parent.name.removeprefix("trace="), rank=int(rank) if rank.isdigit() else None,
+                   run=run or where.parent.parent.name or None)
+    else:
+        row.update(run=run or _run_of(path), trace=where.name)
+    row.update(host=host, path=path, error=failure_line(exc, path))
     return row
 
 

@@ -109,6 +109,27 @@ def is_ingested(out_dir: Path, sha256: str | None = None, *, drop_added: bool = 
     return sha256 is None or meta.get("source", {}).get("sha256") == sha256
 
 
+def _broken_ingest(directory: Path) -> str | None:
+    """Why `directory`, which holds an ingested trace's files, is no complete one (`is_ingested`): the file missing
+    or unreadable, or an ingest of another schema; None where it holds none of those files."""
+    names = ("meta.json", "events.parquet", "flows.parquet")
+    present = [n for n in names if (directory / n).is_file()]
+    if not present:
+        return None
+    missing = [n for n in names if n not in present]
+    if missing:
+        return f"an ingested trace without {' or '.join(missing)} (ingest it again)"
+    try:
+        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"an ingested trace whose meta.json is unreadable ({exc}; ingest it again)"
+    if not isinstance(meta, dict) or meta.get("ingest_schema_version") != INGEST_SCHEMA_VERSION:
+        found = meta.get("ingest_schema_version") if isinstance(meta, dict) else None
+        return (f"an ingested trace of schema {found}, not {INGEST_SCHEMA_VERSION} (ingest it again with this "
+                "version)")
+    return "an ingested trace of the other kind (its exported tracks dropped or kept): ingest it again"
+
+
 def find_trace_files(paths: Sequence[Path]) -> list[Path]:
     """Expand files, directories (recursively) and globs into trace files, sorted within each directory.
 
@@ -355,7 +376,7 @@ def resolve(path: str | Path, *, batch: bool = False) -> Input:
         return Dataset(path=path, traces=partitions)
     traces = _traces_and_ingested(path)
     if not traces:
-        raise InputError(EMPTY_DIRECTORY, path=path)
+        raise InputError(_broken_ingest(path) or EMPTY_DIRECTORY, path=path)
     if len(traces) == 1 and not batch:
         only = traces[0]
         return IngestedTrace(path=only) if only.is_dir() else TraceFile(path=only)

@@ -76,6 +76,24 @@ def test_a_dataset_and_its_raw_files_give_the_same_rows(tmp_path: Path) -> None:
     assert raw.equals(ingested)
 
 
+def test_a_damaged_partition_is_a_row_saying_what_is_wrong(tmp_path: Path) -> None:
+    # GIVEN a dataset whose partitions lost their events.parquet, or hold a meta.json cut short
+    src = _job(tmp_path / "src")
+    ingest_many([src], tmp_path / "ds", jobs=1)
+    parts = sorted((tmp_path / "ds").glob("trace=*/rank=*"))
+    (parts[0] / "events.parquet").unlink()
+    (parts[1] / "meta.json").write_text("{")
+    rows = {r["trace"]: r for r in fleet(tmp_path / "ds", jobs=1).fleet.iter_rows(named=True)}
+    # THEN each is a row under its trace id and rank (once the folders' names, trace=… and rank=…) whose error
+    # names the file (once "holds no trace (.json / .json.gz), …" for both); the third is computed
+    lost = rows[parts[0].parent.name.removeprefix("trace=")]
+    cut = rows[parts[1].parent.name.removeprefix("trace=")]
+    assert lost["rank"] == int(parts[0].name.removeprefix("rank=")) and lost["run"] == "ds"
+    assert lost["error"].endswith("an ingested trace without events.parquet (ingest it again)")
+    assert "an ingested trace whose meta.json is unreadable" in cut["error"]
+    assert sum(r["error"] is None for r in rows.values()) == 1
+
+
 def test_where_and_sort(tmp_path: Path) -> None:
     result = fleet(_job(tmp_path / "src"), jobs=1)
     low = select_rows(result, where=["gpu_busy<0.5"])
