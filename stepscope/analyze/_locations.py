@@ -16,4 +16,8 @@ def default_cache_dir() -> Path:
     return Path(base) / "stepscope"
 
 
-__all__ = ["default_cache_dir"]
+#: where URL inputs are mirrored under the cache directory (`remote`), their files counted and evicted with its
+#: entries (`cache`)
+MIRROR = "remote"
+
+__all__ = ["MIRROR", "default_cache_dir"]

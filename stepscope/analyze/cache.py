@@ -7,6 +7,13 @@ renamed away whole):
     CACHE/<sha[:2]>/.<sha>.lock                                         flock: who is using / writing it
     CACHE/hashes/<hash of the source's path>.json                        the source's sha256 against its stat
                                                                         (`source_sha256`)
+    CACHE/remote/<scheme>/<path>  (+ .<name>.remote)                    a URL input's local mirror
+                                                                        (analyze/remote.py); its marker's
+                                                                        mtime = its last use
+
+Mirrored files count toward the limit and are evicted by last use with the entries (`mirrors`); nothing locks
+them: a file removed while a command reads it stays readable to that command (POSIX), and a later use fetches it
+again.
 
 Concurrency (POSIX flock; where there is none, as on Windows, entries are still written atomically but not
 guarded against eviction while in use):
@@ -37,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from stepscope.analyze._locations import MIRROR
 from stepscope.analyze._locations import default_cache_dir as default_cache_dir  # the cache's home
 from stepscope.analyze.inputs import file_sha256 as file_sha256  # (tests count its calls here)
 from stepscope.analyze.inputs import is_ingested
@@ -267,16 +275,23 @@ class CacheEntry:
 
 @dataclass(frozen=True, kw_only=True)
 class CacheInfo:
-    """What the cache holds: its location and limit, its entries by last use (oldest first), their bytes."""
+    """What the cache holds: its location and limit, its entries by last use (oldest first), their bytes, and the
+    local mirrors of URL inputs (`mirrors`: one CacheEntry per file, its `sha256` empty, its `source` the URL)."""
 
     location: Path
     max_bytes: int | None
     entries: tuple[CacheEntry, ...]
+    mirrors: tuple[CacheEntry, ...] = ()
 
     @property
     def total_bytes(self) -> int:
-        """Bytes of every entry together."""
-        return sum(e.bytes for e in self.entries)
+        """Bytes of every entry and mirrored file together."""
+        return sum(e.bytes for e in self.entries) + self.mirror_bytes
+
+    @property
+    def mirror_bytes(self) -> int:
+        """Bytes of the mirrored files (markers included)."""
+        return sum(m.bytes for m in self.mirrors)
 
     @property
     def oldest_use_s(self) -> float | None:
@@ -347,7 +362,36 @@ def cache_info(cache_dir: Path | None = None, *, sources: bool = True) -> CacheI
                 entries.append(CacheEntry(sha256=entry.name, path=entry, bytes=_dir_bytes(entry), last_used_s=used,
                                           source=_source_name(entry) if sources else None))
     entries.sort(key=lambda e: (e.last_used_s, e.sha256))
-    return CacheInfo(location=location, max_bytes=max_cache_bytes(), entries=tuple(entries))
+    return CacheInfo(location=location, max_bytes=max_cache_bytes(), entries=tuple(entries),
+                     mirrors=tuple(mirrored_files(location / MIRROR)))
+
+
+def mirrored_files(base: Path) -> list[CacheEntry]:
+    """The files mirrored under `base` (CACHE/remote), least recently used first: each with its marker's bytes,
+    its last use the marker's mtime (the file's where it has none), its source the URL it mirrors."""
+    found = []
+    if base.is_dir():
+        for path in base.rglob("*"):
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            marker = path.with_name(f".{path.name}.remote")
+            try:
+                size = path.stat().st_size
+                used = marker.stat().st_mtime if marker.is_file() else path.stat().st_mtime
+                size += marker.stat().st_size if marker.is_file() else 0
+            except OSError:  # removed while we looked
+                continue
+            scheme, *rest = path.relative_to(base).parts
+            found.append(CacheEntry(sha256="", path=path, bytes=size, last_used_s=used,
+                                    source=f"{scheme}://{'/'.join(rest)}"))
+    found.sort(key=lambda m: (m.last_used_s, str(m.path)))
+    return found
+
+
+def _remove_mirrored(path: Path) -> None:
+    """A mirrored file and its marker (the next use fetches it again)."""
+    path.unlink(missing_ok=True)
+    path.with_name(f".{path.name}.remote").unlink(missing_ok=True)
 
 
 def prune(cache_dir: Path | None = None, max_bytes: int = 0) -> PruneResult:
@@ -358,9 +402,15 @@ def prune(cache_dir: Path | None = None, max_bytes: int = 0) -> PruneResult:
     info = cache_info(cache_dir, sources=False)
     total = info.total_bytes
     removed = removed_bytes = in_use = 0
-    for entry in info.entries:
+    for entry in sorted((*info.entries, *info.mirrors), key=lambda e: (e.last_used_s, str(e.path))):
         if total <= max_bytes:
             break
+        if not entry.sha256:  # a mirrored URL input
+            _remove_mirrored(entry.path)
+            total -= entry.bytes
+            removed += 1
+            removed_bytes += entry.bytes
+            continue
         lease = _lock(entry.path, shared=False, wait=False)
         if lease is None:
             in_use += 1
@@ -382,7 +432,7 @@ def prune(cache_dir: Path | None = None, max_bytes: int = 0) -> PruneResult:
     if max_bytes == 0:  # cleared: the remembered source hashes go too (they only save reading a source again)
         shutil.rmtree(info.location / HASHES, ignore_errors=True)
     return PruneResult(location=info.location, removed=removed, removed_bytes=removed_bytes,
-                       kept=len(info.entries) - removed, kept_bytes=total, in_use=in_use)
+                       kept=len(info.entries) + len(info.mirrors) - removed, kept_bytes=total, in_use=in_use)
 
 
 def _sweep(location: Path, min_age_s: float = 3600.0) -> None:

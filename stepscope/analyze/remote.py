@@ -16,11 +16,12 @@ A command line path turned into a `Path` loses one slash (`s3://b/k` -> `s3:/b/k
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from stepscope.analyze._locations import default_cache_dir
+from stepscope.analyze._locations import MIRROR, default_cache_dir
 from stepscope.errors import InputError
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)", re.DOTALL)
@@ -94,7 +95,7 @@ def fetch(url: str, *, mirror: Path | None = None) -> list[Path]:
 
 
 def _default_mirror() -> Path:
-    return default_cache_dir() / "remote"
+    return default_cache_dir() / MIRROR
 
 
 def _local_path(base: Path, scheme: str, name: str) -> Path:
@@ -120,6 +121,7 @@ def _copy(fs: Any, scheme: str, name: str, base: Path) -> Path:
         stamp = _stamp(fs.info(name))
         marker = target.with_name(f".{target.name}.remote")
         if target.is_file() and marker.is_file() and marker.read_text(encoding="utf-8") == stamp:
+            os.utime(marker)  # used now: the cache evicts mirrors by last use (analyze/cache.py)
             return target
         with fs.open(name, "rb") as src, atomic_path(target) as tmp, open(tmp, "wb") as out:
             while chunk := src.read(_CHUNK):

@@ -43,11 +43,13 @@ def command() -> None:
 @click.option("--dir", "cache_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help=_DIR_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def info(cache_dir: Path | None, as_json: bool) -> None:
-    """Where the cache is, how many traces and bytes it holds, and its oldest and newest use."""
+    """Where the cache is, how many traces and bytes it holds (mirrored URL inputs included), and its oldest and
+    newest use."""
     from stepscope.analyze.cache import cache_info
 
     found = cache_info(cache_dir)
     doc = {"location": str(found.location), "entries": len(found.entries), "bytes": found.total_bytes,
+           "mirrored_files": len(found.mirrors), "mirrored_bytes": found.mirror_bytes,
            "max_bytes": found.max_bytes, "oldest_use": _when(found.oldest_use_s),
            "newest_use": _when(found.newest_use_s)}
     if as_json:
@@ -55,6 +57,7 @@ def info(cache_dir: Path | None, as_json: bool) -> None:
         return
     click.echo(f"location:   {doc['location']}\n"
                f"entries:    {doc['entries']}\n"
+               f"mirrored:   {len(found.mirrors)} files of URL inputs ({_size(found.mirror_bytes)})\n"
                f"size:       {_size(found.total_bytes)} (limit: {_size(found.max_bytes)})\n"
                f"oldest use: {doc['oldest_use'] or '-'}\n"
                f"newest use: {doc['newest_use'] or '-'}")
@@ -91,7 +94,7 @@ def prune_command(max_size: str | None, cache_dir: Path | None, as_json: bool) -
 @click.option("--dir", "cache_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help=_DIR_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def clear(cache_dir: Path | None, as_json: bool) -> None:
-    """Remove every cached trace (but those another process is using)."""
+    """Remove every cached trace (but those another process is using) and every mirrored URL input."""
     from stepscope.analyze.cache import prune
 
     _report(prune(cache_dir, 0), as_json)

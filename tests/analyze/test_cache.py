@@ -290,3 +290,31 @@ def test_a_copy_of_a_cached_file_is_named_as_given(tmp_path: Path) -> None:
     assert (a.meta.source.path, a.source_name) == (str(first.resolve()), "worker0.pt.trace.json")
     assert (b.meta.source.path, b.source_name) == (str(copy.resolve()), "rank0.pt.trace.json")
     assert a.trace_id.startswith("worker0-") and b.trace_id.startswith("rank0-")
+
+
+def test_mirrored_url_inputs_count_toward_the_cache_and_are_evicted(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("fsspec")
+    # GIVEN two traces loaded as file:// URLs: each is mirrored under CACHE/remote, then ingested into an entry
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    cache = tmp_path / "xdg" / "stepscope"
+    for i, path in enumerate(_traces(tmp_path / "src", 2)):
+        load(f"file://{path}")
+        gc.collect()  # (the Trace lets go of its entry)
+        os.utime(cache / "remote" / "file" / path.relative_to("/").parent / f".{path.name}.remote",
+                 (1_000 + i, 1_000 + i))
+    # THEN cache info counts the mirrored files (once invisible to it, and never evicted): the slow sum of the files
+    # under remote/, markers included
+    on_disk = sum(f.stat().st_size for f in (cache / "remote").rglob("*") if f.is_file())
+    info = cache_info(cache)
+    assert len(info.mirrors) == 2 and info.mirror_bytes == on_disk > 0
+    assert info.total_bytes == sum(e.bytes for e in info.entries) + on_disk
+    assert [m.source for m in info.mirrors] == [f"file://{p.relative_to('/')}" for p in
+                                                sorted((tmp_path / "src").glob("*"))][:2]
+    text = CliRunner().invoke(cli, ["cache", "info", "--dir", str(cache)]).output
+    assert "mirrored:   2 files of URL inputs" in text
+    # AND a prune evicts them by last use with the entries, and clear removes them all
+    prune(cache, info.total_bytes - 1)
+    assert [m.last_used_s for m in cache_info(cache).mirrors] == [1_001]  # the one used at 1,000 went first
+    CliRunner().invoke(cli, ["cache", "clear", "--dir", str(cache)])
+    assert cache_info(cache).mirrors == () and not [f for f in (cache / "remote").rglob("*") if f.is_file()]
