@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> Any:
         exc.show()
         sys.exit(exc.exit_code)
     except StepscopeError as exc:
-        click.echo(f"stepscope: error: {exc}", err=True)
+        from stepscope.analyze.remote import as_given
+
+        click.echo(f"stepscope: error: {as_given(str(exc))}", err=True)  # (a URL input named as given)
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(0)

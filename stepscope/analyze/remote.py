@@ -91,7 +91,21 @@ def fetch(url: str, *, mirror: Path | None = None) -> list[Path]:
     if not names:
         raise InputError("no such file or directory", path=url)
     base = mirror or _default_mirror()
-    return [_copy(fs, scheme, str(name), base) for name in names]
+    copies = [_copy(fs, scheme, str(name), base) for name in names]
+    for name, copy in zip(names, copies, strict=True):  # each named as the URL given names it
+        _MIRRORED[str(copy)] = _given(url, root, str(name))
+    return copies
+
+
+def _given(url: str, root: str, name: str) -> str:
+    """The URL of the listed file `name` as the user's `url` (whose path the backend read as `root`) spells it:
+    `memory://fleet/a.json`, not the backend's `memory:///fleet/a.json`."""
+    if name == root:
+        return url
+    stem = root.rstrip("/")
+    if not _GLOB.search(root) and name.startswith(stem + "/"):
+        return url.rstrip("/") + name[len(stem):]
+    return f"{url.split('://', 1)[0]}://{name}"  # (a glob's match: as the backend spells it)
 
 
 def _default_mirror() -> Path:
@@ -110,6 +124,18 @@ def _stamp(info: dict[str, Any]) -> str:
     """What tells a remote file's version: its size, modification time and ETag, where the backend says them."""
     keys = ("size", "mtime", "LastModified", "last_modified", "updated", "ETag", "etag", "md5Hash", "created")
     return json.dumps({k: str(info[k]) for k in keys if k in info}, sort_keys=True)
+
+
+#: each mirror this process fetched or found -> the URL it mirrors (`as_given`)
+_MIRRORED: dict[str, str] = {}
+
+
+def as_given(text: str) -> str:
+    """`text` (an error line) with every local mirror this process used named by its URL, as the user gave it:
+    "s3://b/run/rank0.json: empty file", not the path under the cache."""
+    for local, url in sorted(_MIRRORED.items(), key=lambda kv: -len(kv[0])):  # (longest first: no prefix clash)
+        text = text.replace(local, url)
+    return text
 
 
 def _copy(fs: Any, scheme: str, name: str, base: Path) -> Path:

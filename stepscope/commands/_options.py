@@ -123,7 +123,9 @@ def emit_result(result: Any, fmt: OutputFormat, output: Path | None, *, table: s
 def echo_failure(line: str) -> None:
     """One failed file of a batch, in one line naming it (errors.failure_line), on stderr; the batch goes on
     (see `end_batch`)."""
-    click.echo(f"stepscope: error: {line}", err=True)
+    from stepscope.analyze.remote import as_given
+
+    click.echo(f"stepscope: error: {as_given(line)}", err=True)  # (a URL input named as given)
 
 
 def end_batch(failed: Sequence[object], total: int) -> None:

@@ -124,3 +124,20 @@ def test_without_fsspec_one_line_says_what_to_install(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "fsspec", None)
     with pytest.raises(InputError, match=r"gs://b/k.json: reading URLs needs fsspec, .*'stepscope\[fsspec\]'"):
         resolve("gs://b/k.json")
+
+
+def test_a_bad_remote_trace_is_named_by_its_url(bucket: tuple[str, Path], capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:
+    # GIVEN a URL of an empty file WHEN a command reads it THEN its one line names the URL, not the local mirror
+    # under the cache (once "…/stepscope/remote/memory/fleet/jobA/empty.json: empty file")
+    url, _ = bucket
+    fsspec.filesystem("memory").pipe("/fleet/jobA/empty.json", b"")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["summary", f"{url}/jobA/empty.json"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"stepscope: error: {url}/jobA/empty.json: empty file"]
+    # AND so does a batch's line for that file, the rest ingested
+    with pytest.raises(SystemExit):
+        main(["ingest", f"{url}/jobA", "-o", str(tmp_path / "ds"), "-q"])
+    err = capsys.readouterr().err
+    assert f"stepscope: error: {url}/jobA/empty.json: empty file" in err and "/remote/" not in err
