@@ -75,7 +75,8 @@ def _report(result: PruneResult, as_json: bool) -> None:
 
 @command.command("prune")
 @click.option("--max-size", "max_size", metavar="SIZE", default=None,
-              help="Evict least recently used traces down to SIZE (e.g. 5G; default: the cache's limit).")
+              help="Evict least recently used traces down to SIZE (e.g. 5G; 0 evicts every one, unlike "
+                   "STEPSCOPE_CACHE_MAX=0, which means no limit; default: the cache's limit).")
 @click.option("--dir", "cache_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help=_DIR_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def prune_command(max_size: str | None, cache_dir: Path | None, as_json: bool) -> None:

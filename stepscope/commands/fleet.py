@@ -41,6 +41,8 @@ def command(source: Path, where: tuple[str, ...], sort: str | None, desc: bool, 
     out_fmt = chosen.pop() if chosen else "table"
     if out_fmt == "parquet" and output is None:
         raise click.UsageError("--format parquet writes a file: give -o FILE")
+    if desc and sort is None:  # (it would be ignored: the rows are in input order without a sort)
+        raise click.UsageError("--desc orders by --sort COLUMN: give the column")
 
     from stepscope._io import check_output_path
     from stepscope.analyze.fleet import column_name, fleet, parse_condition, select_rows

@@ -48,7 +48,7 @@ def command(paths: tuple[Path, ...], dataset: Path, jobs: int | None, force: boo
         import_ray()  # (not installed: one line saying how, before the dataset directory is made)
     existed = dataset.exists()
     output_dir(dataset)
-    show = not quiet and not as_json
+    show = not quiet and not as_json and sys.stderr.isatty()  # (in a log a bar's label is a stray line)
     with click.progressbar(length=total, label="ingesting", file=sys.stderr,
                            hidden=not show, show_pos=True) as bar:
         def done(outcome: FileOutcome) -> None:

@@ -353,8 +353,9 @@ def _run_path(analysis: RunAnalysis, source: str) -> tuple[list[Section], list[s
 
 
 def _progress(found: Iterator[T], total: int) -> Iterator[T]:
-    """A progress bar on stderr for two traces or more."""
-    if total < 2:
+    """A progress bar on stderr for two traces or more, where stderr is a terminal (in a log a bar's label is a
+    stray line)."""
+    if total < 2 or not sys.stderr.isatty():
         yield from found
         return
     with click.progressbar(found, length=total, label="reporting", file=sys.stderr) as bar:

@@ -167,6 +167,7 @@ def test_a_worker_killed_by_its_trace_fails_that_row_and_the_others_are_computed
     (["--format", "parquet"], "--format parquet writes a file"),
     (["--json", "--csv"], "conflicting output formats"),
     (["--address", "auto"], "--address names a Ray cluster"),
+    (["--desc"], "--desc orders by --sort COLUMN"),
 ])
 def test_cli_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
     out = CliRunner().invoke(cli, ["fleet", str(_job(tmp_path / "src")), *args])
