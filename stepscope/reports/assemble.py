@@ -270,8 +270,10 @@ def fleet_section(stats: FleetStats, rows: list[dict[str, Any]], *, source: str 
         id="fleet", title="Fleet", headline=headline, notes=notes,
         figures=[Figure(title=t, png=png) for t, png in pngs if png is not None],
         tables=[_verdict_table(stats), _spread_table(stats),
-                _worst_table(stats.lowest_busy, f"Worst runs: the {len(stats.lowest_busy)} with the lowest GPU busy"),
-                _worst_table(stats.longest_p95, f"Worst runs: the {len(stats.longest_p95)} with the longest p95 step")],
+                _worst_table(stats.lowest_busy,
+                             f"Worst traces: the {len(stats.lowest_busy)} with the lowest GPU busy"),
+                _worst_table(stats.longest_p95,
+                             f"Worst traces: the {len(stats.longest_p95)} with the longest p95 step")],
     )
 
 

@@ -131,14 +131,14 @@ def test_the_index_fleet_section_agrees_with_the_fleet_command(tmp_path: Path) -
     by_busy = sorted((r for r in fleet_rows if r["gpu_busy_fraction"] is not None),
                      key=lambda r: r["gpu_busy_fraction"])
     by_p95 = sorted((r for r in fleet_rows if r["step_p95_ns"] is not None), key=lambda r: -r["step_p95_ns"])
-    assert hrefs_after(page, "Worst runs: the 5 with the lowest GPU busy") == \
+    assert hrefs_after(page, "Worst traces: the 5 with the lowest GPU busy") == \
         [f"{Path(r['path']).name.removesuffix('.json')}/index.html" for r in by_busy] == \
         [f"{n}.pt.trace/index.html" for n in "ebcad"]
-    assert hrefs_after(page, "Worst runs: the 5 with the longest p95 step") == \
+    assert hrefs_after(page, "Worst traces: the 5 with the longest p95 step") == \
         [f"{Path(r['path']).name.removesuffix('.json')}/index.html" for r in by_p95]
-    busy = [float(cells[2]) for cells in table_after(page, "Worst runs: the 5 with the lowest GPU busy")]
+    busy = [float(cells[2]) for cells in table_after(page, "Worst traces: the 5 with the lowest GPU busy")]
     assert busy == pytest.approx([r["gpu_busy_fraction"] for r in by_busy])
-    for href in hrefs_after(page, "Worst runs: the 5 with the lowest GPU busy"):
+    for href in hrefs_after(page, "Worst traces: the 5 with the lowest GPU busy"):
         assert (tmp_path / "out" / href).is_file()
     # and the spread table's median step p50 is the median of the traces' p50s
     spread = table_after(page, "Spread across traces (each trace&#39;s figure; p50, p90: of the traces)")
