@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from stepscope.analyze._text import NO_STEPS
-from stepscope.commands._options import trace_argument
+from stepscope.commands._options import graph_capture_option, trace_argument
 from stepscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -25,23 +25,27 @@ KINDS = ("timeline", "steps", "gaps", "kernels", "ops", "memory", "snapshot", "t
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="PNG file to write (atomically).")
 @click.option("--step", type=int, default=None, help="timeline: the step to show (default: the median-duration step).")
-def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
+@graph_capture_option
+def command(kind: str, trace: Path, output: Path, step: int | None, graph_capture: Path | None) -> None:
     """Write one PNG: timeline (GPU work of one step per device/stream, by kernel category, idle shaded by
     cause), steps (CPU phases and GPU busy/idle per step), gaps (idle by cause, gap-length histogram),
     kernels (GPU time by category, top kernels), ops (top ops by self CPU and device time), memory
     (allocated/reserved over time, peak marked; by category for an export_memory_timeline file) or
     snapshot (a CUDA memory snapshot .pickle, or a directory holding one, as TRACE) or transfers (copy time and
     bytes per step) or roofline (ops as points on the device's roofline, log-log, sized by GPU time).
+    A trace of CUDA/HIP graph replays with a profile of the graph capture (--graph-capture, or found in its run
+    directory) has its replayed kernels attributed to their ops, as `ops`, `flops` and the report have.
     A figure with nothing to draw is an error (exit code 2), the file not written."""
     from stepscope._io import atomic_write_bytes, check_output_path
-    from stepscope.analyze import load
     from stepscope.analyze.bundle import TraceAnalysis
+    from stepscope.analyze.graphs import load_replayed, locate_capture
     from stepscope.analyze.inputs import MemoryTimeline, memory_file, resolve
 
     png: bytes | None
     check_output_path(output)
     # a snapshot, or the one a directory (a capture run's) holds
-    source = memory_file(trace, "snapshot") if kind == "snapshot" else resolve(trace)
+    with_capture = graph_capture is not None or (kind != "snapshot" and locate_capture(trace).capture is not None)
+    source = memory_file(trace, "snapshot") if kind == "snapshot" else None if with_capture else resolve(trace)
     if isinstance(source, Path) or (kind == "memory" and isinstance(source, MemoryTimeline)):
         from stepscope.reports import memory_figures  # matplotlib: imported only when a figure is drawn
 
@@ -59,7 +63,8 @@ def command(kind: str, trace: Path, output: Path, step: int | None) -> None:
         atomic_write_bytes(output, png, create_parents=False)
         click.echo(f"wrote {output}", err=True)
         return
-    bundle = TraceAnalysis.of(load(source))
+    frames, _choice = load_replayed(trace, graph_capture)  # (the trace itself where no capture is given or found)
+    bundle = TraceAnalysis.of(frames)
     draw, empty = _TRACE_FIGURES[kind]
     png = draw(bundle, step)
     if png is None:

@@ -64,3 +64,21 @@ def test_plot_roofline(corpus: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert mpimg.imread(out).shape[1] > 600
 
+
+
+def test_plot_maps_graph_replays_through_the_capture_profile(tmp_path: Path) -> None:
+    # GIVEN the CUDA-graph sample: a replay trace and, in its run directory, a profile of the graph capture
+    run = Path(__file__).resolve().parents[2] / "sample_traces" / "cuda_graph_replay_cuda"
+    # WHEN the roofline is plotted THEN the replayed GEMMs are on it through their ops, as `flops` and the report
+    # have them (once refused: "no op in this trace has a FLOP count (see `stepscope flops`)", which counts them)
+    res = CliRunner().invoke(cli, ["plot", "roofline", str(run), "-o", str(tmp_path / "r.png")])
+    assert res.exit_code == 0, res.output
+    assert mpimg.imread(str(tmp_path / "r.png")).shape[0] > 100
+    # AND --graph-capture names a profile as `ops` takes it
+    capture = next(run.rglob("*graph_capture*.json.gz"))
+    trace_file = next(p for p in run.glob("*.pt.trace.json.gz") if p != capture)
+    res = CliRunner().invoke(cli, ["plot", "roofline", str(trace_file), "--graph-capture", str(capture), "-o",
+                                   str(tmp_path / "r2.png")])
+    assert res.exit_code == 0, res.output
+    alone = CliRunner().invoke(cli, ["plot", "roofline", str(trace_file), "-o", str(tmp_path / "r3.png")])
+    assert alone.exit_code != 0 and not (tmp_path / "r3.png").exists()  # the replay trace alone has no FLOP op
