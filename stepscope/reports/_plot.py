@@ -6,6 +6,7 @@ pyplot is reached only through `subplots` here, so every figure is drawn off-scr
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any, cast
 
 import matplotlib
@@ -15,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.layout_engine import PlaceHolderLayoutEngine  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogFormatterSciNotation, MaxNLocator, MultipleLocator  # noqa: E402
 
 from stepscope.reports.units import human_bytes  # noqa: E402
 
@@ -91,6 +92,24 @@ def bytes_axis(ax: Any, axis: str = "y") -> None:
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_locator(MultipleLocator(step * unit))
     target.set_major_formatter(FuncFormatter(lambda v, _p: human_bytes(v)))
+
+
+class _LogLabels(LogFormatterSciNotation):
+    """A log axis's tick labels where matplotlib would put them (the decades, and the ticks between where the axis
+    spans too little for decades alone), written by `fmt`, not in its own 2×10^3 notation beside our units."""
+
+    def __init__(self, fmt: Callable[[float], str]) -> None:
+        super().__init__(labelOnlyBase=False)
+        self._fmt = fmt
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return self._fmt(x) if super().__call__(x, pos) else ""
+
+
+def log_labels(axis: Any, fmt: Callable[[float], str]) -> None:
+    """Label a log-scaled `axis` (ax.xaxis / ax.yaxis) with `fmt`, its minor ticks where they are labelled too."""
+    axis.set_major_formatter(_LogLabels(fmt))
+    axis.set_minor_formatter(_LogLabels(fmt))
 
 
 def ns_tick(v: float) -> str:

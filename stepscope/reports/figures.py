@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from stepscope.reports._plot import ns_axis, ns_tick, spans, style, subplots, to_png
+from stepscope.reports._plot import log_labels, ns_axis, ns_tick, spans, style, subplots, to_png
 from stepscope.reports.labels import literal, short, short_labels, top_kernels
 from stepscope.reports.palette import color, idle_color, path_color
 from stepscope.reports.units import human_ns
@@ -290,9 +290,11 @@ def roofline_figure(result: RooflineResult, n: int = 12) -> bytes | None:
         near = sum(1 for px, py in placed if abs(px - at[0]) < 0.15 and abs(py - at[1]) < 0.15)
         placed.append(at)
         ax.annotate(short(row["name"].removeprefix("aten::"), 28), (row["intensity_flop_per_byte"], row["tflops"]),
-                    xytext=(4, 4 - 9 * near), textcoords="offset points", fontsize=7)
+                    xytext=(6, 4 - 11 * near), textcoords="offset points", fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    log_labels(ax.xaxis, lambda v: f"{v:g}")
+    log_labels(ax.yaxis, lambda v: f"{v:g}")  # (once 9×10^2 between 480 and 1000 TFLOP/s)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.set_title("Ops against the roofline (point size: GPU time)", fontsize=11, loc="left")
@@ -421,7 +423,7 @@ def gaps_figure(result: GapsResult, n_labels: int = 3) -> bytes | None:
     bins = np.logspace(np.log10(lo), np.log10(hi * 1.0001) if hi > lo else np.log10(lo) + 1, 30)
     heights, _edges, _patches = hist_ax.hist(dur, bins=bins, weights=dur, color=color("idle"), edgecolor="#777777")
     hist_ax.set_xscale("log")
-    hist_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: ns_tick(v)))
+    log_labels(hist_ax.xaxis, ns_tick)  # (minor ticks too: once "1 µs, 2×10^3, 3×10^3")
     tallest = float(heights.max(initial=0)) or 1.0
     hist_ax.set_ylim(0, tallest * 1.6)  # headroom: the box of the longest gaps sits above the bars
     hist_ax.set_ylabel(f"idle time in the bin ({ns_axis(hist_ax, 'y', top=tallest * 1.6)})")
@@ -470,7 +472,7 @@ def _bandwidth_panel(ax: Any, copies: pl.DataFrame) -> None:
                    edgecolors=color("peak"), linewidths=1.4, label="pageable (host memory not pinned)", zorder=4)
     if drawn.any():
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+        log_labels(ax.yaxis, lambda v: f"{v:g}")
         ax.margins(y=0.25)
     else:
         ax.set_yticks([])
