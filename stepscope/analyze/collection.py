@@ -58,6 +58,8 @@ class RunFacts:
     baseline_step_ns: float | None
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    #: the manifest's profiled mean / baseline mean, the ratio `stepscope capture` printed (None where unmeasured)
+    overhead_ratio: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +290,8 @@ def run_facts(manifests: Sequence[Path]) -> RunFacts | None:
         baseline_step_ns=float(baseline) if isinstance(baseline, (int, float)) and baseline else None,
         notes=[str(n) for n in first.get("notes") or []],
         error=str(first["error"]) if first.get("error") else None,
+        overhead_ratio=(float(first["overhead_ratio"]) if isinstance(first.get("overhead_ratio"), (int, float))
+                        and not isinstance(first.get("overhead_ratio"), bool) else None),
     )
 
 

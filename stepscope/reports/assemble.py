@@ -101,10 +101,9 @@ def _run_section(facts: RunFacts, rows: Sequence[dict[str, Any]]) -> Section:
     if facts.baseline_step_ns:
         headline.append(("baseline step (mean, unprofiled)", human_ns(facts.baseline_step_ns)))
     if profiled:
-        med = profiled[len(profiled) // 2]
-        headline.append(("profiled step (median)", human_ns(med)))
-        if facts.baseline_step_ns:
-            headline.append(("profiled / baseline", f"{med / facts.baseline_step_ns:.2f}x"))
+        headline.append(("profiled step (median)", human_ns(profiled[len(profiled) // 2])))
+    if facts.overhead_ratio is not None:  # the capture's own ratio of means, the one `stepscope capture` printed
+        headline.append(("profiled / baseline (means)", f"{facts.overhead_ratio:.2f}x"))
     notes = list(facts.notes) + ([f"capture error: {facts.error}"] if facts.error else [])
     return Section(id="run", title="Capture run", headline=headline, notes=notes)
 

@@ -109,7 +109,10 @@ def test_sample_run(tmp_path: Path) -> None:
     code, out = run("report", str(tmp_path / "run"), "-o", str(tmp_path / "out"))
     assert code == 0, out
     index = (tmp_path / "out" / "index.html").read_text()
-    assert "profiled / baseline" in index
+    # the capture's own ratio of means, as `stepscope capture` printed it (once the median step over the mean
+    # baseline: 0.65x on a run whose capture said 0.55x)
+    ratio = json.loads((sample / "manifest.json").read_text())["overhead_ratio"]
+    assert f"profiled / baseline (means)</dt><dd>{ratio:.2f}x" in index.replace("\n", "")
     assert 'id="memory-categories"' in index and "activation" in index  # the run's export_memory_timeline file
     # AND a run of one rank is that rank's report in the index: no second copy of it that nothing links
     assert 'id="steps"' in index
