@@ -128,7 +128,7 @@ def timeline_figure(timeline: GpuTimeline | None) -> bytes | None:
     if not causes:
         handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#999999"))
     fig.legend(handles, [*names, *idle_labels], loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=min(len(handles), 8), fontsize=8, frameon=False)
+               ncol=min(len(handles), 6), fontsize=8, frameon=False)  # (8 ran past a 12-inch figure)
     style(ax)
     fig.tight_layout()
     return to_png(fig)
