@@ -71,5 +71,8 @@ def command(out_dir: Path, overwrite: bool, skip_first: int, baseline: int, wait
     profiled = (session.manifest.get("profiled") or {}).get("steps")
     steps = (f"{profiled:,} of {session.steps_seen:,} steps profiled" if isinstance(profiled, int)
              else f"{session.steps_seen:,} steps")
-    click.echo(f"{out_dir}: {plural(traces, 'trace')}, {steps}{overhead}; "
+    env = session.manifest.get("distributed") or {}
+    rank = env.get("rank") if isinstance(env, dict) and (env.get("world_size") or 1) > 1 else None
+    who = f"rank {rank}: " if rank is not None else ""  # (under torchrun each rank's process says its own)
+    click.echo(f"{who}{out_dir}: {plural(traces, 'trace')}{' of this rank' if who else ''}, {steps}{overhead}; "
                f"next: stepscope report {out_dir}", err=True)

@@ -124,6 +124,8 @@ def capture_gloo_run(tmp_path: Path, script_text: str, *, stack: bool = False) -
         if done.returncode == 0 or "terminate called without an active exception" not in done.stderr:
             break
     assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):  # each rank's process says which rank its line is (once two unlabelled "1 trace" lines)
+        assert f"rank {rank}: {run}: 1 trace of this rank, " in done.stderr, done.stderr[-3000:]
     return run
 
 
