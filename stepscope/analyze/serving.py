@@ -323,14 +323,15 @@ class ServingResult:
     source: str
     iterations_found: int
     mixed_iterations: int
-    wall_ns: int
+    wall_ns: int | None  # None without iterations (no wall to speak of, not 0 ns)
     gpu_busy_fraction: float | None
     tokens: int | None
     tokens_per_s: int | None
     note: str
     phases: pl.DataFrame
     iterations: pl.DataFrame
-    gpu_wait_ns: int = 0  # the GPU's start after the first launch, summed over the iterations that waited long
+    #: the GPU's start after the first launch, summed over the iterations that waited long; None without iterations
+    gpu_wait_ns: int | None = 0
 
     @property
     def line(self) -> str | None:
@@ -367,8 +368,8 @@ def _empty(trace: Trace) -> ServingResult:
     if startup:
         note += (" (it holds vLLM's start-up dummy runs and graph capture, not served requests: profile the "
                  "serving run, e.g. with --profiler-config)")
-    return ServingResult(engine=None, source="none", iterations_found=0, mixed_iterations=0, wall_ns=0,
-                         gpu_busy_fraction=None, tokens=None, tokens_per_s=None, note=note,
+    return ServingResult(engine=None, source="none", iterations_found=0, mixed_iterations=0, wall_ns=None,
+                         gpu_wait_ns=None, gpu_busy_fraction=None, tokens=None, tokens_per_s=None, note=note,
                          phases=pl.DataFrame(schema=PHASES_SCHEMA), iterations=pl.DataFrame(schema=ITERATIONS_SCHEMA))
 
 
