@@ -598,5 +598,5 @@ def expect_trace(inp: Input) -> OneTrace:
     traces = traces_of(inp)
     if len(traces) == 1:
         return IngestedTrace(path=traces[0]) if traces[0].is_dir() else TraceFile(path=traces[0])
-    raise UsageError(f"is {describe(inp)}; pass one trace file, or use `stepscope report` (--batch for a "
-                     "directory) or `stepscope ingest` for many", path=inp.path)
+    raise UsageError(f"is {describe(inp)}; pass one trace file, or use `stepscope report` (one page per trace) or "
+                     "`stepscope ingest` for many", path=inp.path)
