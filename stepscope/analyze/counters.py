@@ -47,6 +47,8 @@ from stepscope.analyze.nesting import Nested
 from stepscope.analyze.schema import GPU_KINDS, Kind
 from stepscope.analyze.trace import Trace
 
+#: the name CUPTI gives a range whose kernel it could not name, and how `counters` shows it
+CUPTI_NO_NAME, NO_NAME = "__missing__", "(no kernel name recorded)"
 #: the category Kineto gives each kernel the CUPTI range profiler measured
 RANGE_CATEGORY = "cuda_profiler_range"
 
@@ -91,7 +93,9 @@ def counter_ranges(source: Source) -> CountersResult:
     counters = list(dict.fromkeys(name for v in read for name in v))
     launches = _launch_calls(trace) if events.height else pl.DataFrame()
     matched = events.height > 0 and launches.height == events.height
-    ranges = events.select(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("range"), "name")
+    # CUPTI names a kernel it could not name `__missing__`: said so, not passed on as if it were a kernel's name
+    ranges = events.select(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("range"),
+                           pl.col("name").replace(CUPTI_NO_NAME, NO_NAME))
     ranges = ranges.with_columns(_ops(trace, launches) if matched else [
         pl.lit(None, pl.String).alias(c) for c in ("op", "top_op", "python")])
     columns = [pl.Series(name, [v.get(name) for v in read], strict=False) for name in counters]
