@@ -46,7 +46,10 @@ def info(cache_dir: Path | None, as_json: bool) -> None:
     """Where the cache is, how many traces and bytes it holds (mirrored URL inputs included), and its oldest and
     newest use."""
     from stepscope.analyze.cache import cache_info
+    from stepscope.errors import InputError
 
+    if cache_dir is not None and not cache_dir.is_dir():  # (a typo would read as an empty cache)
+        raise InputError("no such directory: no cache there", path=cache_dir)
     found = cache_info(cache_dir)
     doc = {"location": str(found.location), "entries": len(found.entries), "bytes": found.total_bytes,
            "mirrored_files": len(found.mirrors), "mirrored_bytes": found.mirror_bytes,

@@ -19,7 +19,7 @@ from stepscope.analyze import cache as cache_module
 from stepscope.analyze.cache import cache_info, parse_size, prune
 from stepscope.analyze.trace import load
 from stepscope.cli import cli
-from stepscope.errors import UsageError
+from stepscope.errors import InputError, UsageError
 
 
 def _traces(directory: Path, n: int, kernels: int = 3) -> list[Path]:
@@ -217,6 +217,9 @@ def test_cache_cli_info_prune_clear(tmp_path: Path) -> None:
     assert cache_info(cache).entries == ()
     bad = runner.invoke(cli, ["cache", "prune", "--dir", str(cache), "--max-size", "lots"])
     assert isinstance(bad.exception, UsageError)
+    # a --dir that is not there is said to be so (once an empty cache of 0 entries, exit 0)
+    missing = runner.invoke(cli, ["cache", "info", "--dir", str(tmp_path / "typo")])
+    assert isinstance(missing.exception, InputError) and "no cache there" in str(missing.exception)
 
 
 def test_a_cached_trace_pickles_without_its_hold(tmp_path: Path) -> None:
