@@ -472,11 +472,7 @@ def build_graph(source: Source, *, annotation: str | None = None) -> DependencyG
     main = (str(windows["pid"][0]), str(windows["tid"][0])) if windows.height else _main_thread(frames)
     if windows.height == 0 or main is None:
         return _empty(window_kind)
-    # from the first step's CPU start: in a GPU-bound loop the CPU runs ahead, and a step's window begins where the
-    # GPU reached its work, after its launches; without them in the graph its GPU work would be bound by nothing
-    # but stream order, and a faster GPU (what-if) could run it before the CPU had issued it
-    lo = int(min(windows["start_ns"].min(), windows["cpu_start_ns"].min()))  # type: ignore[type-var, arg-type]
-    hi = int(windows["end_ns"].max())  # type: ignore[arg-type]
+    lo, hi = _graph_span(windows)
 
     gpu = _gpu_events(frames, lo, hi).with_row_index("g")
     threads = pl.concat([
@@ -775,12 +771,21 @@ def _wake_edges(slices: pl.DataFrame, bounds: pl.DataFrame, threads: pl.DataFram
                 lane=pl.format("thread {}/{}", "pid", "tid"), pid="pid", tid="tid", point_ns="t")
 
 
+def _graph_span(windows: pl.DataFrame) -> tuple[int, int]:
+    """The times the graph covers: from the first step's window or CPU start, whichever is earlier, to the last
+    window's end. From the CPU start: in a GPU-bound loop the CPU runs ahead, and a step's window begins where the
+    GPU reached its work, after its launches; without them in the graph its GPU work would be bound by nothing but
+    stream order, and a faster GPU (what-if) could run it before the CPU had issued it."""
+    lo = min(windows["start_ns"].min(), windows["cpu_start_ns"].min())  # type: ignore[type-var]
+    return int(lo), int(windows["end_ns"].max())  # type: ignore[arg-type]
+
+
 def _finish(nodes: pl.DataFrame, parts: list[pl.DataFrame], windows: pl.DataFrame, gpu: pl.DataFrame,
             by_step: pl.DataFrame | None, queued: pl.DataFrame, main: tuple[str, str], n_cpu: int,
             bounds: pl.DataFrame, window_kind: str, latency: int | None, samples: int | None) -> DependencyGraph:
     """Join the edge frames `parts` (emptied here, so that they are freed once joined), order the nodes, drop
-    edges against the order, set the measured weights, index the step windows (`queued`: the GPU work launched
-    before the trace, `gpu_ends` rows of a null step)."""
+    edges against the order, set the measured weights, index the step windows (`queued`: the GPU work the first
+    step waits for, `window.queued_expr`: `gpu_ends` rows of a null step)."""
     edges = pl.concat(parts).filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
     parts.clear()
     t = nodes["t_ns"].to_numpy()
@@ -792,8 +797,7 @@ def _finish(nodes: pl.DataFrame, parts: list[pl.DataFrame], windows: pl.DataFram
     main_nodes = bounds.filter((pl.col("pid") == main[0]) & (pl.col("tid") == main[1])).select("node", "t")
     if windows["step"].null_count() == windows.height:  # no steps: the window is what the graph covers
         windows = windows.with_columns(start_ns=pl.lit(int(t.min())), end_ns=pl.lit(int(t.max())))
-    lo = int(min(windows["start_ns"].min(), windows["cpu_start_ns"].min()))  # type: ignore[type-var, arg-type]
-    hi = int(windows["end_ns"].max())  # type: ignore[arg-type]
+    lo, hi = _graph_span(windows)
     win = (windows.with_columns(cs=pl.col("cpu_start_ns").clip(lo, hi), ce=pl.col("cpu_end_ns").clip(lo, hi))
            .join(main_nodes.rename({"node": "cpu_start_node", "t": "cs"}), on="cs", how="left", maintain_order="left")
            .join(main_nodes.rename({"node": "cpu_end_node", "t": "ce"}), on="ce", how="left", maintain_order="left")
