@@ -252,10 +252,10 @@ def load(path: str | Path | Input, *, cache_dir: Path | None = None) -> Trace:
     # processes loading one file ingest it once, and the entry stays whole while this Trace lives (analyze/cache.py)
     target, lease = open_entry(cache, sha,
                                lambda entry: ingest_trace(source, entry, force=True, jobs=usable_cores(), sha256=sha))
-    return Trace(directory=target, meta=as_given(read_meta(target), source, sha), lease=lease)
+    return Trace(directory=target, meta=_meta_as_given(read_meta(target), source, sha), lease=lease)
 
 
-def as_given(meta: TraceMeta, source: Path, sha: str) -> TraceMeta:
+def _meta_as_given(meta: TraceMeta, source: Path, sha: str) -> TraceMeta:
     """`meta` of a cache entry as the file `source` names it: the entry is keyed by content, so its meta.json names
     whichever file of that content was read first (a copy in another run's directory, a file since renamed);
     `info`, `fleet` and the report name the file given, and its trace id."""
