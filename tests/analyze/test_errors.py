@@ -35,6 +35,7 @@ def _bad_files(tmp: Path) -> dict[str, tuple[Path, str]]:
         "non_utf8": (GOOD.replace(b'"aten::mm"', b'"aten::mm" \xff\xfe'), "UTF-8"),
         "events_not_objects": (json.dumps({"traceEvents": [1, 2, 3]}).encode(), "not an event object"),
         "top_level_number": (b"42", "not a JSON trace file"),
+        "utf8_bom": (b"\xef\xbb\xbf" + GOOD, "byte order mark"),
     }
     out = {}
     for name, (data, needle) in cases.items():
@@ -46,7 +47,7 @@ def _bad_files(tmp: Path) -> dict[str, tuple[Path, str]]:
 
 @pytest.mark.parametrize("case", ["truncated_json", "corrupt_gzip", "truncated_gzip", "not_a_trace",
                                   "wrong_type_png", "empty_file", "empty_trace", "only_metadata", "non_utf8",
-                                  "events_not_objects", "top_level_number"])
+                                  "events_not_objects", "top_level_number", "utf8_bom"])
 def test_each_bad_input_is_one_clear_error_and_leaves_nothing(case: str, tmp_path: Path) -> None:
     path, needle = _bad_files(tmp_path / "in")[case]
     out = tmp_path / "out"
