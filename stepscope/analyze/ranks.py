@@ -36,8 +36,8 @@ cause, in the call where it cost most:
 
 and the cause is the largest (compute, then data loading, then the late start, on a tie). For host delay,
 what the host did meanwhile: the innermost CPU op and the user's Python line (`blame.python_lines`) on the
-rank's step thread at its arrival minus half the host delay. The run's straggler is `collectives'` (most last
-arrivals overall). param/dlrm_kineto: rank 7 is 4.67 ms late to its costliest call, 4.52 ms of it from entering
+rank's step thread at its arrival minus half the host delay. The run's straggler is `collectives'` (the costliest
+late arrivals overall). param/dlrm_kineto: rank 7 is 4.67 ms late to its costliest call, 4.52 ms of it from entering
 the step after the others (late_start), not from the host inside the step.
 """
 
@@ -67,8 +67,8 @@ from stepscope.analyze.window import with_step
 class Cause(enum.StrEnum):
     """Why a straggler arrived late (see the module docstring)."""
 
-    COMPUTE = "compute"
-    DATA_LOADING = "data_loading"
+    COMPUTE = "excess_compute"
+    DATA_LOADING = "excess_data_loading"
     LATE_START = "late_start"
     HOST_DELAY = "host_delay"
 

@@ -110,9 +110,14 @@ def test_synthetic_run_offsets_skew_latency_waits_exactly(tmp_path: Path) -> Non
     waits = res.waits.filter(pl.col("call") == calls["call"][0]).sort("rank")
     assert waits["wait_ns"].to_list() == [30 * US, 0, 20 * US]
     assert waits["arrival"].to_list() == [1, 3, 2]
-    # rank 1 arrives last twice; what it cost the others is their wait in those two calls
-    assert (res.straggler_rank, res.straggler_last_arrivals) == (1, 2)
-    assert res.straggler_wait_cost_ns == (30 + 20) * US + (50 + 40) * US
+    # rank 1 arrives last twice, costing the others (30 + 20) + (50 + 40) µs of wait; rank 2 once, in the
+    # barrier, costing 80 + 80 µs: the straggler is the rank whose late arrivals cost most, not the one last
+    # most often
+    cost = dict(res.waits.join(res.calls.select("call", "last_ranks"), on="call")
+                .filter(pl.col("rank").cast(pl.String) != pl.col("last_ranks"))
+                .group_by("last_ranks").agg(pl.col("wait_ns").sum()).iter_rows())
+    assert cost == {"1": (30 + 20 + 50 + 40) * US, "2": (80 + 80) * US}
+    assert (res.straggler_rank, res.straggler_last_arrivals, res.straggler_wait_cost_ns) == (2, 1, 160 * US)
 
 
 def test_synthetic_run_names_the_missing_rank_and_the_unmatched_call(tmp_path: Path) -> None:
