@@ -166,7 +166,7 @@ def nested(trace: Trace, frame: NestedFrame) -> Nested:
 
 
 #: a Python frame that names a source line: `path(N): function`
-_SOURCE_LINE = r"\(\d+\): "
+SOURCE_LINE = r"\(\d+\): "
 
 
 def source_frames(trace: Trace) -> pl.LazyFrame:
@@ -175,7 +175,7 @@ def source_frames(trace: Trace) -> pl.LazyFrame:
         <built-in method copy_ of Tensor object at 0x7f…>   -> skipped (it says nothing about where)
         train.py(88): train_step                            -> kept
     """
-    return trace.python.filter(pl.col("name").str.contains(_SOURCE_LINE))
+    return trace.python.filter(pl.col("name").str.contains(SOURCE_LINE))
 
 
 #: top-level packages whose frames are not where a user looks: torch's own stack, the compilers under it,
@@ -232,7 +232,7 @@ def stack_lines(stacks: pl.Series) -> pl.DataFrame:
     lines = (
         pl.LazyFrame({"stack": stacks.unique().drop_nulls()})
         .with_columns(frame=pl.col("stack").str.split(";")).explode("frame")
-        .filter(pl.col("frame").str.contains(_SOURCE_LINE))
+        .filter(pl.col("frame").str.contains(SOURCE_LINE))
         .with_columns(library=is_library_frame(pl.col("frame")),
                       frame=pl.col("frame").str.replace(_SITE_PREFIX, "").str.replace(_STDLIB_PREFIX, ""))
         .group_by("stack", maintain_order=True)  # (each stack's frames stay in their order: innermost first)

@@ -55,7 +55,7 @@ from stepscope.analyze._comm_events import comm_split, gpu_work
 from stepscope.analyze._comm_events import per_window as per_window  # re-exported: the window sums of `ranks`
 from stepscope.analyze._comm_run import RankCalls, RunCalls, parallel_map, run_calls
 from stepscope.analyze._text import numbered
-from stepscope.analyze.blame import innermost, python_lines
+from stepscope.analyze.blame import SOURCE_LINE, innermost, python_lines
 from stepscope.analyze.bundle import TraceAnalysis
 from stepscope.analyze.collectives import CollectivesResult, analyze_run
 from stepscope.analyze.loading import loading_intervals, merge
@@ -333,7 +333,8 @@ def _with_host_blame(stragglers: pl.DataFrame, ranks: dict[int, RankCalls]) -> p
 
 
 def _host_at(bundles: Sequence[TraceAnalysis], at_ns: int) -> tuple[str | None, str | None]:
-    """(innermost CPU op, user's Python line) at `at_ns` on the step thread of the trace that holds it."""
+    """(innermost CPU op, else innermost built-in Python call; user's Python line) at `at_ns` on the step thread
+    of the trace that holds it."""
     for b in bundles:
         t = b.trace.meta.time
         main = b.frames.main_thread
@@ -342,6 +343,8 @@ def _host_at(bundles: Sequence[TraceAnalysis], at_ns: int) -> tuple[str | None, 
         point = pl.DataFrame({"pid": [main[0]], "tid": [main[1]], "ts_ns": [at_ns]},
                              schema={"pid": pl.String, "tid": pl.String, "ts_ns": pl.Int64})
         op = innermost(b.trace.cpu_ops, point)["name"][0]
+        if op is None:  # no op: a builtin the host sat in (`<built-in function sleep>`), which names no line
+            op = innermost(b.trace.python.filter(~pl.col("name").str.contains(SOURCE_LINE)), point)["name"][0]
         line = python_lines(b.trace, point)[0][0]
         return op, line
     return None, None

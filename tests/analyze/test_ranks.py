@@ -24,11 +24,12 @@ ARGS: dict[str, Any] = {"Collective name": "allreduce", "In msg nelems": 1024, "
                         "Process Group Ranks": "[0, 1, 2]"}
 
 
-def rank_events(*, host_delay: float = 0, extra_compute: float = 0, extra_dl: float = 0,
+def rank_events(*, host_delay: float = 0, extra_compute: float = 0, extra_dl: float = 0, asleep: bool = False,
                 shift: float = 0) -> list[dict[str, Any]]:
     """One rank's step 1 (µs): data loading [0, 50 + extra_dl), compute [100, 300) (+ extra_dl), then
-    extra_compute more, then a host delay in train.py's slow_host; the all_reduce from 400 + the three delays
-    to 700 (every rank's ends together), and compute [550, 600) under it. `shift` moves the rank's clock."""
+    extra_compute more, then a host delay in train.py's slow_host (in aten::copy_, or in time.sleep where
+    `asleep`); the all_reduce from 400 + the three delays to 700 (every rank's ends together), and compute
+    [550, 600) under it. `shift` moves the rank's clock."""
     late = host_delay + extra_compute + extra_dl
     arrive = 400 + late
     events = [
@@ -41,12 +42,13 @@ def rank_events(*, host_delay: float = 0, extra_compute: float = 0, extra_dl: fl
     if extra_compute:
         events.append(kernel("sgemm", 300 + extra_dl, extra_compute, stream=7))
     if host_delay:
-        events += [python_fn("train.py(5): slow_host", arrive - host_delay, host_delay - 5),
-                   cpu_op("aten::copy_", arrive - host_delay + 1, host_delay - 10)]
+        inner = python_fn("<built-in function sleep>", arrive - host_delay + 1, host_delay - 10) if asleep else (
+            cpu_op("aten::copy_", arrive - host_delay + 1, host_delay - 10))
+        events += [python_fn("train.py(5): slow_host", arrive - host_delay, host_delay - 5), inner]
     return [{**e, "ts": e["ts"] + shift} for e in events]
 
 
-def write_run(directory: Path, late: dict[str, float], *, shifts: tuple[float, ...] = (0, 5000, -3000)) -> Path:
+def write_run(directory: Path, late: dict[str, Any], *, shifts: tuple[float, ...] = (0, 5000, -3000)) -> Path:
     """Three ranks of one step; rank 2 late as `late` says (rank_events' keywords); each rank on its own clock."""
     for r in range(3):
         events = rank_events(**(late if r == 2 else {}), shift=shifts[r])
@@ -91,6 +93,14 @@ def test_late_rank_by_host_delay_is_named_with_its_cost_and_line(tmp_path: Path)
     s = res.stragglers.row(0, named=True)
     assert (s["step"], s["straggler"], s["lateness_ns"], s["excess_compute_ns"], s["excess_data_loading_ns"],
             s["host_delay_ns"], s["cause"]) == (1, 2, 80 * US, 0, 0, 80 * US, "host_delay")
+
+
+def test_a_host_delay_with_no_op_names_the_builtin_the_host_sat_in(tmp_path: Path) -> None:
+    # GIVEN rank 2 late by 80 µs asleep in time.sleep (a Python builtin, no CPU op under it)
+    res = analyze(write_run(tmp_path / "run", {"host_delay": 80, "asleep": True}), tmp_path)
+    # THEN the builtin stands for the op (a builtin names no source line: the line is its caller's)
+    assert (res.straggler, res.straggler_cause) == (2, Cause.HOST_DELAY)
+    assert (res.straggler_host_op, res.straggler_host_line) == ("<built-in function sleep>", "train.py(5): slow_host")
 
 
 @pytest.mark.parametrize(("late", "cause", "excess"), [
