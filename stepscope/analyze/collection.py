@@ -167,7 +167,7 @@ def trace_row(bundle: TraceAnalysis) -> dict[str, Any]:
         "steps": steps.height,
         "median_step_ns": wall.median() if wall is not None else None,
         "p95_step_ns": wall.quantile(0.95, "linear") if wall is not None else None,
-        "gpu_busy_fraction": bundle.steps.mean_gpu_busy_fraction,
+        "gpu_busy_fraction": bundle.steps.gpu_busy_fraction,
         "gpu_idle_ns": steps["gpu_idle_ns"].mean() if steps.height else None,
         "idle_causes": shares or None,
         "window_busy_fraction": gaps.busy_fraction,

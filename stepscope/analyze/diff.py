@@ -23,7 +23,7 @@ class TraceDiff:
 
     `*_change_fraction` = (after - before) / before (null when before is 0/unknown).
 
-    *_median_step_ns: median step wall time and *_step_gpu_busy_fraction: mean GPU busy share per step,
+    *_median_step_ns: median step wall time and *_step_gpu_busy_fraction: GPU busy over the steps (busy / wall time),
       both from `step_breakdown` (steps.py: the step window includes the GPU work the step launched).
     *_trace_gpu_busy_fraction: union of GPU work (kernels, memcpy, memset, all devices merged) over the span from
       the first to the last GPU event (null without GPU work).
@@ -114,7 +114,7 @@ def _median_step(bundle: TraceAnalysis) -> tuple[int, int | None, float | None]:
     result = bundle.steps
     if result.steps.height == 0:
         return 0, None, None
-    return result.steps.height, int(result.steps["wall_ns"].median()), result.mean_gpu_busy_fraction  # type: ignore[arg-type]
+    return result.steps.height, int(result.steps["wall_ns"].median()), result.gpu_busy_fraction  # type: ignore[arg-type]
 
 
 def diff_traces(before: Source | TraceAnalysis, after: Source | TraceAnalysis, *, top: int = 15) -> TraceDiff:

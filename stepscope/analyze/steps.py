@@ -66,7 +66,7 @@ class StepsResult:
 
     steps_found: int
     mean_wall_ns: float | None
-    mean_gpu_busy_fraction: float | None
+    gpu_busy_fraction: float | None  # over all the steps: their GPU busy time / their wall time (not a mean of ratios)
     mean_data_loading_ns: float | None
     mean_data_loading_exposed_ns: float | None
     outlier_steps: list[int]
@@ -280,7 +280,7 @@ def idle_by_cause(gaps: GapsResult, windows: pl.DataFrame) -> pl.DataFrame:
 
 def _no_steps(modules: pl.DataFrame) -> StepsResult:
     """The result for a trace without ProfilerStep spans: nothing per step, only the module times."""
-    return StepsResult(steps_found=0, mean_wall_ns=None, mean_gpu_busy_fraction=None, mean_data_loading_ns=None,
+    return StepsResult(steps_found=0, mean_wall_ns=None, gpu_busy_fraction=None, mean_data_loading_ns=None,
                        mean_data_loading_exposed_ns=None, outlier_steps=[], steps=pl.DataFrame(),
                        stats=pl.DataFrame(), idle_by_cause=pl.DataFrame(), modules=modules)
 
@@ -356,7 +356,7 @@ def step_breakdown(source: Source, *, gaps: GapsResult | None = None) -> StepsRe
     return StepsResult(
         steps_found=out.height,
         mean_wall_ns=_mean(out["wall_ns"]),
-        mean_gpu_busy_fraction=float(mean_frac) if mean_frac is not None else None,
+        gpu_busy_fraction=float(mean_frac) if mean_frac is not None else None,
         mean_data_loading_ns=_mean(out["data_loading_ns"]),
         mean_data_loading_exposed_ns=_mean(out["data_loading_exposed_ns"]),
         outlier_steps=out.filter(pl.col("outlier"))["step"].to_list(),

@@ -635,7 +635,7 @@ def diff_report(result: TraceDiff, *, reproduce: Sequence[str] = ()) -> str:
     rows: list[tuple[str, Any, Any, Callable[[Any], str], bool]] = [
         ("steps", r.before_steps, r.after_steps, lambda v: f"{v:,}", False),
         ("median step (wall)", r.before_median_step_ns, r.after_median_step_ns, human_ns, True),
-        ("GPU busy per step (mean)", r.before_step_gpu_busy_fraction, r.after_step_gpu_busy_fraction,
+        ("GPU busy over the steps", r.before_step_gpu_busy_fraction, r.after_step_gpu_busy_fraction,
          human_fraction, False),
         ("GPU busy over the GPU span", r.before_trace_gpu_busy_fraction, r.after_trace_gpu_busy_fraction,
          human_fraction, False),

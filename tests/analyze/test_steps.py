@@ -102,7 +102,7 @@ def test_stats_and_outliers_over_steps(tmp_path: Path) -> None:
     assert r.outlier_steps == [5]
     wall = r.stats.filter(pl.col("metric") == "wall").row(0, named=True)
     assert wall["mean_ns"] == pytest.approx(140_000) and wall["p50_ns"] == pytest.approx(100_000)
-    assert r.mean_gpu_busy_fraction is None  # no GPU in this trace
+    assert r.gpu_busy_fraction is None  # no GPU in this trace
 
 
 def test_modules_inclusive_cpu_and_gpu(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_no_steps(tmp_path: Path) -> None:
 
 def test_cpu_only_steps_have_no_idle_causes(tmp_path: Path) -> None:
     r = step_breakdown(load_events(tmp_path, trace(step(1, ts=0, dur=10), cpu_op("aten::add", ts=0, dur=5))))
-    assert r.steps_found == 1 and r.idle_by_cause.height == 0 and r.mean_gpu_busy_fraction is None
+    assert r.steps_found == 1 and r.idle_by_cause.height == 0 and r.gpu_busy_fraction is None
     row = r.steps.row(0, named=True)
     assert row["wall_ns"] == 10_000 and row["gpu_busy_ns"] is None and row["gpu_idle_ns"] is None  # unknown, not 0
     assert "gpu_idle" not in r.stats["metric"].to_list() and "wall" in r.stats["metric"].to_list()
