@@ -58,8 +58,8 @@ from stepscope.analyze.depgraph import (
     PathKind,
     Replay,
     build_graph,
+    graph_notes,
     held_ns,
-    launch_notes,
     replay,
     waited_rank,
 )
@@ -470,7 +470,7 @@ def critical_path(source: Source, *, top: int = 15, annotation: str | None = Non
         attribution=table.attribution,
         top=table.top,
         segments=table.segments,
-        notes=[*launch_notes(graph), *held_notes(table.segments)],
+        notes=[*graph_notes(graph), *held_notes(table.segments)],
     )
 
 

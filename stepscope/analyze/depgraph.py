@@ -142,7 +142,7 @@ class DependencyGraph:
     window_kind: str
     launch_latency_ns: int | None
     #: how many launches found their stream idle (the typical latency's samples); None where the GPU work had no
-    #: launch call at all (see launch_notes)
+    #: launch call at all (see graph_notes)
     launch_samples: int | None = None
 
     def measured_weights(self) -> IntArray:
@@ -192,18 +192,28 @@ QUEUED_NOTE = ("no launch found its stream idle: every kernel and copy queued be
                "ahead of a GPU-bound loop), so no launch latency was measured and launch edges weigh 0")
 
 
-def launch_notes(graph: DependencyGraph) -> list[str]:
-    """Why the graph has no typical launch latency though its GPU work had launch calls: none found its stream idle
-    (QUEUED_NOTE), or too few did (under MIN_LATENCY_SAMPLES); [] where it has one, or where no launch call was
+#: the window kind of a trace without steps
+NO_STEPS = "trace (no steps)"
+#: a trace without steps: one window, what `steps found 1` counts, spanning less than `summary`'s whole trace
+NO_STEPS_NOTE = ("no steps: the trace is one window (the 1 step found), from its first CPU op, runtime call or GPU "
+                 "event to its last; Python frames and annotations outside them are no work on the path, so its wall "
+                 "can be shorter than the trace's span that `summary` and `steps` use")
+
+
+def graph_notes(graph: DependencyGraph) -> list[str]:
+    """What to know of the graph to read its path: NO_STEPS_NOTE where the trace has no steps, then why it has no
+    typical launch latency though its GPU work had launch calls: none found its stream idle (QUEUED_NOTE), or too
+    few did (under MIN_LATENCY_SAMPLES); nothing about launches where it has one, or where no launch call was
     recorded at all (nothing to explain)."""
+    notes = [NO_STEPS_NOTE] if graph.window_kind == NO_STEPS else []
     n = graph.launch_samples
     if graph.launch_latency_ns is not None or n is None:
-        return []
+        return notes
     if n == 0:
-        return [QUEUED_NOTE]
+        return [*notes, QUEUED_NOTE]
     found = f"{plural(n, 'launch', 'launches')} found {'its' if n == 1 else 'their'} stream idle"
-    return [f"only {found}, fewer than {MIN_LATENCY_SAMPLES}: too few to say what a typical launch latency is, so "
-            "launch edges weigh 0"]
+    return [*notes, f"only {found}, fewer than {MIN_LATENCY_SAMPLES}: too few to say what a typical launch latency "
+            "is, so launch edges weigh 0"]
 
 
 def held_ns(edges: pl.DataFrame, span: IntArray) -> IntArray:
@@ -296,7 +306,7 @@ def _windows(frames: TraceFrames) -> tuple[pl.DataFrame, str, pl.DataFrame | Non
     return pl.DataFrame({"step": [None], "start_ns": [lo], "end_ns": [hi], "cpu_start_ns": [lo], "cpu_end_ns": [hi],
                          "pid": [main[0]], "tid": [main[1]]},
                         schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "cpu_start_ns": pl.Int64,
-                                "cpu_end_ns": pl.Int64, "pid": pl.String, "tid": pl.String}), "trace (no steps)", None
+                                "cpu_end_ns": pl.Int64, "pid": pl.String, "tid": pl.String}), NO_STEPS, None
 
 
 def _annotation_windows(frames: TraceFrames, annotation: str) -> tuple[pl.DataFrame, str, pl.DataFrame]:

@@ -52,7 +52,16 @@ import polars as pl
 from stepscope.analyze._text import duration, plural
 from stepscope.analyze.blame import host_memory_unsaid
 from stepscope.analyze.critical_path import attribution, path_segments
-from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, held_ns, replay, step_times
+from stepscope.analyze.depgraph import (
+    NO_STEPS,
+    NO_STEPS_NOTE,
+    DependencyGraph,
+    EdgeType,
+    build_graph,
+    held_ns,
+    replay,
+    step_times,
+)
 from stepscope.analyze.frames import Source, frames_of
 from stepscope.analyze.kernels import KernelCategory
 from stepscope.errors import UsageError
@@ -299,7 +308,8 @@ def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str
         replay_residual_fraction=float(residual) if residual is not None else None,
         bound_by_measured=_bound_by(before_path),
         bound_by_predicted=_bound_by(after_path),
-        notes=[*notes, *change_notes, *_moved_notes(table, base_times, after_times)]
+        notes=[*([NO_STEPS_NOTE] if graph.window_kind == NO_STEPS else []), *notes, *change_notes,
+               *_moved_notes(table, base_times, after_times)]
         + ([f"{plural(unnoted, 'dependency edge')} ran backwards in time (clock skew) and were dropped"]
            if (unnoted := graph.dropped_edges - noted_edges) > 0 else []),
         steps=table,

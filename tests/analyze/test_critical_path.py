@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepscope.analyze.critical_path import HELD_START, _walk_python, critical_path, walk_paths
-from stepscope.analyze.depgraph import DependencyGraph, EdgeType, build_graph, replay, step_times
+from stepscope.analyze.depgraph import NO_STEPS_NOTE, DependencyGraph, EdgeType, build_graph, replay, step_times
 
 US = 1_000
 
@@ -209,6 +209,8 @@ def test_a_cpu_only_trace_without_steps_is_one_cpu_path(tmp_path: Path) -> None:
     result = critical_path(load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5))))
     assert (result.window_kind, result.steps_found, result.bound_by) == ("trace (no steps)", 1, "cpu")
     assert result.segments.select("name", "dur_ns").rows() == [("aten::add", 5 * US)]
+    # and it says that its one window is its work's span (summary's runs from the first event to the last)
+    assert result.notes[0].startswith("no steps: the trace is one window (the 1 step found)")
 
 
 # ------------------------------------------------------------------------------------------------- HTA corpus
@@ -488,7 +490,7 @@ def test_gpu_work_without_launch_calls_has_no_latency_and_no_queue_note(corpus: 
     graph = build_graph(trace)
     assert graph.nodes["lane"].str.starts_with("gpu ").any()
     result = critical_path(trace)
-    assert result.typical_launch_latency_ns is None and result.notes == []
+    assert result.typical_launch_latency_ns is None and result.notes == [NO_STEPS_NOTE]  # (and no steps)
 
 
 def test_one_launch_onto_an_idle_stream_is_too_few_for_a_typical_latency(corpus: Path) -> None:
