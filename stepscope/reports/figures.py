@@ -34,19 +34,12 @@ if TYPE_CHECKING:
 
 
 def ops_figure(table: OpTable, n: int = 12) -> bytes | None:
-    """Top ops by self CPU time and (when the trace has device time) by self device time, as bars."""
-    ops = table.ops
-    if ops.height == 0:
+    """Top ops by self CPU time and (when the trace has device time) by self GPU time, as bars (`ops_panels`)."""
+    panels = ops_panels(table, n)
+    if not panels:
         return None
-    not_step = ~pl.col("name").str.starts_with("ProfilerStep#")
-    panels: list[tuple[str, str, str, pl.Expr]] = [
-        ("self_cpu_ns", "Top ops by self CPU time", "cpu", pl.col("kind").is_in(["cpu_op", "runtime"]) & not_step)]
-    if table.self_device_total_ns > 0:
-        panels.append(("self_device_ns", f"Top ops by self {table.device_name or 'device'} time", "device",
-                       (pl.col("kind") == "cpu_op") & not_step))
     fig, axes = subplots(1, len(panels), figsize=(6.5 * len(panels), 0.32 * n + 1.4), squeeze=False)
-    for ax, (col, title, cat, keep) in zip(axes[0], panels, strict=True):
-        top = ops.filter(keep & (pl.col(col) > 0)).sort(col, descending=True).head(n)
+    for ax, (col, title, cat, top) in zip(axes[0], panels, strict=True):
         labels = [literal(x) for x in short_labels(top["name"].to_list(), 40)][::-1]
         values = top[col].to_list()[::-1]
         ax.barh(range(len(values)), values, color=color(cat))
@@ -59,6 +52,27 @@ def ops_figure(table: OpTable, n: int = 12) -> bytes | None:
         style(ax)
     fig.tight_layout()
     return to_png(fig)
+
+
+def ops_panels(table: OpTable, n: int = 12) -> list[tuple[str, str, str, pl.DataFrame]]:
+    """(column, title, palette category, its top `n` rows) of each panel of `ops_figure`: self CPU time of the
+    ops, annotations and runtime calls (ProfilerStep spans left out); where the trace has device time, self GPU
+    time of the ops that launched it, or where no op did (a trace of GPU activity alone) of its kernels and
+    copies, as the op table lists them. A panel with nothing to show is left out."""
+    ops = table.ops
+    if ops.height == 0:
+        return []
+    not_step = ~pl.col("name").str.starts_with("ProfilerStep#")
+    cpu = pl.col("kind").is_in(["cpu_op", "user_annotation", "runtime", "driver"]) & not_step
+    on_gpu = (pl.col("kind") == "cpu_op") & not_step
+    if ops.filter(on_gpu & (pl.col("self_device_ns") > 0)).height == 0:
+        on_gpu = pl.col("kind").is_in(["kernel", "memcpy", "memset"])
+    candidates: list[tuple[str, str, str, pl.Expr]] = [("self_cpu_ns", "Top ops by self CPU time", "cpu", cpu)]
+    if table.self_device_total_ns > 0:
+        candidates.append(("self_device_ns", "Top ops by self GPU time", "device", on_gpu))
+    tops = [(col, title, cat, ops.filter(keep & (pl.col(col) > 0)).sort(col, descending=True).head(n))
+            for col, title, cat, keep in candidates]
+    return [p for p in tops if p[3].height]
 
 
 #: legend names of critical-path time off the GPU (`depgraph.PathKind`)

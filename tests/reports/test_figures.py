@@ -12,7 +12,7 @@ import critical_path_traces as cp
 import matplotlib.image as mpimg
 import matplotlib.pyplot as plt
 import polars as pl
-from builders import cpu_op, kernel, load_events, memcpy, memory, step, trace
+from builders import annotation, cpu_op, kernel, load_events, memcpy, memory, step, trace
 from matplotlib.figure import Figure
 from report_traces import gpu_doc
 
@@ -51,6 +51,21 @@ def test_nothing_to_draw_gives_none(tmp_path: Path) -> None:
     t = load_events(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
     assert figures.timeline_figure(gpu_timeline(t)) is None
     assert memory_figures.memory_figure(memory_timeline(t)) is None
+
+
+def test_ops_panels_show_kernels_where_no_op_launched_them_and_annotations_by_self_cpu(tmp_path: Path) -> None:
+    # GIVEN a trace of GPU activity alone (kernels, no CPU op: an AMD gpu_only capture has this shape)
+    t = load_events(tmp_path / "g", trace(kernel("gemm", ts=0, dur=30), kernel("relu", ts=40, dur=10)))
+    # THEN its only panel is the kernels' self GPU time, not an empty CPU panel beside an empty op panel
+    panels = figures.ops_panels(op_table(t))
+    assert [(title, top["name"].to_list()) for _, title, _, top in panels] == [
+        ("Top ops by self GPU time", ["gemm", "relu"])]
+    assert_png(figures.ops_figure(op_table(t)))
+    # GIVEN a CPU trace whose annotation holds time no op does (Python between ops) THEN it is a bar like an op's
+    t = load_events(tmp_path / "c", trace(annotation("model_inference", ts=0, dur=100),
+                                          cpu_op("aten::add", ts=10, dur=20)))
+    (_, title, _, top), = figures.ops_panels(op_table(t))
+    assert title == "Top ops by self CPU time" and top["name"].to_list() == ["model_inference", "aten::add"]
 
 
 def test_palette_is_stable_and_distinct() -> None:
