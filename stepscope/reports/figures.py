@@ -578,7 +578,8 @@ def transfers_figure(result: TransfersResult) -> bytes | None:
 
 
 def overlap_figure(result: OverlapResult) -> bytes | None:
-    """One bar: the step windows split into CPU and GPU both busy, GPU only, CPU only, neither."""
+    """One bar: the analysis window (the steps, else the GPU span) split into CPU and GPU both busy, GPU only,
+    CPU only, neither."""
     parts = [("both busy", result.both_busy_fraction, "#4e79a7"), ("GPU only", result.gpu_only_fraction, "#a0cbe8"),
              ("CPU only", result.cpu_only_fraction, "#59a14f")]
     if any(v is None for _, v, _c in parts):
@@ -594,7 +595,8 @@ def overlap_figure(result: OverlapResult) -> bytes | None:
     ax.set_xlim(0, 1)
     ax.set_yticks([])
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{100 * v:.0f}%"))
-    ax.set_title(f"CPU/GPU overlap over the step windows ({human_ns(result.window_ns)})", fontsize=11, loc="left")
+    ax.set_title(f"CPU/GPU overlap over the analysis window: the steps, else the GPU span "
+                 f"({human_ns(result.window_ns)})", fontsize=11, loc="left")
     fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, fontsize=8, frameon=False)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
