@@ -80,7 +80,9 @@ def run_calls(paths: Sequence[str | Path], *, cache_dir: Path | None = None) -> 
     _ingest_in_parallel([p for p, _ in declared], cache_dir)
     loaded = _load_all(declared, cache_dir, warnings)
     if not loaded:
-        raise InputError("no trace could be read (see the warnings above)" if warnings else "holds no trace",
+        more = f" (and {plural(len(warnings) - 1, 'more')})" if len(warnings) > 1 else ""
+        first = warnings[0].removeprefix("left out: ") if warnings else ""
+        raise InputError(f"no trace could be read: {first}{more}" if warnings else "holds no trace",
                          path=paths[0] if len(paths) == 1 else ", ".join(map(str, paths)))
     loaded = _ranked(loaded, warnings)
     world, loaded = _one_world(loaded, warnings)
@@ -118,6 +120,8 @@ def _load_all(declared: list[tuple[Path, int | None]], cache_dir: Path | None, w
         try:
             trace = load(path, cache_dir=cache_dir)
         except StepscopeError as exc:
+            if len(declared) == 1:  # the run is this trace: its own error, as every command gives it
+                raise
             warnings.append(f"left out: {failure_line(exc, path)}")
             continue
         loaded.append(_Loaded(path, trace, rank if rank is not None else trace.rank))

@@ -74,6 +74,22 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert CliRunner().invoke(cli, ["comm"]).exit_code == 2
 
 
+def test_unreadable_ranks_are_named_in_the_error_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN one truncated trace, and a run whose every trace is truncated
+    run = _two_ranks(tmp_path / "run")
+    for path in run.iterdir():
+        path.write_bytes(path.read_bytes()[:40])
+    one = run / "rank0.pt.trace.json"
+    # THEN each is one line that says what is wrong (no "see the warnings above" with none printed)
+    for command in ("comm", "ranks", "critical-path"):
+        code, err = _main([command, str(one)], capsys)
+        assert (code, err) == (2, [f"stepscope: error: {one} (byte 40): truncated JSON (the file ends in the middle "
+                                   "of the document)"])
+        code, err = _main([command, str(run)], capsys)
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"stepscope: error: {run}: no trace could be read: ")
+        assert "truncated JSON" in err[0] and err[0].endswith("(and 1 more)")
+
+
 def test_a_trace_without_collectives(tmp_path: Path) -> None:
     path = write_trace(tmp_path, trace(kernel("sgemm", 0, 10)))
     out = CliRunner().invoke(cli, ["comm", str(path)])
