@@ -9,6 +9,7 @@ Problems never stop the run; each becomes a warning that names what it drops:
     a trace that fails to load                  -> named, left out
     several traces and one names no rank        -> named, left out (one trace alone is rank 0)
     traces of another world size (mixed runs)   -> named, left out (the most common world size stays)
+    ranks on one host traced at different times -> an error: traces of different runs (`_one_time`)
     two traces of one rank that overlap in time -> the second named as a duplicate, left out
     ranks below the world size with no trace    -> listed as missing
     a rank with no collective                   -> named
@@ -90,6 +91,7 @@ def run_calls(paths: Sequence[str | Path], *, cache_dir: Path | None = None) -> 
     ordered = sorted(by_rank.items())
     tables = parallel_map(_calls_of, [([x.path for x in items], cache_dir) for _, items in ordered])
     ranks = tuple(_rank_calls(rank, items, calls) for (rank, items), calls in zip(ordered, tables, strict=True))
+    _one_time(ranks, paths)
     if world is not None and (missing := sorted(set(range(world)) - set(by_rank))):
         have = "has" if len(missing) == 1 else "have"
         warnings.append(f"{numbered('rank', missing)} of world size {world} {have} no trace: results for the rest")
@@ -195,6 +197,29 @@ def _rank_calls(rank: int, items: list[_Loaded], calls: pl.DataFrame) -> RankCal
     return RankCalls(rank=rank, files=tuple(x.path for x in items), traces=tuple(x.trace for x in items),
                      clock=f"{host}@{first.meta.base_time_ns or 0}" if host else f"rank{rank}", host=host,
                      calls=calls)
+
+
+def _one_time(ranks: Sequence[RankCalls], paths: Sequence[str | Path]) -> None:
+    """InputError where two ranks on one clock (one host) were traced at different times: traces of different
+    runs (or of one rank's runs), whose collectives were never one call; matched anyway they give skews of the
+    time between the runs and a straggler that is only the later run."""
+    by_clock: dict[tuple[str, str], list[tuple[int, int, int, Path]]] = {}
+    for r in ranks:
+        times = [t.meta.time for t in r.traces]
+        firsts = [t.first_ns for t in times if t.first_ns is not None]
+        lasts = [t.last_ns for t in times if t.last_ns is not None]
+        if r.host is not None and firsts and lasts:
+            by_clock.setdefault((r.clock, r.host), []).append((min(firsts), max(lasts), r.rank, r.files[0]))
+    for (_, host), spans in by_clock.items():
+        late = max(spans, key=lambda s: s[0])
+        early = min(spans, key=lambda s: s[1])
+        if late[0] > early[1]:
+            gap = (late[0] - early[1]) / 1e9
+            raise InputError(
+                f"ranks {early[2]} ({early[3].name}) and {late[2]} ({late[3].name}) share host {host}'s "
+                f"clock but were traced at different times (rank {early[2]}'s trace ends {gap:,.1f} s before rank "
+                f"{late[2]}'s begins): traces of different runs; give the traces of one run",
+                path=paths[0] if len(paths) == 1 else ", ".join(map(str, paths)))
 
 
 def _calls_of(job: tuple[list[Path], Path | None]) -> pl.DataFrame:

@@ -16,6 +16,7 @@ from conftest import reference_comm
 from stepscope.analyze._comm_events import canonical_dtype, collective_type
 from stepscope.analyze._text import numbers
 from stepscope.analyze.collectives import CollectivesResult, collectives
+from stepscope.errors import InputError
 
 AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 US = 1000  # ns per µs
@@ -171,6 +172,23 @@ def test_ranks_on_one_named_host_share_a_clock(tmp_path: Path) -> None:
     res = analyze(d, tmp_path)
     assert res.clocks == 1 and res.ranks["clock_offset_ns"].to_list() == [0, 0]
     assert res.calls["skew_ns"].item() == 50 * US and res.max_clock_residual_ns == 3500
+
+
+def test_ranks_on_one_host_traced_at_different_times_are_not_one_run(tmp_path: Path) -> None:
+    # GIVEN rank 0 of one run and rank 1 of a later one on the same host (one clock): no instant in common
+    d = tmp_path / "run"
+    for r in (0, 1):
+        rank_trace(d, r, comm_kernel(AR, 100 + 60_000_000 * r, 50, nelems=8, ranks="[0, 1]"), world=2,
+                   host_name="node7", baseTimeNanoseconds=1_700_000_000_000_000_000)
+    # THEN they are refused (matched, they gave a 60 s skew and rank 1 as a straggler), naming both ranks
+    with pytest.raises(InputError, match=r"ranks 0 \(rank0.pt.trace.json\) and 1 \(rank1.pt.trace.json\) share "
+                       r"host node7's clock but were traced at different times \(rank 0's trace ends 60.0 s before"):
+        analyze(d, tmp_path)
+    # while on hosts of their own (clocks that may differ by anything) they are aligned by their collectives
+    for r in (0, 1):
+        rank_trace(d, r, comm_kernel(AR, 100 + 60_000_000 * r, 50, nelems=8, ranks="[0, 1]"), world=2,
+                   host_name=f"node{r}")
+    assert analyze(d, tmp_path).max_skew_ns == 0
 
 
 def test_windows_of_a_rank_are_pooled_in_time_order(tmp_path: Path) -> None:
