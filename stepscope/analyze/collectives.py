@@ -104,7 +104,8 @@ def analyze_run(run: RunCalls, *, link_bandwidth_gbps: float | None = None) -> C
         warnings.append(f"{plural(n, 'call')} not seen on every rank of their group (see missing_ranks in the calls "
                         "table)")
     warnings += _unknown_bandwidth(calls)
-    warnings += _loose_alignment(waits, calls)
+    warnings += _loose_alignment(waits, calls, one_clock=parts["clock"].n_unique() == 1,
+                                 cpu=set(parts["source"].unique().to_list()) == {"cpu"})
     straggler = _straggler(calls, waits)
     sources = set(parts["source"].unique().to_list())
     return CollectivesResult(
@@ -255,16 +256,23 @@ def _per_call(parts: pl.DataFrame, present: list[int], link_gbps: float | None, 
 LOOSE_RESIDUAL_NS = 5_000_000
 
 
-def _loose_alignment(waits: pl.DataFrame, calls: pl.DataFrame) -> list[str]:
+def _loose_alignment(waits: pl.DataFrame, calls: pl.DataFrame, *, one_clock: bool, cpu: bool) -> list[str]:
     """A warning where matched calls do not end together after alignment (hta/trace_filter, two sampled ranks of
-    128: residuals of 308 ms against calls of ~30 ms): skews, waits and the straggler then say little."""
+    128: residuals of 308 ms against calls of ~30 ms): skews, waits and the straggler then say little. Its likely
+    causes as the run allows: no drifting clocks where the ranks share one; CPU collectives (gloo) whose ranks
+    leave the call at different times where they are all such (a ring's ranks return one after another)."""
     worst = _max_int(waits["residual_ns"].abs()) if waits.height else None
     latency = calls.filter(pl.col("ranks") > 1).select(pl.col("latency_ns").median()).item()
     if worst is None or latency is None or worst <= max(LOOSE_RESIDUAL_NS, latency):
         return []
+    causes = ["calls paired wrongly (traces missing calls, sampled or cut)"]
+    if cpu:
+        causes.append("CPU collectives whose ranks return at different times (gloo's ring on a busy host)")
+    if not one_clock:
+        causes.append("drifting clocks")
     return [f"matched calls do not end together after clock alignment (residual up to {worst / 1e6:,.1f} ms, above "
-            f"their median latency {latency / 1e6:,.1f} ms): calls paired wrongly (traces missing calls, sampled or "
-            "cut) or drifting clocks; read skews, waits and the straggler with care"]
+            f"their median latency {latency / 1e6:,.1f} ms): {' or '.join(causes)}; read skews, waits and the "
+            "straggler with care"]
 
 
 def _unknown_bandwidth(calls: pl.DataFrame) -> list[str]:

@@ -15,7 +15,7 @@ from conftest import reference_comm
 
 from stepscope.analyze._comm_events import canonical_dtype, collective_type
 from stepscope.analyze._text import numbers
-from stepscope.analyze.collectives import CollectivesResult, collectives
+from stepscope.analyze.collectives import CollectivesResult, _loose_alignment, collectives
 from stepscope.errors import InputError
 
 AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -566,3 +566,18 @@ def test_a_loose_alignment_is_a_warning(corpus: Path, tmp_path: Path) -> None:
     assert any("do not end together after clock alignment" in w for w in res.warnings)
     dlrm = analyze(corpus / "traces" / "param" / "dlrm_kineto", tmp_path)
     assert not any("end together" in w for w in dlrm.warnings)
+
+
+@pytest.mark.parametrize(("one_clock", "cpu", "causes"), [
+    (False, False, "calls paired wrongly (traces missing calls, sampled or cut) or drifting clocks"),
+    (True, False, "calls paired wrongly (traces missing calls, sampled or cut)"),
+    (True, True, "calls paired wrongly (traces missing calls, sampled or cut) or CPU collectives whose ranks return "
+                 "at different times (gloo's ring on a busy host)"),
+])
+def test_a_loose_alignment_names_only_the_causes_the_run_allows(one_clock: bool, cpu: bool, causes: str) -> None:
+    # GIVEN calls ending 6 ms apart after alignment: ranks on one clock cannot drift; gloo's ranks leave a ring
+    # one after another
+    waits = pl.DataFrame({"residual_ns": [6_000_000, -6_000_000]})
+    calls = pl.DataFrame({"ranks": [2], "latency_ns": [2_000_000]})
+    (warning,) = _loose_alignment(waits, calls, one_clock=one_clock, cpu=cpu)
+    assert f"(residual up to 6.0 ms, above their median latency 2.0 ms): {causes}; read" in warning
