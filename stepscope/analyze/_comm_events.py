@@ -51,6 +51,7 @@ from stepscope.analyze.blame import innermost
 from stepscope.analyze.kernels import KernelCategory, category_expr
 from stepscope.analyze.schema import Kind
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.window import with_step
 
 #: the communication kernels: the kernel table's communication category (`kernels.CATEGORY_RULES`: NCCL/RCCL, and
 #: torch's symmetric-memory collectives, `multimem_all_reduce_kernel`), so `kernels`, `summary`, `ranks` and the
@@ -93,7 +94,7 @@ CALL_SCHEMA: dict[str, pl.DataType] = {
     "source": pl.String(), "name": pl.String(), "collective": pl.String(), "process_group": pl.String(),
     "group_ranks": pl.String(), "group_size": pl.Int64(), "shape_group_size": pl.Int64(), "seq": pl.Int64(),
     "in_nelems": pl.Int64(), "out_nelems": pl.Int64(), "dtype": pl.String(), "message_bytes": pl.Int64(),
-    "ts_ns": pl.Int64(), "dur_ns": pl.Int64(), "device": pl.Int64(), "stream": pl.Int64(),
+    "ts_ns": pl.Int64(), "dur_ns": pl.Int64(), "device": pl.Int64(), "stream": pl.Int64(), "step": pl.Int64(),
 }
 #: a collective's dispatcher op (c10d::_allgather_base_, c10d::allreduce_), whose recorded shapes hold its output
 C10D_OP = "c10d::"
@@ -151,7 +152,17 @@ def rank_calls(trace: Trace, *, pg_config: Mapping[str, Any] | None = None,
                 engine="in-memory")
         calls = calls.with_columns(source=pl.lit("cpu"), ann_name=pl.col("name"))
         calls = _with_sizes(_with_c10d(trace, calls, calls.select("pid", "tid", "ts_ns")))
+        calls = calls.with_columns(step=_steps_at(trace, calls["ts_ns"]))
     return _finish(calls, pg_config or {})
+
+
+def _steps_at(trace: Trace, at: pl.Series) -> pl.Series:
+    """The ProfilerStep#N whose CPU span holds each time of `at` (a call's launch, on whichever thread: DDP
+    launches its all-reduces from autograd's), in `at`'s order; null outside every step or where `at` is."""
+    spans = trace.steps.select("step", start_ns="ts_ns", end_ns="end_ns").collect(engine="in-memory")
+    points = pl.DataFrame({"_i": pl.int_range(at.len(), eager=True), "at": at})
+    known = with_step(points.filter(pl.col("at").is_not_null()), spans, at="at")
+    return points.join(known.select("_i", "step"), on="_i", how="left").sort("_i")["step"]
 
 
 def _kernel_calls(trace: Trace, kernels: pl.DataFrame, launches: pl.DataFrame | None) -> pl.DataFrame:
@@ -179,7 +190,7 @@ def _kernel_calls(trace: Trace, kernels: pl.DataFrame, launches: pl.DataFrame | 
         .with_columns([pl.coalesce(c, f"op_{c}").alias(c) for c in arg_cols])
         .with_columns(source=pl.lit("kernel"))
     )
-    return _with_sizes(_with_c10d(trace, linked, points))
+    return _with_sizes(_with_c10d(trace, linked, points)).with_columns(step=_steps_at(trace, points["ts_ns"]))
 
 
 def _with_c10d(trace: Trace, calls: pl.DataFrame, points: pl.DataFrame) -> pl.DataFrame:

@@ -12,6 +12,10 @@ one, 600 ms apart):
     rank 0: all_reduce 1 MiB, all_reduce 4 KiB, all_reduce 1 MiB     call (all_reduce, 1 MiB, #0), (…, 4 KiB, #0),
     rank 1: all_reduce 1 MiB, all_reduce 4 KiB, all_reduce 1 MiB     (…, 1 MiB, #1): three calls of two ranks each
 
+and within the step (ProfilerStep#N) that launched the call, where every call has one and every rank's calls
+fall in the same steps: a trace that lost some calls (sampled: hta/trace_filter's two ranks of 128) then pairs
+its calls with the same step's on the other ranks, not with the next step's.
+
 Clocks: one offset per clock (ranks on one named host share one), chosen so that matched calls END
 together: the reference is the lowest rank's clock (offset 0); every clock that shares calls with the
 clocks aligned so far gets the median over those calls of (their median aligned end - its end); repeated
@@ -25,9 +29,9 @@ table's link for a run on one host, or --link-bandwidth). n is the call's `Group
 ranks its group lists, else the world size where every rank of the world took part, else an all_gather's or
 reduce_scatter's from its c10d op's shapes (`_comm_events`); else unknown, and so are busbw and link share
 (never the count of ranks that happen to have a trace: 2 of 8 ranks' traces do not make a group of 2).
-Straggler: the rank that arrives last in the most calls of two ranks or more (a tie in one call counts for
-every tied rank; a tie in the count goes to the rank whose late arrivals cost more), with the others' wait in
-those calls.
+Straggler: the rank whose late arrivals cost the others the most wait, over the calls of two ranks or more in
+which it arrived last (a tie in one call counts for every tied rank; a tie in the cost goes to the rank last in
+more calls), with how often it was last and that wait.
 """
 
 from __future__ import annotations
@@ -156,15 +160,26 @@ def match(calls: pl.DataFrame) -> pl.DataFrame:
     size = pl.when(pl.col("collective").is_in(SIZE_UNIFORM)).then(
         pl.coalesce(pl.col("message_bytes").cast(pl.String), pl.format("in {} {}", "in_nelems", "dtype"),
                     pl.lit("?"))).otherwise(pl.lit("*"))
-    ordinal = pl.col("ts_ns").rank("ordinal").over("rank", "group", "collective", "size", "dtype_key") - 1
+    within = ["step_key"] if _by_step(calls) else []
+    ordinal = pl.col("ts_ns").rank("ordinal").over("rank", "group", "collective", "size", "dtype_key", *within) - 1
     return (
-        calls.join(by_seq, on="group").with_columns(size=size, dtype_key=pl.col("dtype").fill_null("?"))
+        calls.join(by_seq, on="group").with_columns(size=size, dtype_key=pl.col("dtype").fill_null("?"),
+                                                    step_key=pl.col("step").cast(pl.String) if within else pl.lit(""))
         .with_columns(key=pl.when(pl.col("all_seq"))
                       .then(pl.concat_str(pl.lit("seq"), "group", "collective", "seq", separator="|"))
-                      .otherwise(pl.concat_str(pl.lit("ord"), "group", "collective", "size", "dtype_key",
+                      .otherwise(pl.concat_str(pl.lit("ord"), "group", "collective", "size", "dtype_key", "step_key",
                                                ordinal.cast(pl.String), separator="|")))
-        .drop("all_seq", "size", "dtype_key")
+        .drop("all_seq", "size", "dtype_key", "step_key")
     )
+
+
+def _by_step(calls: pl.DataFrame) -> bool:
+    """Whether calls are matched within their step: every call has one, and every rank's calls fall in the same
+    steps (ranks that profiled other steps, or lost a step's every call, are matched by order alone)."""
+    if "step" not in calls.columns or calls.height == 0 or calls["step"].null_count():
+        return False
+    per_rank = calls.group_by("rank").agg(pl.col("step").unique().sort())["step"].to_list()
+    return all(steps == per_rank[0] for steps in per_rank) and len(per_rank[0]) > 1
 
 
 def clock_offsets(parts: pl.DataFrame) -> dict[str, int]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from builders import annotation, cpu_op, kernel, runtime, trace, write_trace
+from builders import annotation, cpu_op, kernel, runtime, step, trace, write_trace
 from conftest import reference_comm
 
 from stepscope.analyze._comm_events import canonical_dtype, collective_type
@@ -262,6 +262,26 @@ def test_gloo_cpu_collectives(tmp_path: Path) -> None:
     assert res.source == "cpu" and row["process_group"] == "0" and row["message_bytes"] == 4096 * 4
     assert (row["skew_ns"], row["latency_ns"], row["last_ranks"]) == (480 * US, 20 * US, "1")
     assert res.waits.filter(pl.col("rank") == 0)["wait_ns"].item() == 480 * US
+
+
+def test_a_rank_that_lost_calls_is_matched_within_each_step(tmp_path: Path) -> None:
+    # GIVEN two ranks of steps 1 and 2, two all-reduces a step (rank 1 arrives 10 µs after rank 0 in each), where
+    # rank 0's trace lost step 1's second call (a sampled trace)
+    d = tmp_path / "run"
+    starts = {0: [100, 1100, 1200], 1: [100, 200, 1100, 1200]}
+    for r, times in starts.items():
+        events: list[dict[str, Any]] = [step(1, 0, 1000), step(2, 1000, 1000)]
+        for t in times:
+            ev = annotation("gloo:all_reduce", t + 10 * r, 50 - 10 * r)
+            ev["args"] = {"Input Dims": [[64, 64]], "Input type": ["float"]}
+            events.append(ev)
+        write_trace(d, trace(*events, distributedInfo={"backend": "gloo", "rank": r, "world_size": 2},
+                             host_name="vm"), f"rank{r}.pt.trace.json")
+    res = analyze(d, tmp_path)
+    # THEN step 2's calls pair with step 2's (by order they paired with step 1's second call, 900 µs apart)
+    both = res.calls.filter(pl.col("ranks") == 2)
+    assert both.height == 3 and both["skew_ns"].to_list() == [10 * US] * 3 and res.unmatched_calls == 1
+    assert res.calls.filter(pl.col("ranks") == 1)["missing_ranks"].to_list() == ["0"]
 
 
 # ------------------------------------------------------------------------ the real 8-rank NCCL set vs the oracle
