@@ -167,8 +167,8 @@ def _by_rank(loaded: list[_Loaded], warnings: list[str]) -> dict[int, list[_Load
             continue
         kept = by_rank.setdefault(x.rank, [])
         if kept and _overlap(kept[-1].trace, x.trace):
-            warnings.append(f"duplicate rank {x.rank}: {x.path.name} overlaps {kept[-1].path.name} in time: "
-                            f"left out")
+            warnings.append(f"duplicate rank {x.rank}: {x.path.name} overlaps {kept[-1].path.name} in time (or is "
+                            f"on another host); {x.path.name} left out, {kept[-1].path.name} kept")
             continue
         kept.append(x)
     return by_rank
