@@ -410,12 +410,16 @@ def imbalance(per_rank: pl.DataFrame) -> pl.DataFrame:
 
 
 def _note(coll: CollectivesResult, steps: pl.DataFrame) -> str | None:
-    """The collectives' note (one rank: what that leaves out), and the ranks whose traces have no steps (each
-    one window, step null: `_windows`)."""
+    """The collectives' note (one rank: what that leaves out), the ranks whose traces have no steps (each one
+    window, step null: `_windows`), and those with a step whose CPU time exceeds its wall (`steps` says why)."""
     notes = ["one rank: no imbalance or straggler across ranks; its row and steps below" if coll.rank_count == 1
              else coll.note]
     stepless = sorted(steps.filter(pl.col("step").is_null())["rank"].unique().to_list())
     if stepless:
         notes.append(f"{numbered('rank', stepless)}: no steps (no ProfilerStep#N, no iterations inferred), so each "
                      "trace is one window: its GPU span, or first event to last without GPU work")
+    if over := sorted(steps.filter(pl.col("cpu_ns") > pl.col("wall_ns"))["rank"].unique().to_list()):
+        notes.append(f"{numbered('rank', over)}: more CPU time than wall time in some step, as `stepscope steps` "
+                     "explains: a step's window opens only once the GPU work before it is done, while its CPU span "
+                     "starts with its ProfilerStep")
     return "; ".join(n for n in notes if n) or None

@@ -14,6 +14,7 @@ import pytest
 from builders import annotation, cpu_op, kernel, python_fn, slow_before_trace, slow_union, step, trace, write_trace
 from conftest import reference_comm
 
+from stepscope.analyze._text import numbered
 from stepscope.analyze.ranks import Cause, RanksResult, imbalance, per_window, ranks
 
 AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -216,6 +217,9 @@ def test_dlrm_matches_hta_and_the_reference(corpus: Path, tmp_path: Path) -> Non
     res = analyze(d, tmp_path)
     assert res.rank_count == 8 and res.step_count == 1 and res.straggler == 7
     ours = {r["rank"]: r for r in res.steps.to_dicts()}
+    # ranks whose step has more CPU time than wall time are named, with why (their windows open late)
+    over = sorted(r for r, row in ours.items() if row["cpu_ns"] > row["wall_ns"])
+    assert over and res.note is not None and f"{numbered('rank', over)}: more CPU time than wall time" in res.note
     overlap = {r["rank"]: r["comm_overlap_fraction"] for r in res.ranks.to_dicts()}
     files = sorted(d.glob("*.json"))
     ref = {r["rank"]: r for r in reference_comm().analyze("dlrm", {str(i): [str(f)] for i, f in enumerate(files)})[
