@@ -53,7 +53,7 @@ class Annotations:
     copies: pl.DataFrame  # device, stream, name, start_ns, end_ns, exposed_ns, bytes, sync, op, python_line
     syncs: pl.DataFrame  # pid, tid, name, start_ns, end_ns, op, python
     verdict: SummaryResult
-    step_verdicts: pl.DataFrame  # step, start_ns, verdict
+    step_verdicts: pl.DataFrame  # summary's per-step table (verdict, runner_up, margin, evidence), start_ns
     utilization: pl.DataFrame  # ts_ns, busy_percent (per step, at its start)
     queue_depth: pl.DataFrame  # device, stream, ts_ns, depth
     memory: pl.DataFrame  # device_name, ts_ns, allocated_bytes, reserved_bytes
@@ -184,7 +184,7 @@ def trace_annotations(bundle: TraceAnalysis, *, steps: StepRange | None = None) 
     if steps is not None:
         phases = phases.filter(pl.col("step").is_between(*steps))
     per_step = bundle.verdict.per_step
-    step_verdicts = (per_step.select("step", "verdict").join(table.select("step", "start_ns"), on="step")
+    step_verdicts = (per_step.join(table.select("step", "start_ns"), on="step")
                      if per_step.height and table.height else pl.DataFrame())
     utilization = (table.filter(pl.col("gpu_busy_fraction").is_not_null())
                    .select(ts_ns="start_ns", busy_percent=pl.col("gpu_busy_fraction") * 100)

@@ -459,7 +459,7 @@ def _annotation_events(ann: Annotations, process: _Process, *, shift_ns: int) ->
 
 def _verdict(ann: Annotations, process: _Process, shift_ns: int) -> Iterator[dict[str, Any]]:
     """The verdict as one instant at the start of the first step (else of the first gap) with its evidence,
-    and each step's verdict at that step's start."""
+    and each step's verdict at that step's start with its runner-up, margin and evidence (summary's per step)."""
     v = ann.verdict
     starts = [int(ann.steps["start_ns"].min())] if ann.steps.height else []  # type: ignore[arg-type]
     starts += [int(ann.gaps["start_ns"].min())] if ann.gaps.height else []  # type: ignore[arg-type]
@@ -481,7 +481,7 @@ def _verdict(ann: Annotations, process: _Process, shift_ns: int) -> Iterator[dic
     for row in ann.step_verdicts.iter_rows(named=True):
         yield {"ph": "i", "s": "t", "cat": CATEGORY, "name": f"step {row['step']}: {row['verdict']}",
                "pid": process.pid, "tid": tid, "ts": _us(int(row["start_ns"]) + shift_ns),
-               "args": {"step": row["step"], "verdict": row["verdict"]}}
+               "args": {k: v for k, v in row.items() if k != "start_ns"}}
 
 
 def _counters(ann: Annotations, process: _Process, shift_ns: int) -> Iterator[dict[str, Any]]:

@@ -316,6 +316,14 @@ def test_verdict_copies_syncs_and_counters(synthetic: Path, tmp_path: Path) -> N
     assert len(verdict) == 1
     assert verdict[0]["args"]["verdict"] == bundle.verdict.verdict.value
     assert float(verdict[0]["args"]["evidence"]["gpu_busy_fraction"]) == pytest.approx(bundle.verdict.gpu_busy_fraction)
+    # each step's instant holds its row of summary's per-step table: verdict, runner-up, margin, evidence
+    per_step = {e["args"]["step"]: e["args"] for e in added(doc, "i") if e["name"].startswith("step ")}
+    expected = {r["step"]: r for r in bundle.verdict.per_step.to_dicts()}
+    assert per_step.keys() == expected.keys() and per_step
+    for n, row in per_step.items():
+        assert {k: row[k] for k in ("verdict", "runner_up", "margin")} == {
+            k: expected[n][k] for k in ("verdict", "runner_up", "margin")}
+        assert float(row["gpu_busy_fraction"]) == pytest.approx(expected[n]["gpu_busy_fraction"])
     copies = on_thread(doc, "GPU 0 stream 7 exposed copies")
     assert len(copies) == 2 and all(e["args"]["exposed_ns"] == 40 * US for e in copies)
     assert [e["name"] for e in on_thread(doc, "host syncs")] == ["cudaStreamSynchronize"] * 2
