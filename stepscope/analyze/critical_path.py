@@ -367,7 +367,7 @@ def per_step(segments: pl.DataFrame) -> pl.DataFrame:
 
 
 def _top(graph: DependencyGraph, segments: pl.DataFrame, traces: Mapping[int | None, Sequence[Trace]],
-         top: int) -> pl.DataFrame:
+         top: int | None) -> pl.DataFrame:
     """The contributors (kind, category, name; a kernel by its short name, every step's own time as one
     `ProfilerStep*`; in a run also by rank) with the most time on the paths, with the user's Python line at the
     longest segment of each (`blame.python_lines` at its CPU slice, or at the launch of its GPU work, in the trace
@@ -385,8 +385,9 @@ def _top(graph: DependencyGraph, segments: pl.DataFrame, traces: Mapping[int | N
     names = [*by_rank, "kind", "category", "name"]
     grouped = (
         segments.group_by(*keys).agg(total_ns=pl.col("dur_ns").sum(), segments=pl.len().cast(pl.Int64))
-        .sort("total_ns", "kind", "name", descending=[True, False, False]).head(top)
+        .sort("total_ns", "kind", "name", descending=[True, False, False])
     )
+    grouped = grouped.head(top) if top is not None else grouped
     # where each contributor's longest segment ran: its edge's point (a CPU slice's start, a GPU event's launch)
     longest = (
         segments.select(*keys, "event_id", "edge_type", "dur_ns")
@@ -431,7 +432,8 @@ class PathTable:
     segments: pl.DataFrame
 
 
-def path_table(graph: DependencyGraph, traces: Mapping[int | None, Sequence[Trace]], *, top: int) -> PathTable:
+def path_table(graph: DependencyGraph, traces: Mapping[int | None, Sequence[Trace]], *,
+               top: int | None) -> PathTable:
     """Segments, per-step split, attribution and top contributors of the critical paths of `graph` replayed with
     its measured weights; `traces` (by rank; one key None for one trace) give the Python lines."""
     measured = replay(graph, graph.measured_weights())
@@ -448,7 +450,7 @@ def path_table(graph: DependencyGraph, traces: Mapping[int | None, Sequence[Trac
         steps=table, attribution=attribution(segments, n), top=_top(graph, segments, traces, top), segments=segments)
 
 
-def critical_path(source: Source, *, top: int = 15, annotation: str | None = None,
+def critical_path(source: Source, *, top: int | None = 15, annotation: str | None = None,
                   graph: DependencyGraph | None = None) -> CriticalPathResult:
     """The critical path of every step of `source` and its attribution (see the module docstring). `annotation`:
     the instances of this annotation are the steps (`depgraph.build_graph`); `graph` is the trace's graph when

@@ -58,6 +58,7 @@ class TraceDiff:
     ops: pl.DataFrame
     kernels: pl.DataFrame
     idle_by_cause: pl.DataFrame
+    note: str | None = None  # where the two sides are one trace (the same bytes): every change is 0
 
 
 def _idle_by_cause(before: TraceAnalysis, after: TraceAnalysis) -> pl.DataFrame:
@@ -117,7 +118,8 @@ def _median_step(bundle: TraceAnalysis) -> tuple[int, int | None, float | None]:
     return result.steps.height, int(result.steps["wall_ns"].median()), result.gpu_busy_fraction  # type: ignore[arg-type]
 
 
-def diff_traces(before: Source | TraceAnalysis, after: Source | TraceAnalysis, *, top: int = 15) -> TraceDiff:
+def diff_traces(before: Source | TraceAnalysis, after: Source | TraceAnalysis, *,
+                top: int | None = 15) -> TraceDiff:
     """Compare two traces of the same program (e.g. before and after a fix)."""
     b = before if isinstance(before, TraceAnalysis) else TraceAnalysis.of(before)
     a = after if isinstance(after, TraceAnalysis) else TraceAnalysis.of(after)
@@ -144,7 +146,7 @@ def diff_traces(before: Source | TraceAnalysis, after: Source | TraceAnalysis, *
     ops = ops.with_columns(*[(pl.col(f"after_{c}") - pl.col(f"before_{c}")).alias(f"delta_{c}") for c in cols])
     ops = ops.select("name", "kind", *[f"{w}_{c}" for c in cols for w in ("before", "after", "delta")])
     ops = ops.sort(pl.max_horizontal(pl.col("delta_self_cpu_ns").abs(), pl.col("delta_self_device_ns").abs()),
-                   descending=True).head(top)
+                   descending=True).head(top or ops.height)
     gpu_kinds = ["kernel", "memcpy", "memset"]
     kb = ob.ops.filter(pl.col("kind").is_in(gpu_kinds)).select(
         "name", before_ns="self_device_ns", calls_before="calls")
@@ -152,7 +154,8 @@ def diff_traces(before: Source | TraceAnalysis, after: Source | TraceAnalysis, *
     kernels = (kb.group_by("name").sum().join(ka.group_by("name").sum(), on="name", how="full", coalesce=True)
                .fill_null(0).with_columns(delta_ns=pl.col("after_ns") - pl.col("before_ns"))
                .select("name", "before_ns", "after_ns", "delta_ns", "calls_before", "calls_after")
-               .sort(pl.col("delta_ns").abs(), descending=True).head(top))
+               .sort(pl.col("delta_ns").abs(), descending=True))
+    kernels = kernels.head(top or kernels.height)
     return TraceDiff(
         before=b.trace.source_name, after=a.trace.source_name,
         before_verdict=b.verdict.verdict.value, after_verdict=a.verdict.verdict.value,
@@ -165,4 +168,12 @@ def diff_traces(before: Source | TraceAnalysis, after: Source | TraceAnalysis, *
         before_peak_memory_bytes=mb.peak_allocated_bytes, after_peak_memory_bytes=ma.peak_allocated_bytes,
         peak_memory_change_fraction=_change(mb.peak_allocated_bytes, ma.peak_allocated_bytes),
         ops=ops, kernels=kernels, idle_by_cause=_idle_by_cause(b, a),
+        note=("BEFORE and AFTER are the same trace (the same bytes), so every change is 0: give the trace of the "
+              "run with your change as AFTER") if _same_bytes(b, a) else None,
     )
+
+
+def _same_bytes(before: TraceAnalysis, after: TraceAnalysis) -> bool:
+    """Whether the two sides were ingested from one file's bytes (their sha256; unknown is not the same)."""
+    sha = before.trace.meta.source.sha256
+    return bool(sha) and sha == after.trace.meta.source.sha256

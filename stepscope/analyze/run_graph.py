@@ -398,7 +398,7 @@ class RunCriticalPathResult:
     segments: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
 
 
-def run_critical_path(run: RunGraph, *, top: int = 15) -> RunCriticalPathResult:
+def run_critical_path(run: RunGraph, *, top: int | None = 15) -> RunCriticalPathResult:
     """The critical path of every step of the run (see the module docstring)."""
     graph = run.graph
     traces: dict[int | None, Sequence[Trace]] = {r: t for r, t in run.traces.items()}  # noqa: C416

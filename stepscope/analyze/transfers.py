@@ -90,7 +90,7 @@ def _waited_for(copies: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
     ).drop("_row", "_after", "_next_ts", "_next_dur", "_next")
 
 
-def transfers(source: Source, *, top: int = 10) -> TransfersResult:
+def transfers(source: Source, *, top: int | None = 10) -> TransfersResult:
     """All copies with bandwidth, pinned/pageable, sync/async, exposed stall and CPU time blocked."""
     frames = frames_of(source)
     trace = frames.trace
@@ -140,7 +140,8 @@ def transfers(source: Source, *, top: int = 10) -> TransfersResult:
     by_step = table.filter(pl.col("step").is_not_null()).group_by("step", "direction").agg(
         copies=pl.len(), copied_bytes=copied, dur_ns=pl.col("dur_ns").sum(),
         exposed_ns=pl.col("exposed_ns").sum()).sort("step", "direction")
-    worst = table.sort("exposed_ns", descending=True, maintain_order=True).head(top).select(
+    worst = table.sort("exposed_ns", descending=True, maintain_order=True).head(
+        top if top is not None else table.height).select(
         "direction", "size_bytes", "dur_ns", "exposed_ns", "gbps", "pageable", "sync", "cpu_blocked_ns", "step",
         where=pl.coalesce("python_line", "op", "runtime"))
     return TransfersResult(

@@ -12,8 +12,8 @@ from stepscope.commands._options import emit, emit_result, format_options, resol
 
 @click.command("counters")
 @trace_argument
-@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Rows of each table in the table output (--json and --csv hold every row).")
+@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Rows of each table in the table output (0: all; --json and --csv hold every row).")
 @format_options
 def command(trace: Path, top: int, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
             output: Path | None) -> None:
@@ -28,6 +28,6 @@ def command(trace: Path, top: int, fmt: str | None, as_json: bool, as_csv: bool,
     chosen = resolve_format(fmt, as_json, as_csv, table)
     result = counter_ranges(load(trace))
     if chosen == "table":
-        emit(render_counters(result, top=top), output)
+        emit(render_counters(result, top=top or None), output)
         return
     emit_result(result, chosen, output, table=table, max_rows=None)

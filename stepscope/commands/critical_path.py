@@ -19,8 +19,8 @@ _SEGMENT_ROWS = 40
 
 @click.command("critical-path")
 @trace_argument
-@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True,
-              help="Contributors to list (kind and name with the most time on the paths).")
+@click.option("--top", type=click.IntRange(min=0), default=15, show_default=True,
+              help="Contributors to list (kind and name with the most time on the paths; 0: all).")
 @click.option("--step", type=int, default=None,
               help="Step whose path the terminal lists segment by segment (default: the median step). JSON and "
                    "CSV hold every step's segments.")
@@ -51,11 +51,11 @@ def command(trace: Path, top: int, step: int | None, annotation: str | None, fmt
     if run is not None:
         from stepscope.analyze.run_graph import load_run, run_critical_path
 
-        result = run_critical_path(load_run(run, annotation=annotation), top=top)
+        result = run_critical_path(load_run(run, annotation=annotation), top=top or None)
     else:
         from stepscope.analyze import load
 
-        result = critical_path(load(trace), top=top, annotation=annotation)
+        result = critical_path(load(trace), top=top or None, annotation=annotation)
     if result.steps_found == 0 and out_fmt == "table":
         emit("no CPU or GPU work in this trace: no dependency graph to walk\n", output)
         return

@@ -15,8 +15,8 @@ from stepscope.commands._options import emit
 @click.argument("after", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write an HTML page OUT/index.html (directory replaced atomically).")
-@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True,
-              help="Rows of the ops/kernels tables.")
+@click.option("--top", type=click.IntRange(min=0), default=15, show_default=True,
+              help="Rows of the ops/kernels tables (0: all).")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of the text summary.")
 def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool) -> None:
     """BEFORE is the trace without your change, AFTER the one with it: median step time, GPU busy share, memory
@@ -28,7 +28,7 @@ def command(before: Path, after: Path, out: Path | None, top: int, as_json: bool
 
     if out is not None:
         check_output_path(out)  # before the work, not after it
-    result = diff_traces(load(before), load(after), top=top)
+    result = diff_traces(load(before), load(after), top=top or None)
     # name each side as the user gave it: a capture run's directory says which is which, its file name
     # (vm_937.1795736888663556836.pt.trace.json.gz) does not
     result = dataclasses.replace(result, before=_named(before, result.before), after=_named(after, result.after))

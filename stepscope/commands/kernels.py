@@ -21,7 +21,8 @@ from stepscope.commands._options import (
 
 @click.command("kernels")
 @trace_argument
-@click.option("--top", type=click.IntRange(min=1), default=30, show_default=True, help="Longest N kernel names.")
+@click.option("--top", type=click.IntRange(min=0), default=30, show_default=True,
+              help="Longest N kernel names (0: all).")
 @click.option("--by", type=click.Choice(["name", "category"]), default="name", show_default=True,
               help="name: both tables; category: the category table only.")
 @graph_capture_option
@@ -35,7 +36,7 @@ def command(trace: Path, top: int, by: str, graph_capture: Path | None, fmt: str
     from stepscope.reports.text import render_frame, render_headline, render_table, result_headline
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
     source, line = load_run(trace, graph_capture)
-    result = kernel_summary(source, top=top)
+    result = kernel_summary(source, top=top or None)
     if result.gpu_events == 0:  # the note: kernels measured by the CUPTI range profiler, not timed
         emit((result.note or "no GPU kernels, memcpy or memset in this trace (CPU-only trace)") + "\n", output)
         return

@@ -11,7 +11,7 @@ from stepscope.commands._options import emit, emit_result, format_options, resol
 
 @click.command("transfers")
 @trace_argument
-@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Worst copies to list.")
+@click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="Worst copies to list (0: all).")
 @format_options
 def command(trace: Path, top: int, fmt: str | None, as_json: bool, as_csv: bool, table: str | None,
             output: Path | None) -> None:
@@ -20,7 +20,7 @@ def command(trace: Path, top: int, fmt: str | None, as_json: bool, as_csv: bool,
     from stepscope.analyze import load
     from stepscope.analyze.transfers import transfers
     chosen = resolve_format(fmt, as_json, as_csv, table)
-    result = transfers(load(trace), top=top)
+    result = transfers(load(trace), top=top or None)
     if result.copies_total == 0 and chosen == "table":
         emit("no memcpy events in this trace: no host/device copies to analyze\n", output)
         return

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from stepscope.analyze.counters import CountersResult
 
 
-def render_counters(result: CountersResult, *, top: int = 20) -> str:
-    """Headline, then the totals per op and per kernel name and the first `top` ranges."""
+def render_counters(result: CountersResult, *, top: int | None = 20) -> str:
+    """Headline, then the totals per op and per kernel name and the first `top` ranges (None: all)."""
     if result.ranges_found == 0:
         return result.note + "\n"
     labels, pattern = metric_labels(result.counters)
@@ -29,8 +29,9 @@ def render_counters(result: CountersResult, *, top: int = 20) -> str:
               ("by kernel, most FLOPs first", result.by_kernel), ("ranges, in the order measured", result.ranges)]
     for title, frame in tables:
         if frame.height:
-            parts.append(render_frame(frame.head(top), title=f"\n{title}" + (
-                f" (first {top} of {frame.height:,}):" if frame.height > top else ":"), max_rows=None,
+            cut = top is not None and frame.height > top
+            parts.append(render_frame(frame.head(top or frame.height), title=f"\n{title}" + (
+                f" (first {top} of {frame.height:,}):" if cut else ":"), max_rows=None,
                 column_names=labels))
     return "\n".join(parts) + "\n"
 

@@ -613,7 +613,9 @@ def _delta_cell(before: float | None, after: float | None, fmt: Callable[[Any], 
     delta = after - before
     if fmt is human_fraction:
         return Cell(text=f"{100 * delta:+.1f} points", sort=float(delta))
-    rel = f" ({100 * delta / before:+.1f}%)" if relative and before else ""
+    pct = 100 * delta / before if relative and before else None
+    # (a change that rounds to 0.0% but is not 0 keeps two significant digits: -128 KiB of 2.6 GiB is -0.0047%)
+    rel = "" if pct is None else f" ({pct:+.2g}%)" if delta and abs(pct) < 0.05 else f" ({pct:+.1f}%)"
     return Cell(text=f"{'+' if delta > 0 else ''}{fmt(delta)}{rel}", sort=float(delta))
 
 
@@ -632,6 +634,8 @@ def diff_report(result: TraceDiff, *, reproduce: Sequence[str] = ()) -> str:
     else:
         lead.append("One of the traces has no ProfilerStep#N spans: no step time to compare.")
     lead.append(f"What bounds the step: {r.before_verdict.replace('_', ' ')} → {r.after_verdict.replace('_', ' ')}.")
+    if r.note:
+        lead.append(r.note[0].upper() + r.note[1:] + ".")
     rows: list[tuple[str, Any, Any, Callable[[Any], str], bool]] = [
         ("steps", r.before_steps, r.after_steps, lambda v: f"{v:,}", False),
         ("median step (wall)", r.before_median_step_ns, r.after_median_step_ns, human_ns, True),

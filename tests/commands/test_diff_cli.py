@@ -10,6 +10,8 @@ from click.testing import CliRunner
 from report_traces import gpu_doc
 
 from stepscope.cli import cli
+from stepscope.reports.html import _delta_cell
+from stepscope.reports.units import human_bytes
 
 
 def test_diff_text_and_html(tmp_path: Path) -> None:
@@ -23,6 +25,21 @@ def test_diff_text_and_html(tmp_path: Path) -> None:
     assert "data:image/png;base64," in page  # the before/after figure
     assert "Median step 100 µs → 100 µs (+0.0%): about the same." in page  # the answer leads the page
     assert "Before and after" in page and "+20 µs (+66.7%)" in page  # self device 30 -> 50 µs (kernels 2x)
+
+
+def test_the_same_trace_twice_says_so_and_a_tiny_change_is_not_zero(tmp_path: Path) -> None:
+    # GIVEN one trace as BEFORE and as AFTER THEN the answer says they are the same, in the text and on the page
+    a = write_trace(tmp_path / "a", gpu_doc(1.0))
+    result = CliRunner().invoke(cli, ["diff", str(a), str(a), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "BEFORE and AFTER are the same trace (the same bytes), so every change is 0" in " ".join(
+        result.output.split())  # (the headline wraps it)
+    assert "BEFORE and AFTER are the same trace" in (tmp_path / "out" / "index.html").read_text()
+    other = write_trace(tmp_path / "b", gpu_doc(2.0))
+    assert "same trace" not in CliRunner().invoke(cli, ["diff", str(a), str(other)]).output
+    # and a change that rounds to 0.0% keeps two digits (-128 KiB of 2.6 GiB), a real 0 stays 0.0%
+    assert _delta_cell(2_791_636_480, 2_791_636_480 - 131_072, human_bytes, True).text == "-128 KiB (-0.0047%)"
+    assert _delta_cell(100, 100, human_bytes, True).text == "0 B (+0.0%)"
 
 
 def test_corpus_resnet_workers_html(corpus: Path, tmp_path: Path) -> None:
