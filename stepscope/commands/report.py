@@ -37,7 +37,8 @@ T = TypeVar("T")
 @click.command("report")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output directory (replaced atomically); the main page is OUT/index.html.")
+              help="Output directory: new, empty, or an earlier report (which is replaced whole); the main page "
+                   "is OUT/index.html.")
 @click.option("--batch", is_flag=True,
               help="INPUT is a directory of traces even where it holds one: one report each and an index (a "
                    "directory of several traces is one without it).")
@@ -63,7 +64,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
 
     if engine != "ray":  # (a batch on Ray draws its figures on the cluster)
         start_early()  # the figure workers' fork server imports matplotlib while this process loads the trace
-    from stepscope._io import atomic_dir, check_output_path
+    from stepscope._io import atomic_output_dir, check_output_dir
     from stepscope.analyze.bundle import TraceAnalysis
     from stepscope.analyze.graphs import capture_line, load_replayed, locate_capture
     from stepscope.analyze.inputs import Dataset, MemoryTimeline, RunDir, Snapshot, TraceBatch, describe, resolve
@@ -82,9 +83,9 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
     if isinstance(inp, Snapshot | MemoryTimeline):
         raise UsageError(f"is {describe(inp)}, not a trace: use `stepscope "
                          f"{'snapshot' if isinstance(inp, Snapshot) else 'memory-timeline'}`", path=input_path)
-    check_output_path(out)
+    check_output_dir(out, "report")
     if isinstance(inp, RunDir | Dataset | TraceBatch):
-        with atomic_dir(out, create_parents=False) as tmp:
+        with atomic_output_dir(out, kind="report") as tmp:
             kind, failed, total = _write_collection(inp, tmp, input_path, batch=batch, step=step, perfetto=perfetto,
                                                     engine=engine, address=address, captures=captures)
     else:
@@ -96,7 +97,7 @@ def command(input_path: Path, out: Path, batch: bool, step: int | None, perfetto
             if step is not None:
                 _check_step(bundle, step)  # (before the analyses start: a wrong step is said at once)
             renderer.analyse_ahead(bundle)  # (on a machine with the cores: see FigureWorkers)
-            with atomic_dir(out, create_parents=False) as tmp:
+            with atomic_output_dir(out, kind="report") as tmp:
                 link = _export(lambda target: export_trace(choice.trace, target, ExportOptions(), bundle=bundle),
                                tmp, TRACE_FILE) if perfetto else None
                 page = trace_report(bundle, source=str(input_path), step=step, renderer=renderer, perfetto=link,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from builders import write_trace
 from click.testing import CliRunner
+from conftest import refused
 from report_traces import gpu_doc
 
 from stepscope.cli import cli
@@ -68,3 +70,26 @@ def test_corpus_resnet_workers(corpus: Path) -> None:
     if "idle by cause:" in result.output:  # with gaps.py: data-loading idle all but disappears
         line = next(x for x in result.output.splitlines() if x.startswith("data_loading "))
         assert "357 ms" in line and "-357 ms" in line
+
+
+def test_html_only_into_a_new_or_empty_directory_or_an_earlier_diff(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    a = write_trace(tmp_path / "a", gpu_doc(1.0))
+    b = write_trace(tmp_path / "b", gpu_doc(2.0))
+    # GIVEN a directory of the user's files, one holding a report, and an empty one
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    assert CliRunner().invoke(cli, ["report", str(a), "-o", str(tmp_path / "rep")]).exit_code == 0
+    (tmp_path / "empty").mkdir()
+    # WHEN the diff's page is written to each
+    # THEN the first two are refused in one line, as they were, and the empty one written, then replaced
+    err = refused(["diff", str(a), str(b), "-o", str(keep)], capsys)
+    assert err == f"stepscope: error: {keep}: holds files stepscope did not write: give a new or empty directory"
+    assert [p.name for p in keep.iterdir()] == ["notes.txt"]
+    err = refused(["diff", str(a), str(b), "-o", str(tmp_path / "rep")], capsys)
+    assert "holds the output of `stepscope report`, not of `stepscope diff`" in err
+    for _ in range(2):
+        result = CliRunner().invoke(cli, ["diff", str(a), str(b), "-o", str(tmp_path / "empty")])
+        assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == [".stepscope-output.json", "index.html"]

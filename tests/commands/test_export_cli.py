@@ -165,7 +165,7 @@ def test_report_perfetto_writes_and_links_the_export(tmp_path: Path) -> None:
     assert {"rank 0", "rank 1"} <= names
     # AND without --perfetto, nothing is written and the page says how to make it
     assert CliRunner().invoke(cli, ["report", str(src), "-o", str(tmp_path / "r3")]).exit_code == 0
-    assert [p.name for p in (tmp_path / "r3").iterdir()] == ["index.html"]
+    assert sorted(p.name for p in (tmp_path / "r3").iterdir()) == [".stepscope-output.json", "index.html"]
     assert "--perfetto</code> writes it beside this page" in (tmp_path / "r3" / "index.html").read_text()
 
 

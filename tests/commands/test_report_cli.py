@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 from builders import kernel, step, trace, write_trace
 from click.testing import CliRunner
+from conftest import refused
 from report_traces import gpu_doc
 
 from stepscope.cli import cli, main
@@ -116,7 +119,7 @@ def test_sample_run(tmp_path: Path) -> None:
     assert 'id="memory-categories"' in index and "activation" in index  # the run's export_memory_timeline file
     # AND a run of one rank is that rank's report in the index: no second copy of it that nothing links
     assert 'id="steps"' in index
-    assert [p.name for p in (tmp_path / "out").iterdir()] == ["index.html"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".stepscope-output.json", "index.html"]
 
 
 def test_run_with_a_snapshot_and_a_bad_side_file(corpus: Path, tmp_path: Path) -> None:
@@ -213,3 +216,68 @@ def test_a_step_no_trace_of_a_batch_holds_is_an_error(tmp_path: Path, capsys: py
     # AND a step one of them holds is fine
     code, out = run("report", str(tmp_path / "in"), "--batch", "-o", str(tmp_path / "out"), "--step", "2")
     assert code == 0, out
+
+
+def test_a_directory_of_the_users_files_is_refused_not_emptied(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN an output directory that holds the user's own files
+    src = write_trace(tmp_path / "in", gpu_doc())
+    keep = tmp_path / "keep"
+    (keep / "sub").mkdir(parents=True)
+    (keep / "notes.txt").write_text("mine")
+    (keep / "sub" / "y").write_text("y")
+    # WHEN a report is written there
+    err = refused(["report", str(src), "-o", str(keep)], capsys)
+    # THEN one line naming it, and every file kept, nothing added
+    assert err == f"stepscope: error: {keep}: holds files stepscope did not write: give a new or empty directory"
+    assert sorted(p.relative_to(keep).as_posix() for p in keep.rglob("*")) == ["notes.txt", "sub", "sub/y"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "keep"]
+
+
+def test_an_earlier_report_is_replaced_and_an_empty_directory_written_into(tmp_path: Path) -> None:
+    # GIVEN an empty directory
+    write_trace(tmp_path / "in", gpu_doc(), "a.pt.trace.json")
+    write_trace(tmp_path / "in", gpu_doc(scale=2), "b.pt.trace.json")
+    (tmp_path / "out").mkdir()
+    # WHEN a batch report is written there, then a report of one trace
+    code, out = run("report", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--batch")
+    assert code == 0, out
+    assert (tmp_path / "out" / "a.pt.trace" / "index.html").is_file()
+    code, out = run("report", str(tmp_path / "in" / "a.pt.trace.json"), "-o", str(tmp_path / "out"))
+    # THEN the second replaces the first whole
+    assert code == 0, out
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".stepscope-output.json", "index.html"]
+
+
+@pytest.mark.parametrize("given", [".", "./"])
+def test_the_current_directory_as_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    # GIVEN a trace, and an empty current directory
+    src = write_trace(tmp_path / "in", gpu_doc())
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    # WHEN the report is written to `.` twice
+    for _ in range(2):
+        code, out = run("report", str(src), "-o", given)
+        assert code == 0, out
+    # THEN the page is in it
+    assert "wrote index.html" in out and 'id="ops"' in (tmp_path / "here" / "index.html").read_text()
+
+
+def test_a_mount_point_as_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN an output directory holding an earlier report that cannot be renamed (a mount point: EBUSY)
+    src = write_trace(tmp_path / "in", gpu_doc())
+    mnt = tmp_path / "mnt"
+    code, out = run("report", str(src), "-o", str(mnt))
+    assert code == 0, out
+    real_replace = os.replace
+
+    def replace(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
+        if Path(source) == mnt:
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(source))
+        real_replace(source, dest)
+
+    monkeypatch.setattr(os, "replace", replace)
+    # WHEN the report is written there again THEN it is, into the directory
+    code, out = run("report", str(src), "-o", str(mnt))
+    assert code == 0, out
+    assert sorted(p.name for p in mnt.iterdir()) == [".stepscope-output.json", "index.html"]
