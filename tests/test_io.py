@@ -16,6 +16,9 @@ from stepscope._io import OUTPUT_MARKER, atomic_output_dir
 from stepscope.errors import UsageError
 
 NOT_OURS = "holds files stepscope did not write: give a new or empty directory"
+#: the same where no marker says what stepscope wrote there
+NO_MARKER = (f"holds files stepscope did not write (no {OUTPUT_MARKER}: your files, or an output of an earlier "
+             "stepscope, which wrote none): give a new or empty directory")
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -49,7 +52,7 @@ def test_a_directory_of_the_users_files_is_refused_and_left_as_it_was(tmp_path: 
     with pytest.raises(UsageError) as info:
         _write(keep, {"index.html": "page"})
     # THEN one error naming it, and the directory holds exactly what it held
-    assert str(info.value) == f"{keep}: {NOT_OURS}"
+    assert str(info.value) == f"{keep}: {NO_MARKER}"
     assert _tree(keep) == {"notes.txt": "mine", "sub/y": "y"} and sorted(p.name for p in keep.iterdir()) == [
         "notes.txt", "sub"]
 
