@@ -9,7 +9,12 @@ Two trace generations:
 
 Allocated bytes are `Total Allocated` where the trace writes it, else the running sum of `Bytes` per
 device from the trace's start (so a 2021 figure counts only what the window allocated: memory that was
-live before profiling started is not in it). Reserved bytes exist only in today's format.
+live before profiling started is not in it). Reserved bytes exist only in today's format, and only for a
+device whose `Total Reserved` is above 0 at some event: torch writes 0 for the CPU, whose allocator reserves
+nothing, and that is "not recorded", not a reserve below what is allocated.
+
+    cpu   Total Allocated 16 KiB, Total Reserved 0    ->  reserved null, reserved - allocated null (not -16 KiB)
+    cuda  Total Allocated 1 GiB,  Total Reserved 2 GiB  ->  reserved 2 GiB, reserved - allocated 1 GiB
 
 Attribution: a `[memory]` instant belongs to the innermost cpu_op enclosing it on the *same thread* (the
 allocating thread; torch's own key_averages() instead credits every op on any thread whose interval holds
@@ -77,7 +82,7 @@ def memory_series(trace: Trace) -> pl.DataFrame:
 
     Columns: event_id, ts_ns, pid, tid, device_name ("cpu", "cuda:0", …), device (null for CPU),
     device_type, alloc_bytes (+ allocated, - freed), addr, allocated_bytes, reserved_bytes (null in 2021
-    traces), reserved_minus_allocated_bytes.
+    traces, and on a device whose Total Reserved is never above 0: the CPU), reserved_minus_allocated_bytes.
     """
     mem = (
         trace.memory.filter(pl.col("ts_ns").is_not_null())
@@ -90,8 +95,9 @@ def memory_series(trace: Trace) -> pl.DataFrame:
     )
     has_totals = bool(mem["total"].is_not_null().any())
     allocated = pl.col("total") if has_totals else pl.col("alloc_bytes").cum_sum().over("device_name")
-    return mem.with_columns(allocated_bytes=allocated).drop("total").with_columns(
-        reserved_minus_allocated_bytes=pl.col("reserved_bytes") - pl.col("allocated_bytes"))
+    recorded = (pl.col("reserved_bytes") > 0).any().over("device_name")
+    return mem.with_columns(allocated_bytes=allocated, reserved_bytes=pl.when(recorded).then("reserved_bytes")).drop(
+        "total").with_columns(reserved_minus_allocated_bytes=pl.col("reserved_bytes") - pl.col("allocated_bytes"))
 
 
 def _ops_with_parents(trace: Trace) -> pl.DataFrame:

@@ -49,6 +49,18 @@ def test_peak_time_step_and_innermost_op(tmp_path: Path) -> None:
     assert r.devices["device_name"].to_list() == ["cuda:0", "cpu"]
 
 
+def test_a_device_that_never_records_reserved_memory_has_it_unknown_not_negative(tmp_path: Path) -> None:
+    # GIVEN the CPU's allocations, whose Total Reserved torch writes as 0 while 4 KiB is allocated
+    r = memory_timeline(_today(tmp_path))
+    # THEN the CPU's reserved and reserved - allocated are unknown everywhere, never -4 KiB; the GPU's stay known
+    cpu = r.devices.filter(pl.col("device_name") == "cpu").row(0, named=True)
+    assert (cpu["peak_reserved_bytes"], cpu["max_reserved_minus_allocated_bytes"]) == (None, None)
+    cpu_slices = r.timeline.filter(pl.col("device_name") == "cpu")
+    assert cpu_slices["reserved_bytes"].null_count() == cpu_slices["reserved_minus_allocated_bytes"].null_count() \
+        == cpu_slices.height > 0
+    assert r.timeline["reserved_minus_allocated_bytes"].drop_nulls().min() == 8 * MIB  # (cuda:0's)
+
+
 @pytest.mark.parametrize(("work_device", "noted"), [(2, True), (0, False)])
 def test_memory_and_work_numbering_one_gpu_apart_are_said_to_be_one(tmp_path: Path, work_device: int,
                                                                       noted: bool) -> None:
