@@ -37,6 +37,9 @@ from stepscope.analyze.window import cpu_spans, with_step
 MIB = 1024 * 1024
 MODULE_PREFIX = "nn.Module: "
 _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda", 6: "hip", 12: "xpu", 20: "privateuse1"}
+#: what one row of `MemoryTimeline.timeline` is (its headline says so)
+TIMELINE_ROWS = ("each slice at its allocated peak: the most allocated in the slice, and the reserved bytes and "
+                 "reserved minus allocated at that same moment")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,9 +55,10 @@ class MemoryTimeline:
       not subtracted; self = as the innermost op, inclusive = inside it). "(outside any op)" for the rest.
     never_freed: leak candidates, allocations with no later free of the same address on the same device
       (top by size): device_name, addr, alloc_bytes, offset_ns, step, op.
-    timeline: per device, `buckets` equal slices of the trace's memory time span: device_name, offset_ns
-      (slice start), allocated_bytes, reserved_bytes,
-      reserved_minus_allocated_bytes (each the maximum in the slice).
+    timeline: per device, `buckets` equal slices of the trace's memory time span, each at one moment, its
+      allocated peak (`TIMELINE_ROWS`): device_name, offset_ns (slice start), allocated_bytes (the slice's
+      peak), reserved_bytes and reserved_minus_allocated_bytes (then), so that a row's reserved minus its
+      allocated is its third column.
     """
 
     memory_events: int
@@ -68,6 +72,7 @@ class MemoryTimeline:
     mem_ops: pl.DataFrame
     never_freed: pl.DataFrame
     timeline: pl.DataFrame
+    timeline_rows: str = ""  # TIMELINE_ROWS where there is a timeline: what one of its rows is
     note: str = ""  # `_device_note`: the [memory] events and the GPU work number one GPU apart
 
 
@@ -212,8 +217,10 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
         timeline = (
             series.with_columns(offset_ns=t0 + (pl.col("offset_ns") - t0) // width * width)
             .group_by("device_name", "offset_ns")
-            .agg(pl.col("device").first(), pl.col("allocated_bytes").max(), pl.col("reserved_bytes").max(),
-                 pl.col("reserved_minus_allocated_bytes").max())
+            # one moment per slice, its allocated peak (the first, on a tie), so that the columns agree
+            .agg(pl.col("device").first(),
+                 *[pl.col(c).sort_by("allocated_bytes", descending=True, nulls_last=True, maintain_order=True)
+                   .first() for c in ("allocated_bytes", "reserved_bytes", "reserved_minus_allocated_bytes")])
             .sort(pl.col("device").is_null(), "device", "offset_ns")
             .drop("device")
         )
@@ -228,7 +235,7 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
         peak_device=head.get("device_name"), peak_allocated_bytes=head.get("peak_allocated_bytes"),
         peak_offset_ns=head.get("peak_offset_ns"), peak_step=head.get("peak_step"), peak_op=head.get("peak_op"),
         devices=devices, mem_ops=_mem_ops(series, ops).head(top), never_freed=never_freed, timeline=timeline,
-        note=note,
+        timeline_rows=TIMELINE_ROWS if timeline.height else "", note=note,
     )
 
 

@@ -110,11 +110,16 @@ def test_2021_format_uses_the_running_sum_of_bytes(tmp_path: Path) -> None:
     assert cuda["unfreed_bytes"] is None  # no Addr: frees cannot be matched, so unknown rather than 0
 
 
-def test_timeline_buckets_hold_the_maximum(tmp_path: Path) -> None:
+def test_timeline_rows_are_each_slices_allocated_peak_with_reserved_at_that_moment(tmp_path: Path) -> None:
+    # GIVEN two slices of cuda:0 with 20 MiB reserved throughout: 4, 12, 8 MiB allocated, then 9, 8 MiB
     r = memory_timeline(_today(tmp_path), buckets=2)
     cuda = r.timeline.filter(pl.col("device_name") == "cuda:0")
-    assert cuda["allocated_bytes"].to_list() == [12 * MIB, 9 * MIB]
+    # THEN each row is the slice's allocated peak and reserved - allocated at that moment (8 MiB, 11 MiB), not the
+    # slice's largest reserved - allocated (16 MiB at 4 MiB allocated, 12 MiB at 8 MiB), and the headline says so
+    assert cuda.select("allocated_bytes", "reserved_bytes", "reserved_minus_allocated_bytes").rows() == [
+        (12 * MIB, 20 * MIB, 8 * MIB), (9 * MIB, 20 * MIB, 11 * MIB)]
     assert cuda["offset_ns"].to_list()[0] == 15_000
+    assert r.timeline_rows.startswith("each slice at its allocated peak")
 
 
 def test_trace_without_memory_events(tmp_path: Path) -> None:
