@@ -37,6 +37,7 @@ from stepscope.analyze.window import cpu_spans, with_step
 MIB = 1024 * 1024
 MODULE_PREFIX = "nn.Module: "
 _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda", 6: "hip", 12: "xpu", 20: "privateuse1"}
+RUNNING_SUM = "running sum of Bytes from the trace's start (2021 format)"
 #: what one row of `MemoryTimeline.timeline` is (its headline says so)
 TIMELINE_ROWS = ("each slice at its allocated peak: the most allocated in the slice, and the reserved bytes and "
                  "reserved minus allocated at that same moment")
@@ -62,7 +63,7 @@ class MemoryTimeline:
     """
 
     memory_events: int
-    totals_source: str | None  # "Total Allocated", "running sum of Bytes (2021 format)", None: no events
+    totals_source: str | None  # "Total Allocated", RUNNING_SUM (2021 format), None: no events
     peak_device: str | None
     peak_allocated_bytes: int | None
     peak_offset_ns: int | None
@@ -73,7 +74,14 @@ class MemoryTimeline:
     never_freed: pl.DataFrame
     timeline: pl.DataFrame
     timeline_rows: str = ""  # TIMELINE_ROWS where there is a timeline: what one of its rows is
-    note: str = ""  # `_device_note`: the [memory] events and the GPU work number one GPU apart
+    note: str = ""  # `_format_note` and `_device_note`, each where it applies
+
+    def empty_table_note(self, table: str) -> str | None:
+        """What an empty table means where that is not "none": `never_freed` of a trace without addresses."""
+        unfreed = self.devices["unfreed_allocations"] if self.devices.height else None
+        if table == "never_freed" and unfreed is not None and unfreed.null_count() == len(unfreed):
+            return "not recorded (the trace has no addresses)"
+        return None
 
 
 def _device_name() -> pl.Expr:
@@ -225,18 +233,37 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
             .drop("device")
         )
     work = trace.gpu.select(pl.col("device").drop_nulls().unique()).collect(engine="in-memory")["device"]
-    note = _device_note(gpu.select("device_name", "device"), work)  # (the GPU ids alone: no launch join)
     has_totals = trace.memory.select(pl.col("total_allocated_bytes").is_not_null().any()).collect(
         engine="in-memory").item()
+    notes = [_format_note(has_totals=has_totals, has_addresses=bool(series["addr"].is_not_null().any()))
+             if series.height else "",
+             _device_note(gpu.select("device_name", "device"), work)]  # (the GPU ids alone: no launch join)
+    note = " ".join(n for n in notes if n)
     return MemoryTimeline(
         memory_events=series.height,
-        totals_source=None if series.height == 0 else "Total Allocated" if has_totals
-        else "running sum of Bytes (2021 format)",
+        totals_source=None if series.height == 0 else "Total Allocated" if has_totals else RUNNING_SUM,
         peak_device=head.get("device_name"), peak_allocated_bytes=head.get("peak_allocated_bytes"),
         peak_offset_ns=head.get("peak_offset_ns"), peak_step=head.get("peak_step"), peak_op=head.get("peak_op"),
         devices=devices, mem_ops=_mem_ops(series, ops).head(top), never_freed=never_freed, timeline=timeline,
         timeline_rows=TIMELINE_ROWS if timeline.height else "", note=note,
     )
+
+
+def _format_note(*, has_totals: bool, has_addresses: bool) -> str:
+    """What a trace without totals or without addresses (the 2021 format: only Bytes) lets the figures mean.
+
+        no Total Allocated  ->  allocated figures are relative to the trace's start (final allocated 0 B: as much
+                                freed as allocated in the trace, not an empty device)
+        no Addr             ->  frees cannot be matched: never freed is not recorded (not "none")
+    """
+    parts = []
+    if not has_totals:
+        parts.append("Allocated bytes are relative to the trace's start: it records no Total Allocated, so memory "
+                     "live before profiling is not in them (they can end at or below 0).")
+    if not has_addresses:
+        parts.append("What was never freed is not recorded: the trace has no addresses to match frees to "
+                     "allocations.")
+    return " ".join(parts)
 
 
 def _device_note(memory_gpus: pl.DataFrame, work_devices: pl.Series) -> str:

@@ -102,12 +102,35 @@ def test_2021_format_uses_the_running_sum_of_bytes(tmp_path: Path) -> None:
         {"ph": "X", "cat": "Operator", "name": "aten::empty", "pid": PID, "tid": 1, "ts": 0, "dur": 50},
         old(1, 1000, 0), old(2, 500, 0), old(3, -1000, 0), old(4, 300, -1), old(60, 2000, 0)]}
     r = memory_timeline(load_events(tmp_path, doc))
-    assert r.totals_source == "running sum of Bytes (2021 format)"
+    assert r.totals_source == "running sum of Bytes from the trace's start (2021 format)"
     series = memory_series(load_events(tmp_path, doc))
     assert series.filter(pl.col("device_name") == "cuda:0")["allocated_bytes"].to_list() == [1000, 1500, 500, 2500]
     assert (r.peak_allocated_bytes, r.peak_op) == (2500, None)
     cuda = r.devices.row(0, named=True)
     assert cuda["unfreed_bytes"] is None  # no Addr: frees cannot be matched, so unknown rather than 0
+
+
+def test_2021_format_says_its_figures_are_relative_and_never_freed_not_recorded(tmp_path: Path) -> None:
+    # GIVEN a 2021-format trace (only Bytes: no totals, no addresses) that frees what it allocated
+    doc = {"traceEvents": [{"ph": "i", "s": "t", "name": "[memory]", "pid": PID, "tid": 1, "ts": ts,
+                            "args": {"Device Type": 1, "Device Id": 0, "Bytes": nbytes}}
+                           for ts, nbytes in ((1, 1000), (2, -1000))]}
+    r = memory_timeline(load_events(tmp_path, doc))
+    # THEN its final 0 B is said to be relative to the trace's start, and an empty never-freed table to mean "not
+    # recorded", not "none"
+    assert r.devices["final_allocated_bytes"].to_list() == [0]
+    assert r.note.startswith("Allocated bytes are relative to the trace's start")
+    assert "never freed is not recorded" in r.note
+    assert r.never_freed.height == 0
+    assert r.empty_table_note("never_freed") == "not recorded (the trace has no addresses)"
+
+
+def test_todays_format_has_no_format_note_and_an_empty_never_freed_is_none(tmp_path: Path) -> None:
+    # GIVEN today's format (totals and addresses) where every allocation is freed
+    r = memory_timeline(load_events(tmp_path, trace(memory(1, 8, total_allocated=8, addr=1),
+                                                    memory(2, -8, total_allocated=0, addr=1))))
+    # THEN nothing needs saying: the figures are absolute and nothing was left unfreed
+    assert r.note == "" and r.never_freed.height == 0 and r.empty_table_note("never_freed") is None
 
 
 def test_timeline_rows_are_each_slices_allocated_peak_with_reserved_at_that_moment(tmp_path: Path) -> None:
