@@ -55,7 +55,7 @@ class MemoryTimeline:
     mem_ops: name, allocations, self_device_mib, device_mib, self_cpu_mib, cpu_mib (bytes allocated, frees
       not subtracted; self = as the innermost op, inclusive = inside it). "(outside any op)" for the rest.
     never_freed: leak candidates, allocations with no later free of the same address on the same device
-      (top by size): device_name, addr, alloc_bytes, offset_ns, step, op.
+      (top by size): device_name, addr (hex), alloc_bytes, offset_ns, step, op.
     timeline: per device, `buckets` equal slices of the trace's memory time span, each at one moment, its
       allocated peak (`TIMELINE_ROWS`): device_name, offset_ns (slice start), allocated_bytes (the slice's
       peak), reserved_bytes and reserved_minus_allocated_bytes (then), so that a row's reserved minus its
@@ -217,7 +217,8 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
                                                 maintain_order=True).head(1)
     head = best.row(0, named=True) if best.height else {}
     never_freed = unfreed.sort("alloc_bytes", "offset_ns", descending=[True, False], nulls_last=True).head(top).select(
-        "device_name", "addr", "alloc_bytes", "offset_ns", "step", "op")
+        "device_name", pl.col("addr").map_elements(hex, return_dtype=pl.String), "alloc_bytes", "offset_ns", "step",
+        "op")  # (addresses in hex, as `snapshot` and torch's allocator write them)
     timeline = pl.DataFrame()
     if series.height:
         t0, t1 = int(series["offset_ns"][0]), int(series["offset_ns"][-1])

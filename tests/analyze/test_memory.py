@@ -82,8 +82,15 @@ def test_never_freed_allocations_name_their_op(tmp_path: Path) -> None:
     r = memory_timeline(_today(tmp_path))
     leaks = r.never_freed.sort("alloc_bytes", descending=True)
     assert leaks.select("device_name", "addr", "alloc_bytes", "op").rows() == [
-        ("cuda:0", 2, 8 * MIB, "aten::addmm"), ("cpu", 9, 4096, None)]
+        ("cuda:0", "0x2", 8 * MIB, "aten::addmm"), ("cpu", "0x9", 4096, None)]
     assert r.devices.filter(pl.col("device_name") == "cuda:0")["unfreed_bytes"].item() == 8 * MIB
+
+
+def test_never_freed_addresses_are_hex_like_snapshots(tmp_path: Path) -> None:
+    # GIVEN a block at a typical CUDA address, never freed
+    t = load_events(tmp_path, trace(memory(1, MIB, total_allocated=MIB, addr=0x55C4_A000_0000)))
+    # THEN the address reads as torch's allocator and `snapshot` write it, not as a decimal number
+    assert memory_timeline(t).never_freed["addr"].to_list() == ["0x55c4a0000000"]
 
 
 def test_allocations_on_another_thread_belong_to_that_threads_op(tmp_path: Path) -> None:

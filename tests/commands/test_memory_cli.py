@@ -48,6 +48,17 @@ def test_a_2021_trace_says_never_freed_is_not_recorded_and_figures_are_relative(
     assert "relative to the trace's start" in res.stdout
 
 
+def test_never_freed_addresses_are_shown_in_hex(tmp_path: Path) -> None:
+    # GIVEN a trace whose block at 0x55c4a0000000 is never freed
+    path = write_trace(tmp_path, trace(memory(1, MIB, total_allocated=MIB, addr=0x55C4_A000_0000)), "t.json")
+    # WHEN its memory is shown as a table and as JSON
+    res = CliRunner().invoke(cli, ["memory", str(path)])
+    data = json.loads(CliRunner().invoke(cli, ["memory", str(path), "--json"]).stdout)
+    # THEN the address is hex in both, as `snapshot` shows addresses, not comma-grouped decimals
+    assert res.exit_code == 0 and "0x55c4a0000000" in res.stdout and f"{0x55C4_A000_0000:,}" not in res.stdout
+    assert data["never_freed"][0]["addr"] == "0x55c4a0000000"
+
+
 def test_by_layer(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["memory", str(_trace(tmp_path)), "--by-layer", "--json"])
     data = json.loads(res.stdout)
