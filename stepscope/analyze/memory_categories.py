@@ -41,8 +41,10 @@ _RAW_SCHEMA = {"t_ns": pl.Int64, "action": pl.Int64, "bytes": pl.Int64, "categor
 class MemoryCategoriesResult:
     """Bytes per category at the peak of their sum, and over time.
 
-    `timeline` has at most `buckets` rows (in each bucket, the row with the largest total); `since_start_ns`
-    counts from the first timestamped row, and is null for memory that existed before profiling.
+    `timeline`: every row, or at most `buckets` of them (in each of `buckets` equal slices of the rows, the one
+    with the largest total), as `timeline_rows` says; `row` numbers the rows from 0 in the file's order
+    (`read_memory_timeline`: HolisticTraceAnalysis's row 744 is row 744), `since_start_ns` counts from the first
+    timestamped row, and is null for memory that existed before profiling.
     """
 
     source: str
@@ -51,6 +53,7 @@ class MemoryCategoriesResult:
     start_time_us: int | None
     peak_total_bytes: int
     peak_since_start_ns: int | None
+    timeline_rows: str  # "every row", or which rows `timeline` keeps: "20 of 7,717: …"
     at_peak: pl.DataFrame
     timeline: pl.DataFrame
 
@@ -111,8 +114,12 @@ def _coalesce(raw: pl.DataFrame) -> pl.DataFrame:
     return per_row.select("time_us", *[pl.col(n).cum_sum() for n in CATEGORIES])
 
 
-def memory_categories(path: str | Path, *, buckets: int = 200) -> MemoryCategoriesResult:
-    """Bytes per category at the peak of the total, and over time (at most `buckets` rows)."""
+def memory_categories(path: str | Path, *, buckets: int | None = 200) -> MemoryCategoriesResult:
+    """Bytes per category at the peak of the total, and over time (at most `buckets` rows; None: every row).
+
+        7,717 rows, buckets=20    ->  timeline: rows 0, 387, … (the largest total of each slice of ~386 rows)
+        7,717 rows, buckets=None  ->  timeline: rows 0 … 7,716
+    """
     path = Path(path)
     fmt, timeline = read_memory_timeline(path)
     if timeline.height == 0:
@@ -128,13 +135,17 @@ def memory_categories(path: str | Path, *, buckets: int = 200) -> MemoryCategori
                            schema={"category": pl.String, "size_bytes": pl.Int64})
     at_peak = at_peak.with_columns(share_fraction=pl.col("size_bytes") / total if total else pl.lit(None, pl.Float64))
     n = timeline.height
-    shown = (
-        timeline.with_columns(bucket=pl.col("row") * min(buckets, n) // n)
-        .sort("total_bytes", "row", descending=[True, False]).group_by("bucket").first().sort("row")
-        .select("since_start_ns", "total_bytes", *[pl.col(c).alias(f"{c}_bytes") for c in CATEGORIES])
-    )
+    kept = n if buckets is None else min(buckets, n)
+    if kept < n:
+        timeline = (timeline.with_columns(bucket=pl.col("row") * kept // n)
+                    .sort("total_bytes", "row", descending=[True, False]).group_by("bucket").first().sort("row"))
+    shown = timeline.select(pl.col("row").cast(pl.Int64), "since_start_ns", "total_bytes",
+                            *[pl.col(c).alias(f"{c}_bytes") for c in CATEGORIES])
     return MemoryCategoriesResult(
-        source=str(path), format=fmt, rows=n, start_time_us=start if isinstance(start, int) else None,
+        source=str(path), format=fmt, rows=n,
+        timeline_rows="every row" if kept == n else
+        f"{kept:,} of {n:,}: in each of {kept:,} equal slices of the rows, the one with the largest total",
+        start_time_us=start if isinstance(start, int) else None,
         peak_total_bytes=total, peak_since_start_ns=peak["since_start_ns"],
         at_peak=at_peak.sort("size_bytes", "category", descending=[True, False]),
         timeline=shown,
