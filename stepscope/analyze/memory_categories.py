@@ -5,7 +5,8 @@ path's suffix (torch/profiler/_memory_profiler.py):
 - raw (`*.raw.json.gz`): a list of `[t_ns, action, bytes, category]` events; `t_ns` = -1 for tensors that
   existed before profiling; action 1 preexisting, 2 create, 3 increment version (two events: -bytes in
   the old version's category, +bytes in the new one's), 4 destroy (-bytes); category 0..7 in the order of
-  `CATEGORIES` (torch's `_CATEGORY_TO_INDEX`; 7 = tensors torch could not categorize).
+  `CATEGORIES` (torch's `_CATEGORY_TO_INDEX`; 7 = tensors torch could not categorize). A file with an event of
+  any other category is refused (`TraceFormatError`), not read with that event's bytes in no category.
 - plain (`*.json` / `*.json.gz`): `[times_us, sizes]`, each `sizes` row `[0, c0, …, c7]`, already cumulative.
 
 Raw events become rows the way torch's own `_coalesce_timeline` makes the plain form, except for one
@@ -93,13 +94,27 @@ def read_memory_timeline(path: str | Path) -> tuple[str, pl.DataFrame]:
             columns = pl.DataFrame(sizes, schema=["_zero", *CATEGORIES], orient="row").drop("_zero")
             return "category totals", pl.concat([frame, columns.cast(pl.Int64)], how="horizontal")
         if _is_raw(data):
-            return "raw events", _coalesce(pl.DataFrame(data, schema=_RAW_SCHEMA, orient="row"))
+            raw = pl.DataFrame(data, schema=_RAW_SCHEMA, orient="row")
+            _check_categories(raw, path)
+            return "raw events", _coalesce(raw)
     except (TypeError, ValueError, pl.exceptions.PolarsError) as exc:
         first_line = (str(exc).splitlines() or [""])[0]
         raise TraceFormatError(f"malformed memory timeline export ({type(exc).__name__}: {first_line})",
                                path=path) from None
     raise TraceFormatError("not a memory timeline export (expected [t, action, bytes, category] events or "
                            "[times, sizes] from torch.profiler's export_memory_timeline)", path=path)
+
+
+def _check_categories(raw: pl.DataFrame, path: Path) -> None:
+    """Refuse an event whose category is not one of CATEGORIES' 0..7 (a newer torch's, or a damaged file): its
+    bytes would count in no category, and the totals would be quietly short."""
+    bad = raw.with_row_index("event").filter(~pl.col("category").is_between(0, len(CATEGORIES) - 1).fill_null(False))
+    if bad.height:
+        event, category = bad.row(0)[0], bad["category"][0]
+        raise TraceFormatError(
+            f"event {event} has category {'null' if category is None else category}, not one of torch's "
+            f"0..{len(CATEGORIES) - 1} ({', '.join(CATEGORIES)}), so its bytes would count in none "
+            f"({bad.height:,} such event{'s' if bad.height > 1 else ''} in the file)", path=path)
 
 
 def _coalesce(raw: pl.DataFrame) -> pl.DataFrame:

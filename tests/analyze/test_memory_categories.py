@@ -91,6 +91,22 @@ def test_bad_files_are_one_clear_error(tmp_path: Path, content: bytes) -> None:
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(("rows", "needle"), [
+    ([[-1, 1, 100, 9]], "event 0 has category 9, not one of torch's 0..7"),
+    ([[-1, 1, 100, 0], [5, 2, 1, -1], [6, 2, 1, 8]], "event 1 has category -1, not one of torch's 0..7"),
+    ([[-1, 1, 100, 0], [5, 2, 1, None]], "event 1 has category null"),
+])
+def test_an_event_outside_the_categories_is_refused_not_dropped(tmp_path: Path, rows: list[list[int | None]],
+                                                                 needle: str) -> None:
+    # GIVEN a raw export with an event whose category torch does not write (0..7 only)
+    path = tmp_path / "m.raw.json"
+    path.write_text(json.dumps(rows))
+    # WHEN it is read; THEN one error line names the file and the event, instead of a peak that leaves its bytes out
+    with pytest.raises(TraceFormatError) as info:
+        memory_categories(path)
+    assert str(path) in str(info.value) and needle in str(info.value) and "\n" not in str(info.value)
+
+
 def test_a_real_cpu_export_raw_and_plain_agree(tmp_path: Path) -> None:
     # GIVEN a tiny model trained two steps with Adam under the profiler, exported in both formats on CPU
     torch = pytest.importorskip("torch")

@@ -80,6 +80,7 @@ def test_memory_timeline_json_holds_htas_reference_row(corpus: Path) -> None:
     (["snapshot", "--device", "3"], pickle.dumps({"segments": [], "device_traces": [[]]}), "device 3 is not in"),
     (["memory-timeline"], b'{"traceEvents": []}', "is a Chrome trace, not an export_memory_timeline file"),
     (["memory-timeline"], b"[[1, 2], [3]]", "not a memory timeline export"),
+    (["memory-timeline"], b"[[-1, 1, 100, 9]]", "event 0 has category 9, not one of torch's 0..7"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                          content: bytes, needle: str) -> None:
