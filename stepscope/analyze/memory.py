@@ -9,7 +9,12 @@ Two trace generations:
 
 Allocated bytes are `Total Allocated` where the trace writes it, else the running sum of `Bytes` per
 device from the trace's start (so a 2021 figure counts only what the window allocated: memory that was
-live before profiling started is not in it). Reserved bytes exist only in today's format.
+live before profiling started is not in it). Reserved bytes exist only in today's format, and only for a
+device whose `Total Reserved` is above 0 at some event: torch writes 0 for the CPU, whose allocator reserves
+nothing, and that is "not recorded", not a reserve below what is allocated.
+
+    cpu   Total Allocated 16 KiB, Total Reserved 0    ->  reserved null, reserved - allocated null (not -16 KiB)
+    cuda  Total Allocated 1 GiB,  Total Reserved 2 GiB  ->  reserved 2 GiB, reserved - allocated 1 GiB
 
 Attribution: a `[memory]` instant belongs to the innermost cpu_op enclosing it on the *same thread* (the
 allocating thread; torch's own key_averages() instead credits every op on any thread whose interval holds
@@ -32,6 +37,10 @@ from stepscope.analyze.window import cpu_spans, with_step
 MIB = 1024 * 1024
 MODULE_PREFIX = "nn.Module: "
 _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda", 6: "hip", 12: "xpu", 20: "privateuse1"}
+RUNNING_SUM = "running sum of Bytes from the trace's start (2021 format)"
+#: what one row of `MemoryTimeline.timeline` is (its headline says so)
+TIMELINE_ROWS = ("each slice at its allocated peak: the most allocated in the slice, and the reserved bytes and "
+                 "reserved minus allocated at that same moment")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,14 +55,15 @@ class MemoryTimeline:
     mem_ops: name, allocations, self_device_mib, device_mib, self_cpu_mib, cpu_mib (bytes allocated, frees
       not subtracted; self = as the innermost op, inclusive = inside it). "(outside any op)" for the rest.
     never_freed: leak candidates, allocations with no later free of the same address on the same device
-      (top by size): device_name, addr, alloc_bytes, offset_ns, step, op.
-    timeline: per device, `buckets` equal slices of the trace's memory time span: device_name, offset_ns
-      (slice start), allocated_bytes, reserved_bytes,
-      reserved_minus_allocated_bytes (each the maximum in the slice).
+      (top by size): device_name, addr (hex), alloc_bytes, offset_ns, step, op.
+    timeline: per device, `buckets` equal slices of the trace's memory time span, each at one moment, its
+      allocated peak (`TIMELINE_ROWS`): device_name, offset_ns (slice start), allocated_bytes (the slice's
+      peak), reserved_bytes and reserved_minus_allocated_bytes (then), so that a row's reserved minus its
+      allocated is its third column.
     """
 
     memory_events: int
-    totals_source: str | None  # "Total Allocated", "running sum of Bytes (2021 format)", None: no events
+    totals_source: str | None  # "Total Allocated", RUNNING_SUM (2021 format), None: no events
     peak_device: str | None
     peak_allocated_bytes: int | None
     peak_offset_ns: int | None
@@ -63,7 +73,15 @@ class MemoryTimeline:
     mem_ops: pl.DataFrame
     never_freed: pl.DataFrame
     timeline: pl.DataFrame
-    note: str = ""  # `_device_note`: the [memory] events and the GPU work number one GPU apart
+    timeline_rows: str = ""  # TIMELINE_ROWS where there is a timeline: what one of its rows is
+    note: str = ""  # `_format_note` and `_device_note`, each where it applies
+
+    def empty_table_note(self, table: str) -> str | None:
+        """What an empty table means where that is not "none": `never_freed` of a trace without addresses."""
+        unfreed = self.devices["unfreed_allocations"] if self.devices.height else None
+        if table == "never_freed" and unfreed is not None and unfreed.null_count() == len(unfreed):
+            return "not recorded (the trace has no addresses)"
+        return None
 
 
 def _device_name() -> pl.Expr:
@@ -77,7 +95,7 @@ def memory_series(trace: Trace) -> pl.DataFrame:
 
     Columns: event_id, ts_ns, pid, tid, device_name ("cpu", "cuda:0", …), device (null for CPU),
     device_type, alloc_bytes (+ allocated, - freed), addr, allocated_bytes, reserved_bytes (null in 2021
-    traces), reserved_minus_allocated_bytes.
+    traces, and on a device whose Total Reserved is never above 0: the CPU), reserved_minus_allocated_bytes.
     """
     mem = (
         trace.memory.filter(pl.col("ts_ns").is_not_null())
@@ -90,8 +108,9 @@ def memory_series(trace: Trace) -> pl.DataFrame:
     )
     has_totals = bool(mem["total"].is_not_null().any())
     allocated = pl.col("total") if has_totals else pl.col("alloc_bytes").cum_sum().over("device_name")
-    return mem.with_columns(allocated_bytes=allocated).drop("total").with_columns(
-        reserved_minus_allocated_bytes=pl.col("reserved_bytes") - pl.col("allocated_bytes"))
+    recorded = (pl.col("reserved_bytes") > 0).any().over("device_name")
+    return mem.with_columns(allocated_bytes=allocated, reserved_bytes=pl.when(recorded).then("reserved_bytes")).drop(
+        "total").with_columns(reserved_minus_allocated_bytes=pl.col("reserved_bytes") - pl.col("allocated_bytes"))
 
 
 def _ops_with_parents(trace: Trace) -> pl.DataFrame:
@@ -198,7 +217,8 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
                                                 maintain_order=True).head(1)
     head = best.row(0, named=True) if best.height else {}
     never_freed = unfreed.sort("alloc_bytes", "offset_ns", descending=[True, False], nulls_last=True).head(top).select(
-        "device_name", "addr", "alloc_bytes", "offset_ns", "step", "op")
+        "device_name", pl.col("addr").map_elements(hex, return_dtype=pl.String), "alloc_bytes", "offset_ns", "step",
+        "op")  # (addresses in hex, as `snapshot` and torch's allocator write them)
     timeline = pl.DataFrame()
     if series.height:
         t0, t1 = int(series["offset_ns"][0]), int(series["offset_ns"][-1])
@@ -206,24 +226,45 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
         timeline = (
             series.with_columns(offset_ns=t0 + (pl.col("offset_ns") - t0) // width * width)
             .group_by("device_name", "offset_ns")
-            .agg(pl.col("device").first(), pl.col("allocated_bytes").max(), pl.col("reserved_bytes").max(),
-                 pl.col("reserved_minus_allocated_bytes").max())
+            # one moment per slice, its allocated peak (the first, on a tie), so that the columns agree
+            .agg(pl.col("device").first(),
+                 *[pl.col(c).sort_by("allocated_bytes", descending=True, nulls_last=True, maintain_order=True)
+                   .first() for c in ("allocated_bytes", "reserved_bytes", "reserved_minus_allocated_bytes")])
             .sort(pl.col("device").is_null(), "device", "offset_ns")
             .drop("device")
         )
     work = trace.gpu.select(pl.col("device").drop_nulls().unique()).collect(engine="in-memory")["device"]
-    note = _device_note(gpu.select("device_name", "device"), work)  # (the GPU ids alone: no launch join)
     has_totals = trace.memory.select(pl.col("total_allocated_bytes").is_not_null().any()).collect(
         engine="in-memory").item()
+    notes = [_format_note(has_totals=has_totals, has_addresses=bool(series["addr"].is_not_null().any()))
+             if series.height else "",
+             _device_note(gpu.select("device_name", "device"), work)]  # (the GPU ids alone: no launch join)
+    note = " ".join(n for n in notes if n)
     return MemoryTimeline(
         memory_events=series.height,
-        totals_source=None if series.height == 0 else "Total Allocated" if has_totals
-        else "running sum of Bytes (2021 format)",
+        totals_source=None if series.height == 0 else "Total Allocated" if has_totals else RUNNING_SUM,
         peak_device=head.get("device_name"), peak_allocated_bytes=head.get("peak_allocated_bytes"),
         peak_offset_ns=head.get("peak_offset_ns"), peak_step=head.get("peak_step"), peak_op=head.get("peak_op"),
         devices=devices, mem_ops=_mem_ops(series, ops).head(top), never_freed=never_freed, timeline=timeline,
-        note=note,
+        timeline_rows=TIMELINE_ROWS if timeline.height else "", note=note,
     )
+
+
+def _format_note(*, has_totals: bool, has_addresses: bool) -> str:
+    """What a trace without totals or without addresses (the 2021 format: only Bytes) lets the figures mean.
+
+        no Total Allocated  ->  allocated figures are relative to the trace's start (final allocated 0 B: as much
+                                freed as allocated in the trace, not an empty device)
+        no Addr             ->  frees cannot be matched: never freed is not recorded (not "none")
+    """
+    parts = []
+    if not has_totals:
+        parts.append("Allocated bytes are relative to the trace's start: it records no Total Allocated, so memory "
+                     "live before profiling is not in them (they can end at or below 0).")
+    if not has_addresses:
+        parts.append("What was never freed is not recorded: the trace has no addresses to match frees to "
+                     "allocations.")
+    return " ".join(parts)
 
 
 def _device_note(memory_gpus: pl.DataFrame, work_devices: pl.Series) -> str:

@@ -5,7 +5,8 @@ path's suffix (torch/profiler/_memory_profiler.py):
 - raw (`*.raw.json.gz`): a list of `[t_ns, action, bytes, category]` events; `t_ns` = -1 for tensors that
   existed before profiling; action 1 preexisting, 2 create, 3 increment version (two events: -bytes in
   the old version's category, +bytes in the new one's), 4 destroy (-bytes); category 0..7 in the order of
-  `CATEGORIES` (torch's `_CATEGORY_TO_INDEX`; 7 = tensors torch could not categorize).
+  `CATEGORIES` (torch's `_CATEGORY_TO_INDEX`; 7 = tensors torch could not categorize). A file with an event of
+  any other category is refused (`TraceFormatError`), not read with that event's bytes in no category.
 - plain (`*.json` / `*.json.gz`): `[times_us, sizes]`, each `sizes` row `[0, c0, …, c7]`, already cumulative.
 
 Raw events become rows the way torch's own `_coalesce_timeline` makes the plain form, except for one
@@ -41,8 +42,10 @@ _RAW_SCHEMA = {"t_ns": pl.Int64, "action": pl.Int64, "bytes": pl.Int64, "categor
 class MemoryCategoriesResult:
     """Bytes per category at the peak of their sum, and over time.
 
-    `timeline` has at most `buckets` rows (in each bucket, the row with the largest total); `since_start_ns`
-    counts from the first timestamped row, and is null for memory that existed before profiling.
+    `timeline`: every row, or at most `buckets` of them (in each of `buckets` equal slices of the rows, the one
+    with the largest total), as `timeline_rows` says; `row` numbers the rows from 0 in the file's order
+    (`read_memory_timeline`: HolisticTraceAnalysis's row 744 is row 744), `since_start_ns` counts from the first
+    timestamped row, and is null for memory that existed before profiling.
     """
 
     source: str
@@ -51,6 +54,7 @@ class MemoryCategoriesResult:
     start_time_us: int | None
     peak_total_bytes: int
     peak_since_start_ns: int | None
+    timeline_rows: str  # "every row", or which rows `timeline` keeps: "20 of 7,717: …"
     at_peak: pl.DataFrame
     timeline: pl.DataFrame
 
@@ -90,13 +94,27 @@ def read_memory_timeline(path: str | Path) -> tuple[str, pl.DataFrame]:
             columns = pl.DataFrame(sizes, schema=["_zero", *CATEGORIES], orient="row").drop("_zero")
             return "category totals", pl.concat([frame, columns.cast(pl.Int64)], how="horizontal")
         if _is_raw(data):
-            return "raw events", _coalesce(pl.DataFrame(data, schema=_RAW_SCHEMA, orient="row"))
+            raw = pl.DataFrame(data, schema=_RAW_SCHEMA, orient="row")
+            _check_categories(raw, path)
+            return "raw events", _coalesce(raw)
     except (TypeError, ValueError, pl.exceptions.PolarsError) as exc:
         first_line = (str(exc).splitlines() or [""])[0]
         raise TraceFormatError(f"malformed memory timeline export ({type(exc).__name__}: {first_line})",
                                path=path) from None
     raise TraceFormatError("not a memory timeline export (expected [t, action, bytes, category] events or "
                            "[times, sizes] from torch.profiler's export_memory_timeline)", path=path)
+
+
+def _check_categories(raw: pl.DataFrame, path: Path) -> None:
+    """Refuse an event whose category is not one of CATEGORIES' 0..7 (a newer torch's, or a damaged file): its
+    bytes would count in no category, and the totals would be quietly short."""
+    bad = raw.with_row_index("event").filter(~pl.col("category").is_between(0, len(CATEGORIES) - 1).fill_null(False))
+    if bad.height:
+        event, category = bad.row(0)[0], bad["category"][0]
+        raise TraceFormatError(
+            f"event {event} has category {'null' if category is None else category}, not one of torch's "
+            f"0..{len(CATEGORIES) - 1} ({', '.join(CATEGORIES)}), so its bytes would count in none "
+            f"({bad.height:,} such event{'s' if bad.height > 1 else ''} in the file)", path=path)
 
 
 def _coalesce(raw: pl.DataFrame) -> pl.DataFrame:
@@ -111,8 +129,12 @@ def _coalesce(raw: pl.DataFrame) -> pl.DataFrame:
     return per_row.select("time_us", *[pl.col(n).cum_sum() for n in CATEGORIES])
 
 
-def memory_categories(path: str | Path, *, buckets: int = 200) -> MemoryCategoriesResult:
-    """Bytes per category at the peak of the total, and over time (at most `buckets` rows)."""
+def memory_categories(path: str | Path, *, buckets: int | None = 200) -> MemoryCategoriesResult:
+    """Bytes per category at the peak of the total, and over time (at most `buckets` rows; None: every row).
+
+        7,717 rows, buckets=20    ->  timeline: rows 0, 387, … (the largest total of each slice of ~386 rows)
+        7,717 rows, buckets=None  ->  timeline: rows 0 … 7,716
+    """
     path = Path(path)
     fmt, timeline = read_memory_timeline(path)
     if timeline.height == 0:
@@ -128,13 +150,17 @@ def memory_categories(path: str | Path, *, buckets: int = 200) -> MemoryCategori
                            schema={"category": pl.String, "size_bytes": pl.Int64})
     at_peak = at_peak.with_columns(share_fraction=pl.col("size_bytes") / total if total else pl.lit(None, pl.Float64))
     n = timeline.height
-    shown = (
-        timeline.with_columns(bucket=pl.col("row") * min(buckets, n) // n)
-        .sort("total_bytes", "row", descending=[True, False]).group_by("bucket").first().sort("row")
-        .select("since_start_ns", "total_bytes", *[pl.col(c).alias(f"{c}_bytes") for c in CATEGORIES])
-    )
+    kept = n if buckets is None else min(buckets, n)
+    if kept < n:
+        timeline = (timeline.with_columns(bucket=pl.col("row") * kept // n)
+                    .sort("total_bytes", "row", descending=[True, False]).group_by("bucket").first().sort("row"))
+    shown = timeline.select(pl.col("row").cast(pl.Int64), "since_start_ns", "total_bytes",
+                            *[pl.col(c).alias(f"{c}_bytes") for c in CATEGORIES])
     return MemoryCategoriesResult(
-        source=str(path), format=fmt, rows=n, start_time_us=start if isinstance(start, int) else None,
+        source=str(path), format=fmt, rows=n,
+        timeline_rows="every row" if kept == n else
+        f"{kept:,} of {n:,}: in each of {kept:,} equal slices of the rows, the one with the largest total",
+        start_time_us=start if isinstance(start, int) else None,
         peak_total_bytes=total, peak_since_start_ns=peak["since_start_ns"],
         at_peak=at_peak.sort("size_bytes", "category", descending=[True, False]),
         timeline=shown,

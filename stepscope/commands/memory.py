@@ -35,9 +35,9 @@ def command(trace: Path, top: int, buckets: int, by_layer: bool, fmt: str | None
     chosen = resolve_format(fmt, as_json, as_csv, table)
     source = resolve(trace)
     if isinstance(source, MemoryTimeline):
-        from stepscope.analyze.memory_categories import memory_categories
+        from stepscope.commands.memory_timeline import categories
 
-        emit_result(memory_categories(trace), chosen, output, table=table, max_rows=20)
+        emit_result(categories(trace, chosen), chosen, output, table=table, max_rows=None)
         return
     loaded = load(source)
     if by_layer:

@@ -230,13 +230,14 @@ def rate_unit(name: str) -> str:
 
 
 def render_frame(frame: pl.DataFrame, *, title: str | None = None, max_rows: int | None = 50,
-                 column_names: Mapping[str, str] | None = None) -> str:
-    """An aligned text table; numbers right-aligned and formatted by their column's unit suffix."""
+                 column_names: Mapping[str, str] | None = None, empty: str = "(none)") -> str:
+    """An aligned text table; numbers right-aligned and formatted by their column's unit suffix. `empty`: what
+    an empty table says."""
     lines: list[str] = []
     if title:
         lines.append(title)
     if frame.height == 0:
-        lines.append("  (none)")
+        lines.append(f"  {empty}")
         return "\n".join(lines)
     shown = frame if max_rows is None else frame.head(max_rows)
     names = [(column_names or {}).get(c, d) for c, d in zip(shown.columns, _display_names(shown.columns),
@@ -284,13 +285,16 @@ def render_headline(headline: Mapping[str, Any]) -> str:
 
 
 def render_table(result: Any, *, table: str | None = None, max_rows: int | None = 50) -> str:
-    """Headline figures, then each table of the result under its name (all tables: `table` picks a CSV one)."""
+    """Headline figures, then each table of the result under its name (all tables: `table` picks a CSV one). An
+    empty table says "(none)", or what the result's `empty_table_note(name)` says it means, where it has one."""
     parts = []
     head = render_headline(result_headline(result))
     if head:
         parts.append(head)
+    why_empty = getattr(result, "empty_table_note", None)
     for name, frame in result_tables(result).items():
-        parts.append(render_frame(frame, title=f"\n{name.replace('_', ' ')}:", max_rows=max_rows))
+        empty = (why_empty(name) if callable(why_empty) and frame.height == 0 else None) or "(none)"
+        parts.append(render_frame(frame, title=f"\n{name.replace('_', ' ')}:", max_rows=max_rows, empty=empty))
     return "\n".join(parts) + "\n"
 
 

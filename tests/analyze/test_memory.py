@@ -49,6 +49,18 @@ def test_peak_time_step_and_innermost_op(tmp_path: Path) -> None:
     assert r.devices["device_name"].to_list() == ["cuda:0", "cpu"]
 
 
+def test_a_device_that_never_records_reserved_memory_has_it_unknown_not_negative(tmp_path: Path) -> None:
+    # GIVEN the CPU's allocations, whose Total Reserved torch writes as 0 while 4 KiB is allocated
+    r = memory_timeline(_today(tmp_path))
+    # THEN the CPU's reserved and reserved - allocated are unknown everywhere, never -4 KiB; the GPU's stay known
+    cpu = r.devices.filter(pl.col("device_name") == "cpu").row(0, named=True)
+    assert (cpu["peak_reserved_bytes"], cpu["max_reserved_minus_allocated_bytes"]) == (None, None)
+    cpu_slices = r.timeline.filter(pl.col("device_name") == "cpu")
+    assert cpu_slices["reserved_bytes"].null_count() == cpu_slices["reserved_minus_allocated_bytes"].null_count() \
+        == cpu_slices.height > 0
+    assert r.timeline["reserved_minus_allocated_bytes"].drop_nulls().min() == 8 * MIB  # (cuda:0's)
+
+
 @pytest.mark.parametrize(("work_device", "noted"), [(2, True), (0, False)])
 def test_memory_and_work_numbering_one_gpu_apart_are_said_to_be_one(tmp_path: Path, work_device: int,
                                                                       noted: bool) -> None:
@@ -70,8 +82,15 @@ def test_never_freed_allocations_name_their_op(tmp_path: Path) -> None:
     r = memory_timeline(_today(tmp_path))
     leaks = r.never_freed.sort("alloc_bytes", descending=True)
     assert leaks.select("device_name", "addr", "alloc_bytes", "op").rows() == [
-        ("cuda:0", 2, 8 * MIB, "aten::addmm"), ("cpu", 9, 4096, None)]
+        ("cuda:0", "0x2", 8 * MIB, "aten::addmm"), ("cpu", "0x9", 4096, None)]
     assert r.devices.filter(pl.col("device_name") == "cuda:0")["unfreed_bytes"].item() == 8 * MIB
+
+
+def test_never_freed_addresses_are_hex_like_snapshots(tmp_path: Path) -> None:
+    # GIVEN a block at a typical CUDA address, never freed
+    t = load_events(tmp_path, trace(memory(1, MIB, total_allocated=MIB, addr=0x55C4_A000_0000)))
+    # THEN the address reads as torch's allocator and `snapshot` write it, not as a decimal number
+    assert memory_timeline(t).never_freed["addr"].to_list() == ["0x55c4a0000000"]
 
 
 def test_allocations_on_another_thread_belong_to_that_threads_op(tmp_path: Path) -> None:
@@ -90,7 +109,7 @@ def test_2021_format_uses_the_running_sum_of_bytes(tmp_path: Path) -> None:
         {"ph": "X", "cat": "Operator", "name": "aten::empty", "pid": PID, "tid": 1, "ts": 0, "dur": 50},
         old(1, 1000, 0), old(2, 500, 0), old(3, -1000, 0), old(4, 300, -1), old(60, 2000, 0)]}
     r = memory_timeline(load_events(tmp_path, doc))
-    assert r.totals_source == "running sum of Bytes (2021 format)"
+    assert r.totals_source == "running sum of Bytes from the trace's start (2021 format)"
     series = memory_series(load_events(tmp_path, doc))
     assert series.filter(pl.col("device_name") == "cuda:0")["allocated_bytes"].to_list() == [1000, 1500, 500, 2500]
     assert (r.peak_allocated_bytes, r.peak_op) == (2500, None)
@@ -98,11 +117,39 @@ def test_2021_format_uses_the_running_sum_of_bytes(tmp_path: Path) -> None:
     assert cuda["unfreed_bytes"] is None  # no Addr: frees cannot be matched, so unknown rather than 0
 
 
-def test_timeline_buckets_hold_the_maximum(tmp_path: Path) -> None:
+def test_2021_format_says_its_figures_are_relative_and_never_freed_not_recorded(tmp_path: Path) -> None:
+    # GIVEN a 2021-format trace (only Bytes: no totals, no addresses) that frees what it allocated
+    doc = {"traceEvents": [{"ph": "i", "s": "t", "name": "[memory]", "pid": PID, "tid": 1, "ts": ts,
+                            "args": {"Device Type": 1, "Device Id": 0, "Bytes": nbytes}}
+                           for ts, nbytes in ((1, 1000), (2, -1000))]}
+    r = memory_timeline(load_events(tmp_path, doc))
+    # THEN its final 0 B is said to be relative to the trace's start, and an empty never-freed table to mean "not
+    # recorded", not "none"
+    assert r.devices["final_allocated_bytes"].to_list() == [0]
+    assert r.note.startswith("Allocated bytes are relative to the trace's start")
+    assert "never freed is not recorded" in r.note
+    assert r.never_freed.height == 0
+    assert r.empty_table_note("never_freed") == "not recorded (the trace has no addresses)"
+
+
+def test_todays_format_has_no_format_note_and_an_empty_never_freed_is_none(tmp_path: Path) -> None:
+    # GIVEN today's format (totals and addresses) where every allocation is freed
+    r = memory_timeline(load_events(tmp_path, trace(memory(1, 8, total_allocated=8, addr=1),
+                                                    memory(2, -8, total_allocated=0, addr=1))))
+    # THEN nothing needs saying: the figures are absolute and nothing was left unfreed
+    assert r.note == "" and r.never_freed.height == 0 and r.empty_table_note("never_freed") is None
+
+
+def test_timeline_rows_are_each_slices_allocated_peak_with_reserved_at_that_moment(tmp_path: Path) -> None:
+    # GIVEN two slices of cuda:0 with 20 MiB reserved throughout: 4, 12, 8 MiB allocated, then 9, 8 MiB
     r = memory_timeline(_today(tmp_path), buckets=2)
     cuda = r.timeline.filter(pl.col("device_name") == "cuda:0")
-    assert cuda["allocated_bytes"].to_list() == [12 * MIB, 9 * MIB]
+    # THEN each row is the slice's allocated peak and reserved - allocated at that moment (8 MiB, 11 MiB), not the
+    # slice's largest reserved - allocated (16 MiB at 4 MiB allocated, 12 MiB at 8 MiB), and the headline says so
+    assert cuda.select("allocated_bytes", "reserved_bytes", "reserved_minus_allocated_bytes").rows() == [
+        (12 * MIB, 20 * MIB, 8 * MIB), (9 * MIB, 20 * MIB, 11 * MIB)]
     assert cuda["offset_ns"].to_list()[0] == 15_000
+    assert r.timeline_rows.startswith("each slice at its allocated peak")
 
 
 def test_trace_without_memory_events(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ import json
 import warnings
 from pathlib import Path
 
+import polars as pl
 import pytest
 
-from stepscope.analyze.memory_categories import memory_categories, read_memory_timeline
+from stepscope.analyze.memory_categories import CATEGORIES, memory_categories, read_memory_timeline
 from stepscope.errors import TraceFormatError
 
 
@@ -18,6 +19,15 @@ def test_hta_reference_row(corpus: Path) -> None:
     _, t = read_memory_timeline(corpus / "traces/hta/memory_analysis/memory_timeline.raw.gz")
     assert list(t.row(744)[1:]) == [102440608, 102228128, 19395584, 0, 2618160128, 58417152, 41811968, 25494440]
     assert t.height == 7717 and t["time_us"].null_count() == 1
+
+
+def test_hta_reference_row_is_in_the_full_timeline_by_its_number(corpus: Path) -> None:
+    # GIVEN HTA's test file, read with every row kept; THEN its row 744 is the reference row
+    r = memory_categories(corpus / "traces/hta/memory_analysis/memory_timeline.raw.gz", buckets=None)
+    row = r.timeline.filter(pl.col("row") == 744).row(0, named=True)
+    assert [row[f"{c}_bytes"] for c in CATEGORIES] == [102440608, 102228128, 19395584, 0, 2618160128, 58417152,
+                                                        41811968, 25494440]
+    assert r.timeline.height == r.rows == 7717
 
 
 def test_raw_rows_coalesce_like_torch(tmp_path: Path) -> None:
@@ -55,6 +65,20 @@ def test_the_timeline_is_cut_into_buckets_that_keep_each_buckets_highest_row(tmp
     assert r.timeline.height == 10 and full.height == 1000
     expected = [int(full["activation"][i * 100:(i + 1) * 100].max()) for i in range(10)]  # type: ignore[arg-type]
     assert r.timeline["total_bytes"].to_list() == expected
+    assert r.timeline["row"].to_list()[:2] == [99, 199]  # (cumulative: each slice's last row is its highest)
+    assert r.timeline_rows == "10 of 1,000: in each of 10 equal slices of the rows, the one with the largest total"
+
+
+def test_without_buckets_the_timeline_holds_every_row_numbered_from_0(tmp_path: Path) -> None:
+    # GIVEN 1,000 rows
+    path = tmp_path / "m.raw.json"
+    path.write_text(json.dumps([[1000 * (i + 1), 2, 10 * (i % 7), 4] for i in range(1000)]))
+    # WHEN the timeline is asked for without buckets
+    r = memory_categories(path, buckets=None)
+    # THEN it holds every row, numbered as read_memory_timeline numbers them, and says so
+    _, full = read_memory_timeline(path)
+    assert r.timeline["row"].to_list() == list(range(1000)) and r.timeline_rows == "every row"
+    assert r.timeline["activation_bytes"].to_list() == full["activation"].to_list()
 
 
 @pytest.mark.parametrize("content", [b'{"traceEvents": []}', b"[[1, 2, 3]]", b"[[1, 2, \"x\", 4]]", b"\x1f\x8bnope",
@@ -65,6 +89,22 @@ def test_bad_files_are_one_clear_error(tmp_path: Path, content: bytes) -> None:
     with pytest.raises(TraceFormatError) as info:
         memory_categories(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("rows", "needle"), [
+    ([[-1, 1, 100, 9]], "event 0 has category 9, not one of torch's 0..7"),
+    ([[-1, 1, 100, 0], [5, 2, 1, -1], [6, 2, 1, 8]], "event 1 has category -1, not one of torch's 0..7"),
+    ([[-1, 1, 100, 0], [5, 2, 1, None]], "event 1 has category null"),
+])
+def test_an_event_outside_the_categories_is_refused_not_dropped(tmp_path: Path, rows: list[list[int | None]],
+                                                                 needle: str) -> None:
+    # GIVEN a raw export with an event whose category torch does not write (0..7 only)
+    path = tmp_path / "m.raw.json"
+    path.write_text(json.dumps(rows))
+    # WHEN it is read; THEN one error line names the file and the event, instead of a peak that leaves its bytes out
+    with pytest.raises(TraceFormatError) as info:
+        memory_categories(path)
+    assert str(path) in str(info.value) and needle in str(info.value) and "\n" not in str(info.value)
 
 
 def test_a_real_cpu_export_raw_and_plain_agree(tmp_path: Path) -> None:

@@ -34,6 +34,31 @@ def test_table_and_json(tmp_path: Path) -> None:
     assert data["devices"][0]["peak_allocated_bytes"] == 8 * MIB
 
 
+def test_a_2021_trace_says_never_freed_is_not_recorded_and_figures_are_relative(tmp_path: Path) -> None:
+    # GIVEN a 2021-format trace: [memory] events with only Bytes (no totals, no Addr)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"traceEvents": [
+        {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+         "args": {"Device Type": 1, "Device Id": 0, "Bytes": nbytes}} for ts, nbytes in ((1, MIB), (2, -MIB))]}))
+    # WHEN its memory is shown as a table
+    res = CliRunner().invoke(cli, ["memory", str(path)])
+    # THEN the never-freed table says it is not recorded, not "(none)", and the note says the figures are relative
+    assert res.exit_code == 0, res.output
+    assert "never freed:\n  not recorded (the trace has no addresses)\n" in res.stdout
+    assert "relative to the trace's start" in res.stdout
+
+
+def test_never_freed_addresses_are_shown_in_hex(tmp_path: Path) -> None:
+    # GIVEN a trace whose block at 0x55c4a0000000 is never freed
+    path = write_trace(tmp_path, trace(memory(1, MIB, total_allocated=MIB, addr=0x55C4_A000_0000)), "t.json")
+    # WHEN its memory is shown as a table and as JSON
+    res = CliRunner().invoke(cli, ["memory", str(path)])
+    data = json.loads(CliRunner().invoke(cli, ["memory", str(path), "--json"]).stdout)
+    # THEN the address is hex in both, as `snapshot` shows addresses, not comma-grouped decimals
+    assert res.exit_code == 0 and "0x55c4a0000000" in res.stdout and f"{0x55C4_A000_0000:,}" not in res.stdout
+    assert data["never_freed"][0]["addr"] == "0x55c4a0000000"
+
+
 def test_by_layer(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["memory", str(_trace(tmp_path)), "--by-layer", "--json"])
     data = json.loads(res.stdout)

@@ -45,6 +45,31 @@ def test_memory_timeline_cli(corpus: Path) -> None:
     assert "peak total        2.87 GiB" in table.stdout
 
 
+def test_memory_timeline_json_and_csv_hold_every_row_and_the_table_says_so(tmp_path: Path) -> None:
+    # GIVEN an export of 1,000 rows
+    path = tmp_path / "m.raw.json"
+    path.write_text(json.dumps([[1000 * (i + 1), 2, 10 * (i % 7), 4] for i in range(1000)]))
+    # WHEN it is shown as a table, as JSON and as CSV
+    table = CliRunner().invoke(cli, ["memory-timeline", str(path)])
+    data = json.loads(CliRunner().invoke(cli, ["memory-timeline", str(path), "--json"]).stdout)
+    csv_out = CliRunner().invoke(cli, ["memory-timeline", str(path), "--csv", "--table", "timeline"]).stdout
+    # THEN the table keeps 20 rows and says where the rest are; JSON and CSV hold all 1,000, numbered from 0
+    assert table.exit_code == 0, table.output
+    assert "timeline rows     20 of 1,000" in table.stdout and "(--json or --csv: every row)" in table.stdout
+    assert len(table.stdout.split("\ntimeline:\n")[1].strip().splitlines()) == 2 + 20
+    assert "more rows" not in table.stdout
+    assert [r["row"] for r in data["timeline"]] == list(range(1000)) and data["timeline_rows"] == "every row"
+    assert len(csv_out.splitlines()) == 1 + 1000 and csv_out.splitlines()[1].startswith("0,0,0,")
+
+
+def test_memory_timeline_json_holds_htas_reference_row(corpus: Path) -> None:
+    # GIVEN HTA's test file; WHEN shown as JSON; THEN its row 744 (the reference answer) is there, by number
+    path = corpus / "traces/hta/memory_analysis/memory_timeline.raw.gz"
+    data = json.loads(CliRunner().invoke(cli, ["memory-timeline", str(path), "--json"]).stdout)
+    assert len(data["timeline"]) == data["rows"] == 7717
+    assert data["timeline"][744]["row"] == 744 and data["timeline"][744]["activation_bytes"] == 2618160128
+
+
 @pytest.mark.parametrize(("args", "content", "needle"), [
     (["snapshot"], b"\x80\x04\x95\x1c\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c"
                    b"\x04echo\x94\x85\x94R\x94.", "refusing to load os.system"),  # pickle of os.system("echo")
@@ -55,6 +80,7 @@ def test_memory_timeline_cli(corpus: Path) -> None:
     (["snapshot", "--device", "3"], pickle.dumps({"segments": [], "device_traces": [[]]}), "device 3 is not in"),
     (["memory-timeline"], b'{"traceEvents": []}', "is a Chrome trace, not an export_memory_timeline file"),
     (["memory-timeline"], b"[[1, 2], [3]]", "not a memory timeline export"),
+    (["memory-timeline"], b"[[-1, 1, 100, 9]]", "event 0 has category 9, not one of torch's 0..7"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                          content: bytes, needle: str) -> None:
