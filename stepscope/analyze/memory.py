@@ -182,7 +182,7 @@ def _with_free(series: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> MemoryTimeline:
+def memory_timeline(source: Source, *, buckets: int = 100, top: int | None = 20) -> MemoryTimeline:
     """Allocated/reserved over time per device, the peak (time, step, op), mem_ops, leak candidates."""
     frames = frames_of(source)
     trace = frames.trace
@@ -216,7 +216,8 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
     best = (gpu if gpu.height else devices).sort("peak_allocated_bytes", descending=True, nulls_last=True,
                                                 maintain_order=True).head(1)
     head = best.row(0, named=True) if best.height else {}
-    never_freed = unfreed.sort("alloc_bytes", "offset_ns", descending=[True, False], nulls_last=True).head(top).select(
+    never_freed = unfreed.sort("alloc_bytes", "offset_ns", descending=[True, False], nulls_last=True).head(
+        top if top is not None else unfreed.height).select(
         "device_name", pl.col("addr").map_elements(hex, return_dtype=pl.String), "alloc_bytes", "offset_ns", "step",
         "op")  # (addresses in hex, as `snapshot` and torch's allocator write them)
     timeline = pl.DataFrame()
@@ -240,12 +241,14 @@ def memory_timeline(source: Source, *, buckets: int = 100, top: int = 20) -> Mem
              if series.height else "",
              _device_note(gpu.select("device_name", "device"), work)]  # (the GPU ids alone: no launch join)
     note = " ".join(n for n in notes if n)
+    mem_ops = _mem_ops(series, ops)
+    mem_ops = mem_ops.head(top) if top is not None else mem_ops
     return MemoryTimeline(
         memory_events=series.height,
         totals_source=None if series.height == 0 else "Total Allocated" if has_totals else RUNNING_SUM,
         peak_device=head.get("device_name"), peak_allocated_bytes=head.get("peak_allocated_bytes"),
         peak_offset_ns=head.get("peak_offset_ns"), peak_step=head.get("peak_step"), peak_op=head.get("peak_op"),
-        devices=devices, mem_ops=_mem_ops(series, ops).head(top), never_freed=never_freed, timeline=timeline,
+        devices=devices, mem_ops=mem_ops, never_freed=never_freed, timeline=timeline,
         timeline_rows=TIMELINE_ROWS if timeline.height else "", note=note,
     )
 

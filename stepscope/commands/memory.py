@@ -18,8 +18,8 @@ NO_MODULES = ("no nn.Module frames in this trace: capture with torch.profiler.pr
 
 @click.command("memory")
 @trace_argument
-@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True,
-              help="Rows of the per-op and never-freed tables.")
+@click.option("--top", type=click.IntRange(min=0), default=15, show_default=True,
+              help="Rows of the per-op and never-freed tables (0: all).")
 @click.option("--buckets", type=click.IntRange(min=1), default=24, show_default=True,
               help="Time slices of the allocated/reserved timeline (per device).")
 @click.option("--by-layer", is_flag=True,
@@ -47,7 +47,7 @@ def command(trace: Path, top: int, buckets: int, by_layer: bool, fmt: str | None
             return
         emit_result(layers, chosen, output, table=table)
         return
-    result = memory_timeline(loaded, buckets=buckets, top=top)
+    result = memory_timeline(loaded, buckets=buckets, top=top or None)
     if result.memory_events == 0 and chosen == "table":
         emit(NO_EVENTS, output)
         return

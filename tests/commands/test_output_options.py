@@ -127,3 +127,23 @@ def test_texts_cut_to_one_cell_stay_apart() -> None:
     # AND a table shows them apart, with nulls as "-"
     table = render_frame(pl.DataFrame({"name": [five, two, None], "count": [1, 2, 3]}))
     assert "5ul>(at::" in table and "2ul>(at::" in table and table.splitlines()[-1].startswith("-")
+
+
+def test_every_top_option_takes_0_for_all_and_means_it(tmp_path: Path) -> None:
+    # GIVEN every command's --top THEN each accepts 0 and says it means all (kernels, transfers, critical-path and
+    # counters once refused it while gaps, ops, comm and ranks took it)
+    import click
+
+    ctx = click.Context(cli)
+    commands = {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}
+    tops = {name: p for name, c in commands.items() if c is not None for p in c.params if p.name == "top"}
+    assert {"kernels", "gaps", "ops", "transfers", "critical-path", "counters", "comm", "ranks"} <= tops.keys()
+    for name, param in tops.items():
+        assert isinstance(param.type, click.IntRange) and param.type.min == 0, name
+        assert "0" in (getattr(param, "help", None) or ""), name
+    # WHEN kernels lists its names with --top 0 THEN every one is there (a --top 1 keeps one)
+    path = _trace(tmp_path)
+    every = CliRunner().invoke(cli, ["kernels", str(path), "--top", "0", "--csv", "--table", "by_name"])
+    one = CliRunner().invoke(cli, ["kernels", str(path), "--top", "1", "--csv", "--table", "by_name"])
+    assert every.exit_code == one.exit_code == 0, every.output
+    assert len(every.stdout.splitlines()) == 3 and len(one.stdout.splitlines()) == 2
