@@ -44,6 +44,7 @@ import polars as pl
 from stepscope.analyze.blame import innermost, short_name
 from stepscope.analyze.flops import FLOP_FAMILIES, FlopsResult, op_flops
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
+from stepscope.analyze.graph_capture import replayed
 from stepscope.analyze.peaks import (
     DTYPES,
     Dtype,
@@ -157,10 +158,27 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
         uncounted_ops=missing.height,
         note=_note(flops_result, device, main_dtype, steps,
                    cpu_side=every.filter(pl.col("flops") > 0).height - counted.filter(pl.col("flops") > 0).height,
-                   above_peak=impossible if impossible > 1.0 else None, dominant=_dominant_dtype(counted)),
+                   above_peak=impossible if impossible > 1.0 else None, dominant=_dominant_dtype(counted),
+                   unmapped_replays=_unmapped_replays(frames)),
         families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops, vendor),
         unmodelled=flops_result.unmodelled_ops,
     )
+
+
+#: graph-replayed kernels no capture profile maps past this share of kernel time: the note asks for the capture
+UNMAPPED_REPLAYS_NOTED = 0.5
+
+
+def _unmapped_replays(frames: TraceFrames) -> float:
+    """The share of kernel time held by graph-replayed kernels that no capture op was mapped to: a replayed kernel
+    has no CPU op of its own, so no FLOP model counts it (`graphs.with_graph_capture` maps them)."""
+    kernels = frames.launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("dur_ns").is_not_null())
+    total = int(kernels["dur_ns"].sum() or 0)
+    if total == 0:
+        return 0.0
+    mapped = frames.graph_ops["event_id"].implode()
+    unmapped = replayed(kernels).filter(~pl.col("op_event_id").is_in(mapped).fill_null(False))
+    return int(unmapped["dur_ns"].sum() or 0) / total
 
 
 def _counted(frames: TraceFrames, flops: FlopsResult) -> pl.DataFrame:
@@ -407,12 +425,18 @@ def _origin(device: ResolvedDevice | None) -> str | None:
 
 
 def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None, steps: pl.DataFrame, *,
-          cpu_side: int, above_peak: float | None = None, dominant: Dtype | None = None) -> str:
-    """What the reader must know before trusting the figures: no shapes, an unknown device, no peak, ops
+          cpu_side: int, above_peak: float | None = None, dominant: Dtype | None = None,
+          unmapped_replays: float = 0.0) -> str:
+    """What the reader must know before trusting the figures: graph replays holding most kernel time with no
+    capture profile to map them (`unmapped_replays`, their share), no shapes, an unknown device, no peak, ops
     whose recorded inputs do not resolve their FLOP model (and the MFU refused for it), no steps to hold
     MFU to, an MFU above 100% (`above_peak`, refused; `dominant`: the dtype holding most FLOPs, to suggest), ops
     with FLOPs that ran on the CPU and are left out."""
-    parts = [_peak_note(flops, device, dtype)]
+    parts = []
+    if unmapped_replays > UNMAPPED_REPLAYS_NOTED:
+        parts.append(f"graph-replayed kernels hold {unmapped_replays:.1%} of kernel time and no profile of the graph "
+                     "capture maps them to ops, so their FLOPs are not counted: pass one (--graph-capture FILE)")
+    parts.append(_peak_note(flops, device, dtype))
     if flops.ops_skipped and flops.shapes_recorded:
         reasons = flops.ops.filter(pl.col("skip_reason").is_not_null()).group_by("skip_reason").len().sort(
             "len", descending=True)
