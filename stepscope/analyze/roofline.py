@@ -159,7 +159,8 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
         note=_note(flops_result, device, main_dtype, steps,
                    cpu_side=every.filter(pl.col("flops") > 0).height - counted.filter(pl.col("flops") > 0).height,
                    above_peak=impossible if impossible > 1.0 else None, dominant=_dominant_dtype(counted),
-                   unmapped_replays=_unmapped_replays(frames)),
+                   unmapped_replays=_unmapped_replays(frames),
+                   bytes_above=ops.filter(pl.col("above_peak") & (pl.col("flops") == 0)).height),
         families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops, vendor),
         unmodelled=flops_result.unmodelled_ops,
     )
@@ -426,12 +427,13 @@ def _origin(device: ResolvedDevice | None) -> str | None:
 
 def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None, steps: pl.DataFrame, *,
           cpu_side: int, above_peak: float | None = None, dominant: Dtype | None = None,
-          unmapped_replays: float = 0.0) -> str:
+          unmapped_replays: float = 0.0, bytes_above: int = 0) -> str:
     """What the reader must know before trusting the figures: graph replays holding most kernel time with no
     capture profile to map them (`unmapped_replays`, their share), no shapes, an unknown device, no peak, ops
     whose recorded inputs do not resolve their FLOP model (and the MFU refused for it), no steps to hold
     MFU to, an MFU above 100% (`above_peak`, refused; `dominant`: the dtype holding most FLOPs, to suggest), ops
-    with FLOPs that ran on the CPU and are left out."""
+    with FLOPs that ran on the CPU and are left out, ops with no FLOPs above the bandwidth in a trace without
+    Input Strides (`bytes_above`: a broadcast input counted at its full size)."""
     parts = []
     if unmapped_replays > UNMAPPED_REPLAYS_NOTED:
         parts.append(f"graph-replayed kernels hold {unmapped_replays:.1%} of kernel time and no profile of the graph "
@@ -458,6 +460,10 @@ def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None
     elif device is not None and device.peak_tflops and (above := _steps_above_peak(steps)):
         parts.append(f"{above:,} {'step has' if above == 1 else 'steps have'} no MFU: the FLOPs of the ops that "
                      "start in it pass 100% of the peak over its window")
+    if bytes_above and not flops.strides_recorded:
+        parts.append(f"{_ops(bytes_above)} with no FLOPs {'passes' if bytes_above == 1 else 'pass'} the memory "
+                     "bandwidth: the trace records no Input Strides, so an input broadcast to a larger shape "
+                     "(expand) counts at its full size and its bytes are overcounted")
     if cpu_side:
         parts.append(f"{_ops(cpu_side)} with FLOPs launched no GPU kernel (they ran on the CPU) and "
                      f"{'is' if cpu_side == 1 else 'are'} left out")
