@@ -36,7 +36,13 @@ nothing; causal attention is not halved. These are torch's choices, matched so t
 The last five families are bytes-bound: torch's counter counts no FLOPs for them and neither do we (their
 rows carry 0 FLOPs and a byte count, for the roofline). Bytes are every tensor argument read once plus the
 output written once, from shapes x dtype size: `mm [32, 64] x [64, 128] fp32` moves 4*(2048 + 8192 + 4096)
-bytes. Embedding reads only the gathered rows, not the whole table; copy_/fill_/zero_ do not read `self`.
+bytes. An input is read at its distinct elements: where the trace records `Input Strides`, a dimension of
+stride 0 (a broadcast: `expand`) counts once; where it does not, every input counts at its full shape, so a
+broadcast input is overcounted:
+
+    aten::div x [32, 2048, 7, 7] strides [2048, 1, 0, 0], 49 fp32    bytes 4*(32*2048) + 4*(32*2048*7*7)
+                                            (no strides recorded:    bytes 4*(32*2048*7*7) + 4*(32*2048*7*7))
+ Embedding reads only the gathered rows, not the whole table; copy_/fill_/zero_ do not read `self`.
 An out= tensor is the output: recorded after the op's arguments (`ARGUMENTS`), it is written once, not read:
 
     aten::mm [32768, 2048], [2048, 2048], [32768, 2048] bf16   (Inductor's extern_kernels.mm(a, b, out=buf))
@@ -109,6 +115,7 @@ class _Inputs:
     types: list[object]
     concrete: list[object]
     arguments: int | None = None  # positions before this are the op's arguments; a tensor past them is an out=
+    strides: Sequence[object] = ()  # per input, where recorded: a stride-0 dimension is broadcast
 
     def tensor(self, i: int) -> list[int]:
         """Shape of tensor input i; _Skip when it is absent or not a tensor."""
@@ -153,16 +160,28 @@ class _Inputs:
         return self.arguments is None or i < self.arguments
 
     def tensor_bytes(self, *, skip: Sequence[int] = ()) -> int:
-        """Bytes of every tensor argument (each read once), leaving out the positions in `skip` and any out=
-        tensor (the output: the formula counts it, written)."""
+        """Bytes of every tensor argument (each distinct element read once, `distinct_elements`), leaving out the
+        positions in `skip` and any out= tensor (the output: the formula counts it, written)."""
         total = 0
         for i, t in enumerate(self.types):
             if i in skip or t not in DTYPES or not self.read(i):
                 continue
             shape = self.dims[i] if i < len(self.dims) else None
             if isinstance(shape, list) and all(isinstance(d, int) for d in shape):
-                total += prod(shape) * DTYPES[str(t)][0]
+                total += self.distinct_elements(i, shape) * DTYPES[str(t)][0]
         return total
+
+    def distinct_elements(self, i: int, shape: list[int]) -> int:
+        """The elements input i's memory holds: a dim of stride 0 (a broadcast) counts once where its strides are
+        recorded; all of them otherwise.
+
+            shape [32, 2048, 7, 7], strides [2048, 1, 0, 0] -> 32*2048        (no strides: 32*2048*7*7)
+        """
+        strides = self.strides[i] if i < len(self.strides) else None
+        if (not isinstance(strides, list) or len(strides) != len(shape) or 0 in shape
+                or not all(isinstance(s, int) for s in strides)):
+            return prod(shape)
+        return prod(d for d, s in zip(shape, strides, strict=True) if s != 0)
 
     def dtype(self) -> str | None:
         """The dominant input dtype: of the floating tensors, the one with the most elements (else any tensor)."""
@@ -631,8 +650,8 @@ def _parse(text: str | None) -> list[object]:
     return value if isinstance(value, list) else []
 
 
-def resolve(name: str, input_dims: str | None, input_types: str | None,
-            concrete_inputs: str | None) -> tuple[int | None, int | None, str | None, str | None]:
+def resolve(name: str, input_dims: str | None, input_types: str | None, concrete_inputs: str | None,
+            input_strides: str | None = None) -> tuple[int | None, int | None, str | None, str | None]:
     """(FLOPs, bytes, dtype, skip_reason) of one op from its recorded args (JSON text, as ingested).
 
     FLOPs and bytes are None with a reason where the formula cannot be resolved from what was recorded.
@@ -644,7 +663,8 @@ def resolve(name: str, input_dims: str | None, input_types: str | None,
         return None, None, None, "no FLOP model for this op"
     if input_dims is None:
         return None, None, None, "no input shapes recorded (record_shapes=False)"
-    inp = _Inputs(_parse(input_dims), _parse(input_types), _parse(concrete_inputs), ARGUMENTS.get(name))
+    inp = _Inputs(_parse(input_dims), _parse(input_types), _parse(concrete_inputs), ARGUMENTS.get(name),
+                  _parse(input_strides))
     dtype = inp.dtype()
     try:
         flops, nbytes = MODELS[name][1](inp)
@@ -669,6 +689,7 @@ class FlopsResult:
     """
 
     shapes_recorded: bool
+    strides_recorded: bool  # Input Strides: without them a broadcast input's bytes count at its full shape
     total_flops: int
     total_bytes: int
     ops_total: int  # CPU ops in the trace
@@ -683,7 +704,7 @@ class FlopsResult:
     vs_trace: pl.DataFrame
 
 
-_SIG = ("name", "input_dims", "input_types", "concrete_inputs")
+_SIG = ("name", "input_dims", "input_types", "concrete_inputs", "input_strides")
 
 
 def _models(cpu: pl.DataFrame) -> pl.DataFrame:
@@ -716,11 +737,12 @@ def op_flops(source: Source) -> FlopsResult:
     """FLOPs and bytes of every CPU op with a FLOP model, nested ops counted once (see the module docstring)."""
     frames = frames_of(source)
     trace = frames.trace
-    has_concrete = "concrete_inputs" in trace.events.collect_schema().names()  # ingested before schema 2: absent
+    columns = trace.events.collect_schema().names()  # ingested before schema 2 (concrete) or 4 (strides): absent
     cpu = (
         trace.cpu_ops.filter(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())
         .select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns", "input_dims", "input_types",
-                pl.col("concrete_inputs") if has_concrete else pl.lit(None, pl.String).alias("concrete_inputs"),
+                *(pl.col(c) if c in columns else pl.lit(None, pl.String).alias(c)
+                  for c in ("concrete_inputs", "input_strides")),
                 trace_flops="flops")
         .collect(engine="in-memory")
     )
@@ -754,6 +776,7 @@ def op_flops(source: Source) -> FlopsResult:
     n_modelled = int(ops["flops"].is_not_null().sum())
     return FlopsResult(
         shapes_recorded=shapes_recorded,
+        strides_recorded=bool(cpu["input_strides"].is_not_null().any()) if cpu.height else False,
         total_flops=int(counted["flops"].sum()),
         total_bytes=int(counted["bytes"].sum()),
         ops_total=cpu.height,

@@ -25,7 +25,7 @@ from stepscope.analyze.window import WindowKind
 GRAPH_OPS_SCHEMA: dict[str, pl.DataType] = {
     "event_id": pl.Int64(), "name": pl.String(), "kind": pl.String(), "pid": pl.String(), "tid": pl.String(),
     "ts_ns": pl.Int64(), "dur_ns": pl.Int64(), "input_dims": pl.String(), "input_types": pl.String(),
-    "concrete_inputs": pl.String(), "flops": pl.Float64(), "capture_event_id": pl.Int64(),
+    "concrete_inputs": pl.String(), "input_strides": pl.String(), "flops": pl.Float64(), "capture_event_id": pl.Int64(),
     "replay_correlation": pl.Int64(),
 }
 

@@ -345,7 +345,7 @@ def _virtual_ops(capture: Trace, cap: pl.DataFrame, kernels: pl.DataFrame, launc
         return pl.DataFrame(schema=GRAPH_OPS_SCHEMA)
     cpu = sort_for_nesting(capture.cpu_ops.filter(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())
                            .select("event_id", "name", "pid", "tid", "ts_ns", "dur_ns", "input_dims", "input_types",
-                                   "concrete_inputs", "flops").collect(engine="in-memory"))
+                                   "concrete_inputs", "input_strides", "flops").collect(engine="in-memory"))
     parent, _ = parent_index(cpu)
     per_replay = kernels.group_by("correlation").agg(
         ops=pl.col("capture_op_event_id").drop_nulls().unique(), calls=pl.col("capture_launch_event_id"))
@@ -371,7 +371,8 @@ def _virtual_ops(capture: Trace, cap: pl.DataFrame, kernels: pl.DataFrame, launc
         pid=pl.col("launch_pid").cast(pl.String),
         tid=pl.format("graph replay {}", pl.col("replay_correlation")),
         ts_ns=pl.col("launch_ts").fill_null(0) + pl.col("ts_ns") - pl.col("anchor"), dur_ns="dur_ns",
-        input_dims="input_dims", input_types="input_types", concrete_inputs="concrete_inputs", flops="flops",
+        input_dims="input_dims", input_types="input_types", concrete_inputs="concrete_inputs",
+        input_strides="input_strides", flops="flops",
         capture_event_id="capture_event_id", replay_correlation="replay_correlation",
     ).cast(GRAPH_OPS_SCHEMA)  # type: ignore[arg-type]
 

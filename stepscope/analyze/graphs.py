@@ -14,7 +14,8 @@ groups the launches per distinct graph (the kernel-name sequence per stream):
 `launches` names the op of every mapped kernel and `graph_ops` holds the ops (one row per op per replay, with
 the capture's input shapes), so the op table, FLOPs and the roofline see them as they see eager ops.
 `locate_capture` finds the capture profile in a run directory (`capture_traces/`, or a `*graph_capture*`
-file beside the run's trace).
+file beside the run's trace); a trace file's own folder counts as its run directory where it holds one capture
+profile and no other trace (`inputs.capture_beside`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import polars as pl
 from stepscope.analyze.blame import python_lines, short_name
 from stepscope.analyze.frames import Source, TraceFrames, frames_of, ops_by_nesting
 from stepscope.analyze.graph_capture import CaptureMapping, map_replays, replay_signatures, replayed
-from stepscope.analyze.inputs import find_trace_files, is_capture_file
+from stepscope.analyze.inputs import capture_beside, find_trace_files, is_capture_file
 from stepscope.analyze.trace import Trace, load
 from stepscope.errors import InputError
 
@@ -77,10 +78,12 @@ class CaptureChoice:
 
 def locate_capture(path: Path, capture: Path | None = None) -> CaptureChoice:
     """The run's trace and its capture profile. A directory holding one trace plus capture profiles is
-    the run's trace with the first capture profile (by name) unless `capture` names one; anything else is
-    `path` as given (the loader says what is wrong with it)."""
+    the run's trace with the first capture profile (by name) unless `capture` names one; a trace file is itself
+    with the one capture profile its folder holds (`inputs.capture_beside`), unless `capture` names one; anything
+    else is `path` as given (the loader says what is wrong with it)."""
     if not path.is_dir():
-        return CaptureChoice(trace=path, capture=capture, found=False)
+        beside = capture_beside(path) if capture is None else None
+        return CaptureChoice(trace=path, capture=beside or capture, found=beside is not None)
     try:
         files = find_trace_files([path])
     except InputError:  # no raw trace in it (a dataset, an ingested trace): not a run with a capture profile

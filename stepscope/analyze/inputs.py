@@ -426,6 +426,30 @@ def is_capture_file(path: Path) -> bool:
     return "capture_traces" in path.parts or "graph_capture" in path.name.lower()
 
 
+def capture_beside(trace: Path) -> Path | None:
+    """The profile of the graph capture that lies beside a trace FILE: its folder taken as its run directory.
+    Only where that is unambiguous: the folder holds exactly one capture profile (a `*graph_capture*` trace in
+    it, or a trace under its capture_traces/) and no trace but `trace` besides; else None.
+
+        run/graph_execution.json.gz, run/capture_traces/rank_0.pt.trace.json.gz   -> that capture
+        run/a.json, run/b.json, run/capture_traces/rank_0.json                    -> None (whose capture is it?)
+        run/graph_execution.json.gz, run/capture_traces/rank_{0,1}.json           -> None (which one?)
+    """
+    if not trace.is_file() or is_capture_file(trace.resolve()):
+        return None
+    folder = trace.parent
+    named = [f for f in sorted(folder.iterdir()) if f.is_file() and f.name.endswith(TRACE_SUFFIXES)]
+    sub = folder / "capture_traces"
+    if not sub.is_dir() and not any(is_capture_file(Path(f.name)) for f in named):
+        return None  # the common case: nothing that could be a capture, and no file opened to say so
+    others = [f for f in named if not is_capture_file(Path(f.name)) and f.resolve() != trace.resolve()]
+    if any(_looks_like_trace(f) for f in others):
+        return None
+    captures = [f for f in named if is_capture_file(Path(f.name)) and _looks_like_trace(f)]
+    captures += _traces_under(sub) if sub.is_dir() else []
+    return captures[0] if len(captures) == 1 else None
+
+
 
 def _run_dir(directory: Path) -> RunDir | None:
     rank_dirs = {int(m.group(1)): d for d in sorted(directory.iterdir())

@@ -44,6 +44,7 @@ import polars as pl
 from stepscope.analyze.blame import innermost, short_name
 from stepscope.analyze.flops import FLOP_FAMILIES, FlopsResult, op_flops
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
+from stepscope.analyze.graph_capture import replayed
 from stepscope.analyze.peaks import (
     DTYPES,
     Dtype,
@@ -69,9 +70,11 @@ HANDOFF_TOP = 3
 
 @dataclass(frozen=True, kw_only=True)
 class RooflineResult:
-    """Headline: the device and its peaks, model FLOPs, achieved TFLOP/s (the FLOPs over the GPU time of the ops
-    that have FLOPs; `modelled_gpu_ns` is the time of every op with a model, bytes-only ones too) and MFU over
-    the steps.
+    """Headline: the device and its peaks, model FLOPs, achieved TFLOP/s (the FLOPs over `flop_ops_gpu_ns`, the
+    GPU time of the ops that have FLOPs; `modelled_gpu_ns` is the time of every op with a model, bytes-only ones
+    too) and MFU and HFU over the steps (HFU is MFU where nothing is recomputed). On a trace without GPU kernels
+    (a CPU capture) the ops and families carry their FLOPs and bytes with no GPU time, and every figure that
+    holds time to a GPU's peak (achieved, roofline, MFU) is None: CPU time is not held to it.
 
     `families`: family, calls, flops, bytes, gpu_ns, tflops, gbps (the ops below, summed per family).
     `ops`: name, family, dtype, calls, flops, bytes, gpu_ns, tflops, gbps, intensity_flop_per_byte,
@@ -96,7 +99,8 @@ class RooflineResult:
     ridge_flop_per_byte: float | None
     model_flops: int
     recomputed_flops: int
-    modelled_gpu_ns: int
+    modelled_gpu_ns: int | None
+    flop_ops_gpu_ns: int | None
     achieved_tflops: float | None
     mfu_fraction: float | None
     hfu_fraction: float | None
@@ -127,19 +131,20 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
     main_dtype = dtype or _dominant_dtype(counted)
     vendor = gpu_vendor(frames)
     device = _device(frames, peak_tflops, peak_bandwidth_gbps, main_dtype)
-    ops = _per_op(frames, counted, device, peak_tflops, peak_bandwidth_gbps)
+    ops = _per_op(frames, counted, device, peak_tflops, peak_bandwidth_gbps, gpu_trace=gpu_trace)
     missing = _uncounted(flops_result)
-    steps = _per_step(frames, counted, missing, device)
-    gpu_ns = int(ops["gpu_ns"].sum() or 0)
-    flop_ns = int(ops.filter(pl.col("flops") > 0)["gpu_ns"].sum() or 0)  # achieved: over the FLOP ops' time
+    peak = device.peak_tflops if device is not None else None
+    held = peak if gpu_trace else None  # a GPU's peak is never held to CPU time: without GPU work, no MFU
+    steps = _per_step(frames, counted, missing, held)
+    gpu_ns = int(ops["gpu_ns"].sum() or 0) if gpu_trace else None
+    flop_ns = int(ops.filter(pl.col("flops") > 0)["gpu_ns"].sum() or 0) if gpu_trace else None
     total = int(counted["flops"].sum() or 0)
     recomputed = int(counted.filter("recomputed")["flops"].sum() or 0)
     wall = int(steps["wall_ns"].sum() or 0)
     hardware = int(steps["hardware_flops"].sum() or 0)
     exact = steps.height > 0 and int(steps["uncounted_ops"].sum()) == 0
-    peak = device.peak_tflops if device is not None else None
-    mfu = int(steps["flops"].sum()) / (wall * peak * 1e3) if wall and peak and exact else None
-    hfu = hardware / (wall * peak * 1e3) if wall and peak and exact and recomputed else None
+    mfu = int(steps["flops"].sum()) / (wall * held * 1e3) if wall and held and exact else None
+    hfu = hardware / (wall * held * 1e3) if wall and held and exact else None  # = MFU where nothing is recomputed
     impossible = max(mfu or 0.0, hfu or 0.0)
     return RooflineResult(
         shapes_recorded=flops_result.shapes_recorded,
@@ -149,18 +154,36 @@ def roofline(source: Source, *, flops: FlopsResult | None = None, peak_tflops: f
         bandwidth_gbps=device.peak_bandwidth_gbps if device is not None else None,
         ridge_flop_per_byte=device.ridge_point_flop_per_byte if device is not None else None,
         model_flops=total - recomputed, recomputed_flops=recomputed, modelled_gpu_ns=gpu_ns,
-        achieved_tflops=total / flop_ns / 1e3 if flop_ns else None,
+        flop_ops_gpu_ns=flop_ns, achieved_tflops=total / flop_ns / 1e3 if flop_ns else None,
         mfu_fraction=mfu if impossible <= 1.0 else None,
         hfu_fraction=hfu if impossible <= 1.0 else None,
         unmodelled_gpu_fraction=flops_result.unmodelled_gpu_fraction,
         ops_above_peak=int(ops["above_peak"].sum() or 0) if ops.height else 0,
         uncounted_ops=missing.height,
-        note=_note(flops_result, device, main_dtype, steps,
+        note=_note(flops_result, device, main_dtype, steps, gpu_trace=gpu_trace,
                    cpu_side=every.filter(pl.col("flops") > 0).height - counted.filter(pl.col("flops") > 0).height,
-                   above_peak=impossible if impossible > 1.0 else None, dominant=_dominant_dtype(counted)),
+                   above_peak=impossible if impossible > 1.0 else None, dominant=_dominant_dtype(counted),
+                   unmapped_replays=_unmapped_replays(frames),
+                   bytes_above=ops.filter(pl.col("above_peak") & (pl.col("flops") == 0)).height),
         families=_families(ops), ops=ops, steps=steps, handoff=_handoff(frames, ops, vendor),
         unmodelled=flops_result.unmodelled_ops,
     )
+
+
+#: graph-replayed kernels no capture profile maps past this share of kernel time: the note asks for the capture
+UNMAPPED_REPLAYS_NOTED = 0.5
+
+
+def _unmapped_replays(frames: TraceFrames) -> float:
+    """The share of kernel time held by graph-replayed kernels that no capture op was mapped to: a replayed kernel
+    has no CPU op of its own, so no FLOP model counts it (`graphs.with_graph_capture` maps them)."""
+    kernels = frames.launches.filter((pl.col("kind") == Kind.KERNEL.value) & pl.col("dur_ns").is_not_null())
+    total = int(kernels["dur_ns"].sum() or 0)
+    if total == 0:
+        return 0.0
+    mapped = frames.graph_ops["event_id"].implode()
+    unmapped = replayed(kernels).filter(~pl.col("op_event_id").is_in(mapped).fill_null(False))
+    return int(unmapped["dur_ns"].sum() or 0) / total
 
 
 def _counted(frames: TraceFrames, flops: FlopsResult) -> pl.DataFrame:
@@ -227,14 +250,30 @@ def _device(frames: TraceFrames, peak_tflops: float | None, peak_bandwidth_gbps:
     return device or resolved.devices[0]
 
 
+_OP_COLUMNS = ("name", "family", "dtype", "calls", "flops", "bytes", "gpu_ns", "tflops", "gbps",
+               "intensity_flop_per_byte", "attainable_tflops", "roofline_fraction", "bound", "above_peak")
+
+
 def _per_op(frames: TraceFrames, counted: pl.DataFrame, device: ResolvedDevice | None,
-            peak_tflops: float | None, peak_bandwidth_gbps: float | None) -> pl.DataFrame:
-    """Achieved figures and the roofline per op name x family x dtype (see the module docstring)."""
+            peak_tflops: float | None, peak_bandwidth_gbps: float | None, *, gpu_trace: bool = True) -> pl.DataFrame:
+    """Achieved figures and the roofline per op name x family x dtype (see the module docstring). Without GPU
+    work (`gpu_trace` False: a CPU capture) every op with a model, its FLOPs, bytes and intensity; no GPU time,
+    and nothing held to a peak."""
     grouped = (
         counted.group_by("name", "family", "dtype")
         .agg(calls=pl.len(), flops=pl.col("flops").sum(), bytes=pl.col("bytes").sum(), gpu_ns=pl.col("gpu_ns").sum())
-        .filter(pl.col("gpu_ns") > 0)
     )
+    if not gpu_trace:
+        nothing = pl.lit(None, pl.Float64)
+        return grouped.select(
+            "name", "family", "dtype", "calls", "flops", "bytes", gpu_ns=pl.lit(None, pl.Int64), tflops=nothing,
+            gbps=nothing, attainable_tflops=nothing, roofline_fraction=nothing,
+            intensity_flop_per_byte=pl.when((pl.col("bytes") > 0) & (pl.col("flops") > 0))
+            .then(pl.col("flops") / pl.col("bytes")),
+            bound=pl.lit(None, pl.String), above_peak=pl.lit(False),
+        ).select(_OP_COLUMNS).sort("flops", "bytes", "name", "dtype", descending=[True, True, False, False],
+                                   nulls_last=True)
+    grouped = grouped.filter(pl.col("gpu_ns") > 0)
     peaks = pl.DataFrame(
         [{"dtype": d, "peak_tflops": _peak_at(device, d, peak_tflops)} for d in grouped["dtype"].unique().to_list()],
         schema={"dtype": pl.String, "peak_tflops": pl.Float64})
@@ -257,10 +296,8 @@ def _per_op(frames: TraceFrames, counted: pl.DataFrame, device: ResolvedDevice |
                             >= pl.col("peak_tflops")).then(pl.lit("compute")).otherwise(pl.lit("memory")))
         .with_columns(above_peak=pl.col("roofline_fraction").fill_null(0.0) > 1.0)
     )
-    return out.select(
-        "name", "family", "dtype", "calls", "flops", "bytes", "gpu_ns", "tflops", "gbps", "intensity_flop_per_byte",
-        "attainable_tflops", "roofline_fraction", "bound", "above_peak",
-    ).sort("gpu_ns", "name", "dtype", descending=[True, False, False], nulls_last=True)  # (an op in two dtypes)
+    return out.select(_OP_COLUMNS).sort(  # (an op in two dtypes: by name, then dtype)
+        "gpu_ns", "name", "dtype", descending=[True, False, False], nulls_last=True)
 
 
 def plotted(ops: pl.DataFrame) -> pl.DataFrame:
@@ -280,7 +317,7 @@ def why_nothing_plotted(result: RooflineResult) -> str | None:
         return "the trace has no input shapes, so no op has FLOPs (profile with record_shapes=True)"
     if result.model_flops + result.recomputed_flops == 0:
         return "no op in this trace has a FLOP count (see `stepscope flops`)"
-    if result.ops.filter(pl.col("flops") > 0).height == 0:
+    if result.ops.filter((pl.col("flops") > 0) & (pl.col("gpu_ns").fill_null(0) > 0)).height == 0:
         return "no op with FLOPs ran GPU work (a roofline places achieved TFLOP/s on the GPU)"
     return "no op with FLOPs and GPU time has a byte count, so none has an arithmetic intensity"
 
@@ -288,10 +325,11 @@ def why_nothing_plotted(result: RooflineResult) -> str | None:
 def _families(ops: pl.DataFrame) -> pl.DataFrame:
     """The per-op rows summed per family: calls, FLOPs, bytes, GPU time, achieved TFLOP/s and GB/s."""
     return (
-        ops.group_by("family").agg(pl.col("calls", "flops", "bytes", "gpu_ns").sum())
+        ops.group_by("family").agg(pl.col("calls", "flops", "bytes").sum(),
+                                   gpu_ns=pl.when(pl.col("gpu_ns").count() > 0).then(pl.col("gpu_ns").sum()))
         .with_columns(tflops=pl.when(pl.col("flops") > 0).then(pl.col("flops") / pl.col("gpu_ns") / 1e3),
                       gbps=pl.col("bytes") / pl.col("gpu_ns"))
-        .sort("gpu_ns", "family", descending=[True, False])
+        .sort("gpu_ns", "flops", "bytes", "family", descending=[True, True, True, False], nulls_last=True)
     )
 
 
@@ -313,7 +351,7 @@ def _uncounted(flops: FlopsResult) -> pl.DataFrame:
 
 
 def _per_step(frames: TraceFrames, counted: pl.DataFrame, missing: pl.DataFrame,
-              device: ResolvedDevice | None) -> pl.DataFrame:
+              peak: float | None) -> pl.DataFrame:
     """step, wall_ns, flops, hardware_flops, uncounted_ops, tflops, mfu_fraction: the counted ops' FLOPs by
     the step whose CPU span holds their start (`window.cpu_spans`: in a GPU-bound loop the CPU runs ahead, and
     an op starts before its step's window does), over the step's window. A step holding a FLOP-bearing op
@@ -330,7 +368,6 @@ def _per_step(frames: TraceFrames, counted: pl.DataFrame, missing: pl.DataFrame,
         flops=pl.col("flops").filter(~pl.col("recomputed")).sum(), hardware_flops=pl.col("flops").sum())
     gaps = with_step(missing, spans, at="ts_ns").filter(pl.col("step").is_not_null()).group_by("step").agg(
         uncounted_ops=pl.len())
-    peak = device.peak_tflops if device is not None else None
     return (
         windows.select("step", "wall_ns")
         .join(per, on="step", how="left", maintain_order="left")
@@ -407,12 +444,25 @@ def _origin(device: ResolvedDevice | None) -> str | None:
 
 
 def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None, steps: pl.DataFrame, *,
-          cpu_side: int, above_peak: float | None = None, dominant: Dtype | None = None) -> str:
-    """What the reader must know before trusting the figures: no shapes, an unknown device, no peak, ops
+          cpu_side: int, gpu_trace: bool = True, above_peak: float | None = None, dominant: Dtype | None = None,
+          unmapped_replays: float = 0.0, bytes_above: int = 0) -> str:
+    """What the reader must know before trusting the figures: graph replays holding most kernel time with no
+    capture profile to map them (`unmapped_replays`, their share), no shapes, an unknown device, no peak, ops
     whose recorded inputs do not resolve their FLOP model (and the MFU refused for it), no steps to hold
     MFU to, an MFU above 100% (`above_peak`, refused; `dominant`: the dtype holding most FLOPs, to suggest), ops
-    with FLOPs that ran on the CPU and are left out."""
-    parts = [_peak_note(flops, device, dtype)]
+    with FLOPs that ran on the CPU and are left out, a trace without GPU work (`gpu_trace` False), ops with no
+    FLOPs above the bandwidth in a trace without Input Strides (`bytes_above`: a broadcast input counted at its
+    full size)."""
+    parts = []
+    if unmapped_replays > UNMAPPED_REPLAYS_NOTED:
+        parts.append(f"graph-replayed kernels hold {unmapped_replays:.1%} of kernel time and no profile of the graph "
+                     "capture maps them to ops, so their FLOPs are not counted: pass one (--graph-capture FILE)")
+    if gpu_trace or not flops.shapes_recorded:
+        parts.append(_peak_note(flops, device, dtype))
+    else:
+        parts.append("the trace has no GPU kernels: ops and families show their FLOPs and bytes with no GPU time, "
+                     "and nothing is held to a GPU's peak (achieved TFLOP/s, the roofline and MFU need GPU kernel "
+                     "time, not CPU time)")
     if flops.ops_skipped and flops.shapes_recorded:
         reasons = flops.ops.filter(pl.col("skip_reason").is_not_null()).group_by("skip_reason").len().sort(
             "len", descending=True)
@@ -423,7 +473,7 @@ def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None
     if uncounted:
         parts.append(f"no MFU: {_ops(uncounted, 'matmul/convolution/attention')} of the steps are among them, so "
                      "the steps' FLOPs would be a lower bound")
-    elif steps.height == 0 and flops.shapes_recorded and dtype is not None:
+    elif steps.height == 0 and flops.shapes_recorded and dtype is not None and gpu_trace:
         parts.append("no MFU: the trace has no ProfilerStep# windows to hold the FLOPs to (MFU is per step)")
     elif above_peak is not None and device is not None:
         which = (f"most FLOPs are {dominant}: pass --dtype {dominant}" if dominant is not None and dominant != dtype
@@ -431,9 +481,13 @@ def _note(flops: FlopsResult, device: ResolvedDevice | None, dtype: Dtype | None
         parts.append(f"no MFU: the steps' FLOPs come to {above_peak:.0%} of the {dtype + ' ' if dtype else ''}peak "
                      f"({device.peak_tflops:,.4g} TFLOP/s), more than the GPU can do: the kernels ran at another "
                      f"peak ({which}) or the peak is wrong (pass --peak-tflops)")
-    elif device is not None and device.peak_tflops and (above := _steps_above_peak(steps)):
+    elif gpu_trace and device is not None and device.peak_tflops and (above := _steps_above_peak(steps)):
         parts.append(f"{above:,} {'step has' if above == 1 else 'steps have'} no MFU: the FLOPs of the ops that "
                      "start in it pass 100% of the peak over its window")
+    if bytes_above and not flops.strides_recorded:
+        parts.append(f"{_ops(bytes_above)} with no FLOPs {'passes' if bytes_above == 1 else 'pass'} the memory "
+                     "bandwidth: the trace records no Input Strides, so an input broadcast to a larger shape "
+                     "(expand) counts at its full size and its bytes are overcounted")
     if cpu_side:
         parts.append(f"{_ops(cpu_side)} with FLOPs launched no GPU kernel (they ran on the CPU) and "
                      f"{'is' if cpu_side == 1 else 'are'} left out")

@@ -29,7 +29,8 @@ import pyarrow as pa
 
 from stepscope.analyze.vocab import Kind as Kind  # re-exported: analyses import Kind from here
 
-INGEST_SCHEMA_VERSION = 3  # 2: concrete_inputs column; 3: invalid UTF-8 inside strings read as U+FFFD and counted
+INGEST_SCHEMA_VERSION = 4  # 2: concrete_inputs column; 3: invalid UTF-8 inside strings read as U+FFFD and counted;
+#                            4: input_strides column
 
 
 # Kind lives in vocab (no pyarrow there), so the CLI can offer kinds without importing the schema
@@ -124,6 +125,9 @@ ARG_COLUMNS: tuple[ArgColumn, ...] = (
               doc="op input dtypes as JSON text (record_shapes)"),
     ArgColumn(column="concrete_inputs", keys=("Concrete Inputs",), type="json", groups=("cpu",),
               doc="op scalar/list argument values as JSON text, e.g. [\"\", \"[2, 2]\", \"False\"] (record_shapes)"),
+    ArgColumn(column="input_strides", keys=("Input Strides",), type="json", groups=("cpu",),
+              doc="op input strides as JSON text, e.g. [[2048, 1, 0, 0], []]: 0 where a dim is broadcast "
+                  "(record_shapes, in the torch releases that record them)"),
     ArgColumn(column="sequence_number", keys=("Sequence number",), type="int", groups=("cpu",),
               doc="autograd sequence number (links forward op and its backward)"),
     ArgColumn(column="fwd_thread_id", keys=("Fwd thread id",), type="int", groups=("cpu",),

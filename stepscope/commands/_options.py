@@ -50,7 +50,8 @@ def graph_capture_option(func: F) -> F:
         default=None,
         help="A profile of the CUDA/HIP graph capture (a trace recorded while the graphs were captured): replayed "
              "kernels are attributed to the ops that launched them at capture time. Default: a capture_traces/ "
-             "or *graph_capture* trace in TRACE's run directory, if any.",
+             "or *graph_capture* trace in TRACE's run directory, if any (TRACE itself, or a trace file's folder "
+             "where it holds one capture profile and no other trace).",
     )(func)
 
 

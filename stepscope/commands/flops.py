@@ -44,7 +44,8 @@ def command(trace: Path, by: str | None, peak_tflops: float | None, peak_bandwid
     the roofline (peaks from the device table, or --peak-tflops / --peak-bandwidth), MFU per step, and the
     command of the GPU vendor's kernel profiler (ncu, rocprof-compute) for the kernels furthest below their
     roofline. With --graph-capture, the ops of graph replays count once per replay, with their shapes at capture
-    time."""
+    time. A trace without GPU kernels (a CPU capture) shows each op's and family's FLOPs and bytes with no time:
+    nothing is held to a GPU's peak from CPU time."""
     from stepscope.analyze.roofline import roofline
     from stepscope.reports.text import render_frame, render_headline, result_headline
     out_fmt = resolve_format(fmt, as_json, as_csv, table)

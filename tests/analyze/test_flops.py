@@ -193,6 +193,24 @@ def test_bytes_bound_families_count_bytes_and_no_flops(tmp_path: Path, name: str
     assert (row["family"], row["flops"], row["bytes"]) == (family, 0, nbytes)
 
 
+@pytest.mark.parametrize(("strides", "nbytes"), [
+    # MeanBackward1's gradient [32, 2048, 1, 1] expanded to [32, 2048, 7, 7]: read once per distinct element
+    ([[2048, 1, 0, 0], []], 4 * 32 * 2048 + 8 + 4 * 32 * 2048 * 49),
+    # no strides recorded (older torch): every element of the shape, as before
+    (None, 4 * 32 * 2048 * 49 + 8 + 4 * 32 * 2048 * 49),
+    # a transposed view reads all of its elements: only stride 0 is a broadcast
+    ([[100352, 49, 1, 7], []], 4 * 32 * 2048 * 49 + 8 + 4 * 32 * 2048 * 49),
+])
+def test_a_broadcast_input_is_read_once_per_distinct_element(tmp_path: Path, strides: list[Any] | None,
+                                                             nbytes: int) -> None:
+    # GIVEN an elementwise op on an expanded input, with or without the Input Strides the trace recorded
+    strided = {"Input Strides": strides} if strides is not None else {}
+    r = flops_of(tmp_path, op("aten::div", 0, 10, [[32, 2048, 7, 7], []], [F32, "long int"], ["", ""], **strided))
+    # THEN the input's bytes count each stride-0 dimension once; the output is written at its full shape
+    assert one(r, "aten::div")["bytes"] == nbytes
+    assert r.strides_recorded is (strides is not None)
+
+
 BF16 = "c10::BFloat16"
 
 
@@ -419,6 +437,21 @@ def test_parity_with_torch_flop_counter(tmp_path: Path, model: Callable[[Any], C
         assert ours.get(family, 0) == pytest.approx(expected.get(family, 0), rel=0.01), family
     assert r.total_flops == pytest.approx(sum(expected.values()), rel=0.01)
     assert expected.get("matmul", 0) > 0
+
+
+@torch_only
+def test_an_expanded_input_on_a_cpu_capture_counts_its_distinct_elements(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    # GIVEN a CPU capture (record_shapes) of a [32, 2048, 1, 1] tensor expanded to [32, 2048, 7, 7] and divided
+    g = torch.randn(32, 2048, 1, 1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        g.expand(32, 2048, 7, 7) / 49
+    path = tmp_path / "capture.pt.trace.json"
+    prof.export_chrome_trace(str(path))
+    # WHEN its bytes are counted THEN the input is read at 32*2048 elements, not 32*2048*49
+    r = op_flops(load(path, cache_dir=tmp_path / "cache"))
+    assert r.strides_recorded
+    assert one(r, "aten::div")["bytes"] == 4 * 32 * 2048 + 8 + 4 * 32 * 2048 * 49
 
 
 # ------------------------------------------------------------------------------------------- corpus

@@ -32,6 +32,7 @@ from stepscope.analyze.flops import op_flops
 from stepscope.analyze.frames import TraceFrames
 from stepscope.analyze.graph_capture import _align
 from stepscope.analyze.graphs import (
+    CaptureChoice,
     GraphMappedFrames,
     graph_replays,
     load_replayed,
@@ -146,10 +147,42 @@ def test_a_run_directory_holding_a_capture_profile_finds_it(tmp_path: Path) -> N
     assert (choice.trace, choice.capture, choice.found) == (run, capture, True)
     frames, _ = load_replayed(tmp_path / "run", cache_dir=tmp_path / "cache")
     assert isinstance(frames, GraphMappedFrames)
-    # a plain trace file gets plain frames
-    plain, choice = load_replayed(run, cache_dir=tmp_path / "cache")
+    # a trace file alone in its folder gets plain frames
+    alone = write_trace(tmp_path / "alone", full_graph_run(), "graph_execution.json")
+    plain, choice = load_replayed(alone, cache_dir=tmp_path / "cache")
     assert type(plain) is TraceFrames and choice.capture is None
     assert is_capture_file(Path("x/graph_capture_rank_0.json.gz")) and not is_capture_file(run)
+
+
+def test_a_trace_file_takes_the_one_capture_profile_of_its_folder(tmp_path: Path) -> None:
+    # GIVEN a run's trace FILE whose folder holds its capture profile (capture_traces/, or *graph_capture* beside it)
+    run = write_trace(tmp_path / "run", full_graph_run(), "graph_execution.json")
+    capture = write_trace(tmp_path / "run" / "capture_traces", full_graph_capture(), "rank_0.pt.trace.json")
+    # WHEN its capture is looked for THEN the folder counts as its run directory (once: the file was taken alone)
+    assert locate_capture(run) == CaptureChoice(trace=run, capture=capture, found=True)
+    frames, _ = load_replayed(run, cache_dir=tmp_path / "cache")
+    assert isinstance(frames, GraphMappedFrames) and op_flops(frames).total_flops == 3 * MM_FLOPS
+    # AND a capture given wins over the one found
+    other = write_trace(tmp_path / "elsewhere", full_graph_capture(), "cap.json")
+    assert locate_capture(run, other) == CaptureChoice(trace=run, capture=other, found=False)
+    # AND the capture file itself is not taken for a run with a capture
+    assert locate_capture(capture).capture is None
+    flat = write_trace(tmp_path / "flat", full_graph_run(), "graph_execution.json")
+    beside = write_trace(tmp_path / "flat", full_graph_capture(), "graph_capture_rank_0.json")
+    assert locate_capture(flat).capture == beside
+
+
+@pytest.mark.parametrize("extra", ["second capture", "second run"])
+def test_a_trace_file_whose_folder_is_ambiguous_takes_no_capture(tmp_path: Path, extra: str) -> None:
+    # GIVEN a trace file whose folder holds two capture profiles, or another run's trace beside it
+    run = write_trace(tmp_path / "run", full_graph_run(), "graph_execution.json")
+    write_trace(tmp_path / "run" / "capture_traces", full_graph_capture(), "rank_0.pt.trace.json")
+    if extra == "second capture":
+        write_trace(tmp_path / "run" / "capture_traces", full_graph_capture(), "rank_1.pt.trace.json")
+    else:
+        write_trace(tmp_path / "run", full_graph_run(), "graph_execution_2.json")
+    # WHEN its capture is looked for THEN none is taken: which capture belongs to it is not known
+    assert locate_capture(run) == CaptureChoice(trace=run, capture=None, found=False)
 
 
 # -------------------------------------------------------------------------------------------------- corpus

@@ -251,6 +251,32 @@ def test_a_step_above_the_peak_has_no_mfu_while_the_run_has_one(tmp_path: Path) 
     assert "1 step has no MFU" in result.note
 
 
+@pytest.mark.parametrize("strides", [None, [[2048, 1, 0, 0], []]], ids=["no strides", "strides"])
+def test_a_broadcast_read_past_the_bandwidth_is_explained_where_strides_are_missing(
+        tmp_path: Path, strides: list[Any] | None) -> None:
+    # GIVEN a div of a [32, 2048, 1, 1] gradient expanded to [32, 2048, 7, 7] (resnet50's MeanBackward1) whose
+    # kernel ran 16 µs, held to 1,000 GB/s: 25.7 MB at full shape is 1,606 GB/s, 13.1 MB read once is 819
+    recorded = {"Input Strides": strides} if strides is not None else {}
+    doc = trace(
+        cpu_op("aten::div", ts=10, dur=20, external_id=5, **{
+            "Input Dims": [[32, 2048, 7, 7], []], "Input type": ["float", "long int"], "Concrete Inputs": ["", ""],
+            **recorded}),
+        runtime("cudaLaunchKernel", ts=12, dur=3, correlation=1, external_id=5),
+        kernel("elementwise_kernel", ts=100, dur=16, correlation=1, external_id=5),
+        deviceProperties=[{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 80 * 2**30,
+                           "computeMajor": 9, "computeMinor": 0, "numSms": 132}])
+    result = roofline(load_events(tmp_path, doc), peak_bandwidth_gbps=1000)
+    (op,) = result.ops.iter_rows(named=True)
+    if strides is None:
+        # THEN without strides the input counts at its full shape, above the bandwidth, and the note says why
+        assert op["bytes"] == 2 * 4 * 32 * 2048 * 49 + 8 and op["above_peak"]
+        assert "records no Input Strides" in result.note and "overcounted" in result.note
+    else:
+        # THEN with strides it is read once per distinct element: below the bandwidth, nothing to explain
+        assert op["bytes"] == 4 * 32 * 2048 + 8 + 4 * 32 * 2048 * 49 and not op["above_peak"]
+        assert "Input Strides" not in result.note
+
+
 def test_the_flops_command(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc()))

@@ -24,6 +24,11 @@ def run_dir(tmp_path: Path) -> tuple[Path, Path, Path]:
     return tmp_path / "run", run, capture
 
 
+def run_alone(tmp_path: Path) -> Path:
+    """The run's trace in a folder of its own: no capture profile beside it."""
+    return write_trace(tmp_path / "alone", full_graph_run(), "graph_execution.json")
+
+
 def test_graphs_finds_the_capture_in_the_run_directory_and_says_so(tmp_path: Path) -> None:
     directory, _, _ = run_dir(tmp_path)
     out = CliRunner().invoke(cli, ["graphs", str(directory)])
@@ -35,8 +40,37 @@ def test_graphs_finds_the_capture_in_the_run_directory_and_says_so(tmp_path: Pat
     assert not any(line.split() == ["note"] for line in out.stdout.splitlines()), out.stdout
 
 
-def test_graphs_json_without_a_capture(tmp_path: Path) -> None:
+def test_flops_and_graphs_on_the_trace_file_take_the_capture_beside_it(tmp_path: Path) -> None:
+    # GIVEN a run's trace file with its capture profile in its folder's capture_traces/
     _, run, _ = run_dir(tmp_path)
+    runner = CliRunner()
+    # WHEN flops and graphs are asked about the file THEN they map the replays as they do for the directory
+    flops = runner.invoke(cli, ["flops", str(run), "--json"])
+    assert flops.exit_code == 0, flops.output
+    assert json.loads(flops.stdout)["model_flops"] == 3 * MM_FLOPS
+    assert "found in the run directory" in flops.stderr
+    graphs = runner.invoke(cli, ["graphs", str(run)])
+    assert graphs.exit_code == 0 and graphs.stdout.startswith("graph capture:") and "6 of 6" in graphs.stdout
+
+
+def test_flops_without_a_capture_says_the_replays_are_not_counted(tmp_path: Path) -> None:
+    # GIVEN a run whose kernels are all graph-replayed, alone in its folder (no capture profile to find)
+    run = run_alone(tmp_path)
+    # WHEN its FLOPs are asked for THEN the note says the replays hold the kernel time and how to pass a capture
+    out = CliRunner().invoke(cli, ["flops", str(run), "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert data["model_flops"] == 0
+    assert "graph-replayed kernels hold 100.0% of kernel time" in data["note"]
+    assert "--graph-capture FILE" in data["note"]
+    # AND with the capture given, no such note
+    _, _, capture = run_dir(tmp_path)
+    given = CliRunner().invoke(cli, ["flops", str(run), "--graph-capture", str(capture), "--json"])
+    assert "graph-replayed" not in json.loads(given.stdout)["note"]
+
+
+def test_graphs_json_without_a_capture(tmp_path: Path) -> None:
+    run = run_alone(tmp_path)
     out = CliRunner().invoke(cli, ["graphs", str(run), "--json"])
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
@@ -57,7 +91,7 @@ def test_ops_flops_kernels_take_the_graph_capture(tmp_path: Path) -> None:
     kernels = runner.invoke(cli, ["kernels", str(run), "--graph-capture", str(capture), "--json"])
     by_op = {r["op"]: r["count"] for r in json.loads(kernels.stdout)["by_op"]}
     assert by_op == {"aten::mm": 3, "aten::relu": 3}
-    plain = runner.invoke(cli, ["kernels", str(run), "--json"])
+    plain = runner.invoke(cli, ["kernels", str(run_alone(tmp_path)), "--json"])
     assert {r["op"] for r in json.loads(plain.stdout)["by_op"]} == {"(graph replay)"}
 
 
@@ -79,8 +113,11 @@ def test_summary_takes_the_graph_capture_given_or_found(tmp_path: Path) -> None:
     given = runner.invoke(cli, ["summary", str(run), "--graph-capture", str(capture), "--json"])
     assert given.exit_code == 0, given.output
     assert "graph capture:" in given.stderr and json.loads(given.stdout)["verdict"] in found.stdout
+    # AND the trace file alone (its capture found beside it) is the same verdict
+    beside = runner.invoke(cli, ["summary", str(run)])
+    assert beside.exit_code == 0 and beside.stdout.startswith("graph capture:"), beside.output
     # AND without a capture the trace is summarised as it is
-    plain = runner.invoke(cli, ["summary", str(run)])
+    plain = runner.invoke(cli, ["summary", str(run_alone(tmp_path))])
     assert plain.exit_code == 0 and not plain.stdout.startswith("graph capture:")
 
 
@@ -99,7 +136,7 @@ def test_report_takes_the_graph_capture_given_or_found(tmp_path: Path) -> None:
     page = (tmp_path / "given" / "index.html").read_text()
     assert "6 of 6" in page and "aten::mm" in page and f"--graph-capture {capture}" in page
     # AND without one, the replayed kernels have no op
-    plain = runner.invoke(cli, ["report", str(run), "-o", str(tmp_path / "plain")])
+    plain = runner.invoke(cli, ["report", str(run_alone(tmp_path)), "-o", str(tmp_path / "plain")])
     assert plain.exit_code == 0, plain.output
     page = (tmp_path / "plain" / "index.html").read_text()
     assert "graph capture:" not in page and "aten::mm" not in page

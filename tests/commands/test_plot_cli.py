@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -80,5 +81,11 @@ def test_plot_maps_graph_replays_through_the_capture_profile(tmp_path: Path) -> 
     res = CliRunner().invoke(cli, ["plot", "roofline", str(trace_file), "--graph-capture", str(capture), "-o",
                                    str(tmp_path / "r2.png")])
     assert res.exit_code == 0, res.output
-    alone = CliRunner().invoke(cli, ["plot", "roofline", str(trace_file), "-o", str(tmp_path / "r3.png")])
-    assert alone.exit_code != 0 and not (tmp_path / "r3.png").exists()  # the replay trace alone has no FLOP op
+    # AND the trace file takes the capture profile beside it, as its run directory does
+    beside = CliRunner().invoke(cli, ["plot", "roofline", str(trace_file), "-o", str(tmp_path / "r3.png")])
+    assert beside.exit_code == 0, beside.output
+    # AND the replay trace alone in its folder has no FLOP op
+    (tmp_path / "alone").mkdir()
+    alone_file = shutil.copy(trace_file, tmp_path / "alone")
+    alone = CliRunner().invoke(cli, ["plot", "roofline", str(alone_file), "-o", str(tmp_path / "r4.png")])
+    assert alone.exit_code != 0 and not (tmp_path / "r4.png").exists()
