@@ -162,10 +162,12 @@ def launch_behind_a_graph() -> dict[str, Any]:
     return trace(*events)
 
 
-def held_start(wait: float = 205, launches: int = 3, call: float = 2) -> dict[str, Any]:
+def held_start(wait: float = 205, launches: int = 3, call: float = 2,
+               comm_ends_before: float | None = None) -> dict[str, Any]:
     """`launches` adds whose kernels start 5 µs after their launch on an idle stream (the typical latency where
     there are three or more), then a matmul whose kernel starts `wait` µs after its launch call (of `call` µs), the
-    stream idle.
+    stream idle; with `comm_ends_before`, an NCCL all-reduce on stream 20 (no launch recorded) that ends that many
+    µs before the matmul starts (what it waited for, by an event the trace does not link).
 
         CPU  step 0-100: aten::add 10+20i .. +10 > launch 12+20i .. +2 (i < launches); aten::mm 70-80 > launch 72-74
         GPU  add_i 17+20i .. +3; sgemm 72+wait .. +13
@@ -179,6 +181,9 @@ def held_start(wait: float = 205, launches: int = 3, call: float = 2) -> dict[st
     events += [cpu_op("aten::mm", ts=70, dur=max(10, call + 4), external_id=50),
                runtime("cudaLaunchKernel", ts=72, dur=call, correlation=50, external_id=50),
                kernel("sgemm", ts=72 + wait, dur=13, correlation=50)]
+    if comm_ends_before is not None:
+        events.append(kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ts=80,
+                             dur=72 + wait - comm_ends_before - 80, stream=20))
     return trace(*events)
 
 

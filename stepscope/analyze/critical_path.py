@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from stepscope.analyze._comm_events import comm_kernel
 from stepscope.analyze._native import scan as _scan
 from stepscope.analyze._text import duration, plural
 from stepscope.analyze.blame import python_lines, short_name, step_row_name
@@ -267,20 +268,60 @@ def _split_held(graph: DependencyGraph, edge: np.ndarray, on_edge: np.ndarray, a
     return (edge[rows], on_edge[rows], at[rows], window[rows], w_start[rows], s_out, e_out, second)
 
 
-def held_notes(segments: pl.DataFrame) -> list[str]:
-    """What the path's HELD_START segments say, where it has any: how long and why they are not launch overhead."""
+def held_notes(segments: pl.DataFrame, traces: Mapping[int | None, Sequence[Trace]] | None = None) -> list[str]:
+    """What the path's HELD_START segments say, where it has any: how long and why they are not launch overhead;
+    and, where one of them ends as a collective on another stream of its GPU ends (`_held_by_collective`, in
+    `traces`, by rank), that it most likely waited for that collective."""
     held = segments.filter(pl.col("name") == HELD_START)
     if not held.height:
         return []
     total, longest = int(held["dur_ns"].sum()), int(held["dur_ns"].max())  # type: ignore[arg-type]
     bound = duration(NO_TYPICAL_BOUND_NS)
     their = "its" if held.height == 1 else "their"
-    return [f"{plural(held.height, 'GPU start')} on the path came more than {HELD_FACTOR}x the typical launch latency "
-            f"({bound} without one) after {their} launch onto an idle stream ({duration(total)} in all, the longest "
-            f"{duration(longest)}): the launch's own part (the typical latency, or its call's time) counts as launch "
-            f"overhead, the rest as idle {HELD_START}, held by something the trace does not record (an event wait "
-            "whose record is missing, work outside the trace, or a clock offset between CPU and GPU)"]
+    notes = [f"{plural(held.height, 'GPU start')} on the path came more than {HELD_FACTOR}x the typical launch "
+             f"latency ({bound} without one) after {their} launch onto an idle stream ({duration(total)} in all, the "
+             f"longest {duration(longest)}): the launch's own part (the typical latency, or its call's time) counts as "
+             f"launch overhead, the rest as idle {HELD_START}, held by something the trace does not record (an event "
+             "wait whose record is missing, work outside the trace, or a clock offset between CPU and GPU)"]
+    return notes + ([n] if traces and (n := _held_by_collective(held, traces)) else [])
 
+
+#: a held GPU start this soon after a collective on another stream of its GPU ended most likely waited for it
+AFTER_COLLECTIVE_NS = 20_000
+
+
+def _held_by_collective(held: pl.DataFrame, traces: Mapping[int | None, Sequence[Trace]]) -> str | None:
+    """A note on the held GPU starts that begin within AFTER_COLLECTIVE_NS after a communication kernel on another
+    stream of the same GPU ended: a cross-stream wait for the collective whose event the trace does not link (dlrm's
+    cudaStreamWaitEvent calls carry no event ids), so the path runs through that collective (and, in a run, the
+    rank it waited for), not through idle time. None where no held start does."""
+    found: list[tuple[int, str, str, int]] = []  # (held ns, what was held, the collective, ns after its end)
+    for rank, dur, event_id in held.select("rank" if "rank" in held.columns else pl.lit(None).alias("rank"),
+                                           "dur_ns", "event_id").iter_rows():
+        for trace in traces.get(rank, ()):  # (a held start's event is its launch call)
+            ids = (pl.col("runtime_event_id") == event_id) | (pl.col("gpu_event_id") == event_id)
+            gpu = trace.launches().filter(ids).select("name", "device", "stream", "ts_ns").collect(engine="in-memory")
+            if gpu.height != 1:
+                continue
+            name, device, stream, ts = gpu.row(0)
+            comm = (trace.kernels.filter(comm_kernel() & (pl.col("device") == device) & (pl.col("stream") != stream))
+                    .select("name", "stream", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+                    .filter(pl.col("end_ns").is_between(ts - AFTER_COLLECTIVE_NS, ts))
+                    .sort("end_ns").collect(engine="in-memory"))
+            if comm.height:
+                short = pl.select(held=short_name(pl.lit(name)),
+                                  comm=short_name(pl.lit(comm["name"][-1].split("(")[0]))).row(0)
+                found.append((int(dur), f"{short[0]} (stream {stream})", f"{short[1]} (stream "
+                              f"{comm['stream'][-1]})", int(ts - comm["end_ns"][-1])))
+            break
+    if not found:
+        return None
+    dur, name, collective, after = max(found)
+    return (f"{plural(len(found), 'held GPU start')} on the path began just after a collective on another stream of "
+            f"its GPU ended (the longest, {duration(dur)} before {name}, {duration(after)} after {collective} ended): "
+            "most likely a wait for that collective whose event the trace does not link (a cudaStreamWaitEvent "
+            "without event ids), so the collective, and in a run the rank it waited for, hold the step there, not "
+            "idle time")
 
 def _name_waits(graph: DependencyGraph, picked: pl.DataFrame, rows: np.ndarray, on_edge: np.ndarray,
                 via_edge: np.ndarray) -> pl.DataFrame:
@@ -472,7 +513,7 @@ def critical_path(source: Source, *, top: int | None = 15, annotation: str | Non
         attribution=table.attribution,
         top=table.top,
         segments=table.segments,
-        notes=[*graph_notes(graph), *held_notes(table.segments)],
+        notes=[*graph_notes(graph), *held_notes(table.segments, {None: (frames.trace,)})],
     )
 
 

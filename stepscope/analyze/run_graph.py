@@ -413,7 +413,8 @@ def run_critical_path(run: RunGraph, *, top: int | None = 15) -> RunCriticalPath
         window_kind=graph.window_kind, steps_found=table.steps.height, mean_wall_ns=table.mean_wall_ns,
         bound_by=table.bound_by, path_share=table.path_share, rank_path_share=by_rank, graph_nodes=graph.nodes.height,
         graph_edges=graph.edge_counts(), dropped_edges=graph.dropped_edges,
-        typical_launch_latency_ns=graph.launch_latency_ns, notes=[*run.notes, *graph_notes(graph), *held_notes(seg)],
+        typical_launch_latency_ns=graph.launch_latency_ns,
+        notes=[*run.notes, *graph_notes(graph), *held_notes(seg, traces)],
         steps=table.steps,
         attribution=table.attribution, top=table.top, segments=seg)
 

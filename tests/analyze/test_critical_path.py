@@ -129,6 +129,14 @@ def test_a_start_held_long_after_its_launch_is_not_launch_overhead(tmp_path: Pat
     assert len(result.notes) == 1 and result.notes[0].startswith(
         "1 GPU start on the path came more than 10x the typical launch latency (320 µs without one) after its "
         "launch onto an idle stream (200 µs in all, the longest 200 µs)")
+    # WHEN a collective on another stream of the GPU ended 2 µs before the held start THEN a note says it most
+    # likely waited for it (an event wait the trace does not link); 100 µs before, nothing is said
+    after = critical_path(load_events(tmp_path / "f", cp.held_start(comm_ends_before=2)))
+    assert len(after.notes) == 2 and after.notes[1].startswith(
+        "1 held GPU start on the path began just after a collective on another stream of its GPU ended (the longest, "
+        "200 µs before sgemm (stream 7), 2 µs after ncclDevKernel_AllReduce_Sum_f32_RING_LL (stream 20) ended): "
+        "most likely a wait for that collective")
+    assert len(critical_path(load_events(tmp_path / "g", cp.held_start(comm_ends_before=100))).notes) == 1
     # up to ten typical latencies it is the launch's
     assert ("(launch latency)", "launch_overhead", 72, 40) in segments(cp.held_start(wait=40), tmp_path / "b")
     # a start before the launch call returned (a pageable copy staged inside its call) is all the launch's

@@ -151,6 +151,11 @@ def test_dlrm_8_ranks(corpus: Path) -> None:
     assert result.replay_residual_fraction is not None and result.replay_residual_fraction <= 0.01
     path = run_critical_path(run)
     assert path.steps_found == 1 and int(path.segments["dur_ns"].sum()) == int(result.steps["measured_ns"][0])
+    # rank 4's 4.24 ms held start on stream 7 begins 2 µs after its all-to-all (SendRecv on stream 84) ends: its
+    # cudaStreamWaitEvent carries no event id, so the path cannot link them, and a note says so
+    assert any(n.startswith("1 held GPU start on the path began just after a collective") and "4.24 ms before "
+               "at::native::CatArrayBatchedCopy (stream 7), 2 µs after ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t "
+               "(stream 84) ended" in n for n in path.notes)
     overlapped = run_what_if(run, WhatIf(overlap_comm=True))
     assert overlapped.predicted_mean_ns is not None and overlapped.measured_mean_ns is not None
     assert overlapped.predicted_mean_ns <= overlapped.measured_mean_ns
