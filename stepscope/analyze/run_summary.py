@@ -54,7 +54,7 @@ STRAGGLER_ADVICE: dict[Cause | None, str] = {
                        "between steps that only that rank does (logging, metrics, checkpoints, evaluation on rank 0, "
                        "a host sync after the optimizer), or its previous step ran longer. Move that work off the "
                        "loop or do it on every rank at the same point; profile more steps to see the one before."),
-    None: ("Rank {rank} arrives last at most collectives, the others wait for it; `stepscope ranks` shows each "
+    None: ("Rank {rank} reaches the collectives late and the others wait for it; `stepscope ranks` shows each "
            "step's lateness and `stepscope summary` of its own trace what bounds it."),
 }
 

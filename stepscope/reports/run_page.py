@@ -22,11 +22,11 @@ def straggler_line(summary: RunSummaryResult) -> str | None:
         return None
     cost = ("" if summary.straggler_wait_cost_per_step_ns is None else
             f": the others wait {human_ns(summary.straggler_wait_cost_per_step_ns)} per step for it "
-            f"({human_fraction(summary.straggler_wait_fraction)} of their step)")
+            f"({human_fraction(summary.straggler_wait_fraction)} of their step), more than for any other rank")
     cause = summary.straggler_cause.value.replace("_", " ") if summary.straggler_cause else None
     where = summary.straggler_host_line or summary.straggler_host_op
     why = f"; cause: {cause}" + (f" at {where}" if where else "") if cause else ""
-    return f"Straggler: rank {summary.straggler} arrives last at most collectives{cost}{why}."
+    return f"Straggler: rank {summary.straggler}, late at the collectives{cost}{why}."
 
 
 def _rank_table(summary: RunSummaryResult, pages: Mapping[int, str]) -> Table:

@@ -151,8 +151,8 @@ def test_real_gloo_run_names_the_late_rank_and_measures_the_others_wait(tmp_path
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
     assert data["rank_count"] == 2 and data["source"] == "cpu" and data["unmatched_calls"] == 0
-    # rank 0 arrives last at the small bias all_reduce too, microseconds late: a tie in last arrivals goes to
-    # the rank whose late arrivals cost the others more wait
+    # rank 0 arrives last at the small bias all_reduce too, microseconds late: the straggler is the rank whose
+    # late arrivals cost the others more wait
     assert data["straggler_rank"] == 1
     # the weight gradient's all_reduce (64 x 64 float32) is the one rank 1 reaches 50 ms late, every step
     late_calls = [c for c in data["calls"] if c["message_bytes"] == 64 * 64 * 4]

@@ -50,7 +50,7 @@ def test_report_of_a_run_has_the_multi_rank_section(tmp_path: Path) -> None:
     captions = re.findall(r"<figcaption>(.*?)</figcaption>", section)
     assert [c.split(":")[0].split(" (")[0] for c in captions] == [
         "Each rank&#39;s mean step", "Rank x collective", "Collective bus bandwidth vs message size"]
-    assert "Straggler: rank 2 arrives last at most collectives" in section
+    assert "Straggler: rank 2, late at the collectives: the others wait" in section
     links = re.findall(r'<a href="([^"#]+)">rank (\d)', section)
     assert sorted(r for _, r in links) == ["0", "1", "2"]
     for href, _ in links:  # each rank's own page exists and links back
@@ -100,7 +100,7 @@ def test_real_gloo_run_with_a_sleeping_rank_is_a_straggler_run(tmp_path: Path) -
     report = CliRunner().invoke(cli, ["report", str(run), "-o", str(tmp_path / "out")])
     assert report.exit_code == 0, report.output
     page = (tmp_path / "out" / "index.html").read_text()
-    assert "Straggler: rank 1 arrives last" in page
+    assert "Straggler: rank 1, late at the collectives" in page
     # the run section's table and the index mark the late rank (the index once marked the slowest median step)
     assert re.findall(r">(rank \d)[^<]*\(straggler\)</a>", page) == ["rank 1", "rank 1"]
 

@@ -52,8 +52,8 @@ def test_the_section_has_figures_straggler_and_links(tmp_path: Path) -> None:
     section = run_section(a, {0: "rank0/index.html", 2: "rank2/index.html"}, "run/")
     assert len(section.figures) == 3 and section.lead[0].startswith("straggler: ")
     assert straggler_line(a.summary) == (
-        "Straggler: rank 2 arrives last at most collectives: the others wait 300 µs per step for it (15.0% of "
-        "their step); cause: host delay at train.py(5): slow_host.")
+        "Straggler: rank 2, late at the collectives: the others wait 300 µs per step for it (15.0% of their step), "
+        "more than for any other rank; cause: host delay at train.py(5): slow_host.")
     table = section.tables[0]
     assert [row[0].href for row in table.rows] == ["rank0/index.html", None, "rank2/index.html"]
     assert [row[0].text for row in table.rows] == ["rank 0", "rank 1", "rank 2  (straggler)"]
