@@ -194,10 +194,10 @@ QUEUED_NOTE = ("no launch found its stream idle: every kernel and copy queued be
 
 #: the window kind of a trace without steps
 NO_STEPS = "trace (no steps)"
-#: a trace without steps: one window, what `steps found 1` counts, spanning less than `summary`'s whole trace
+#: a trace without steps: one window, what `steps found 1` counts, whose span is not `summary`'s window
 NO_STEPS_NOTE = ("no steps: the trace is one window (the 1 step found), from its first CPU op, runtime call or GPU "
-                 "event to its last; Python frames and annotations outside them are no work on the path, so its wall "
-                 "can be shorter than the trace's span that `summary` and `steps` use")
+                 "event to its last, so its wall can differ from the window of `summary` and `gaps` (the GPU's first "
+                 "to last event, or without GPU work the first event to the last, Python frames and annotations too)")
 
 
 def graph_notes(graph: DependencyGraph) -> list[str]:
