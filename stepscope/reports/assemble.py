@@ -45,7 +45,7 @@ _INDEX_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("steps", "steps", lambda v: f"{v:,}"),
     ("median_step_ns", "step p50", human_ns),
     ("p95_step_ns", "step p95", human_ns),
-    ("gpu_busy_fraction", "GPU busy (mean of steps)", human_fraction),
+    ("gpu_busy_fraction", "GPU busy (over the steps)", human_fraction),
     ("gpu_idle_ns", "GPU idle per step", human_ns),
     ("idle_causes", "GPU idle by cause (share of window)", _idle_causes_text),
     ("peak_memory_bytes", "peak memory", human_bytes),
@@ -260,8 +260,7 @@ def fleet_section(stats: FleetStats, rows: list[dict[str, Any]], *, source: str 
         headline.append(("median step, p50 of traces", human_ns(stats.step_p50.p50)))
     if stats.gpu_busy is not None:
         headline.append(("GPU busy, p50 of traces", human_fraction(stats.gpu_busy.p50)))
-    notes = ["GPU busy here is the verdict's: busy time over all steps' wall time (the table below shows the mean "
-             "of the steps' own shares)."]
+    notes = ["GPU busy here and in the table below is the verdict's: busy time over all the steps' wall time."]
     if source is not None:
         notes.append(f"The same rows as a table: stepscope fleet {source} --sort gpu_busy  (or --sort step_p95 "
                      "--desc; --json, --csv).")
