@@ -146,7 +146,8 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     backwards += late
     if backwards:
         notes.append(f"{plural(backwards, 'collective or comm-wait edge')} ran backwards on the aligned clocks (a "
-                     "rank's end before another's arrival: the alignment's residual) and were dropped")
+                     "rank's end before another's arrival: the alignment's residual) and "
+                     f"{'was' if backwards == 1 else 'were'} dropped")
     sources = set(parts["source"].unique().to_list()) if parts.height else set()
     return RunGraph(graph=graph, ranks=tuple(r.rank for r in run.ranks),
                     traces={r.rank: r.traces for r in run.ranks}, offsets_ns=by_rank,

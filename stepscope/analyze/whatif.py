@@ -310,7 +310,8 @@ def what_if_graph(graph: DependencyGraph, change: WhatIf, *, notes: Sequence[str
         bound_by_predicted=_bound_by(after_path),
         notes=[*([NO_STEPS_NOTE] if graph.window_kind == NO_STEPS else []), *notes, *change_notes,
                *_moved_notes(table, base_times, after_times)]
-        + ([f"{plural(unnoted, 'dependency edge')} ran backwards in time (clock skew) and were dropped"]
+        + ([f"{plural(unnoted, 'dependency edge')} ran backwards in time (clock skew) and "
+            f"{'was' if unnoted == 1 else 'were'} dropped"]
            if (unnoted := graph.dropped_edges - noted_edges) > 0 else []),
         steps=table,
         path=path,
