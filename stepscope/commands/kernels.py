@@ -37,7 +37,7 @@ def command(trace: Path, top: int, by: str, graph_capture: Path | None, fmt: str
     out_fmt = resolve_format(fmt, as_json, as_csv, table)
     source, line = load_run(trace, graph_capture)
     result = kernel_summary(source, top=top or None)
-    if result.gpu_events == 0:  # the note: kernels measured by the CUPTI range profiler, not timed
+    if result.gpu_events == 0 and out_fmt == "table":  # the note: kernels measured by the CUPTI range profiler
         emit((result.note or "no GPU kernels, memcpy or memset in this trace (CPU-only trace)") + "\n", output)
         return
     note = capture_note(line, out_fmt)

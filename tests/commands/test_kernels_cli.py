@@ -26,6 +26,9 @@ def test_kernels_cpu_only(tmp_path: Path) -> None:
     path = write_trace(tmp_path, trace(cpu_op("aten::add", ts=0, dur=5)))
     out = CliRunner().invoke(cli, ["kernels", str(path)])
     assert out.exit_code == 0 and "no GPU kernels" in out.output
+    # --json is JSON there too (it printed the table's sentence), with nothing in it
+    data = json.loads(CliRunner().invoke(cli, ["kernels", str(path), "--json"]).output)
+    assert (data["gpu_events"], data["by_name"], data["by_category"]) == (0, [], [])
 
 
 def test_kernels_measured_by_the_range_profiler_are_not_a_cpu_only_trace(tmp_path: Path) -> None:
