@@ -404,8 +404,9 @@ def _decode_error(exc: Exception, data: bytes | Document, path: Path, base: int 
     if offset is not None and offset < len(data) and data[offset] >= 0x80:
         message = f"byte 0x{data[offset]:02x} outside a string, which is not UTF-8 text"
     if bytes(data[:3]) == b"\xef\xbb\xbf":
-        return TraceFormatError("the file starts with a UTF-8 byte order mark (bytes ef bb bf), which JSON does "
-                                "not allow: remove those 3 bytes", path=path, offset=0)
+        return TraceFormatError("the text starts with a UTF-8 byte order mark (bytes ef bb bf), which JSON does "
+                                "not allow: remove those 3 bytes (of the decompressed text, in a .gz)", path=path,
+                                offset=0)
     first = re.search(rb"\S", data)
     if first is None or data[first.start()] not in b"{[":
         return TraceFormatError("not a JSON trace file (expected a Chrome trace: JSON with traceEvents)",
