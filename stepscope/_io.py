@@ -184,10 +184,10 @@ def _refusal(target: Path, kind: OutputKind) -> str | None:
         marker = json.loads((target / OUTPUT_MARKER).read_text(encoding="utf-8"))
         command, written = str(marker["command"]), set(marker["paths"])
     except (OSError, ValueError, KeyError, TypeError):  # no marker, or not one stepscope wrote
-        return (f"holds files stepscope did not write (no {OUTPUT_MARKER}: your files, or an output of an earlier "
-                "stepscope, which wrote none): give a new or empty directory")
-    if not present <= written | {OUTPUT_MARKER}:
-        return "holds files stepscope did not write: give a new or empty directory"
+        return (f"holds files stepscope did not write ({min(present)}; no {OUTPUT_MARKER}: your files, or an "
+                "output of an earlier stepscope, which wrote none): give a new or empty directory")
+    if stray := sorted(present - written - {OUTPUT_MARKER}):
+        return f"holds files stepscope did not write ({stray[0]}): give a new or empty directory"
     if command != kind:
         return f"holds the output of `stepscope {command}`, not of `stepscope {kind}`: give a new or empty directory"
     return None

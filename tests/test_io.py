@@ -15,10 +15,10 @@ from stepscope import _io
 from stepscope._io import OUTPUT_MARKER, atomic_output_dir
 from stepscope.errors import UsageError
 
-NOT_OURS = "holds files stepscope did not write: give a new or empty directory"
+NOT_OURS = r"holds files stepscope did not write \(notes.txt\): give a new or empty directory"
 #: the same where no marker says what stepscope wrote there
-NO_MARKER = (f"holds files stepscope did not write (no {OUTPUT_MARKER}: your files, or an output of an earlier "
-             "stepscope, which wrote none): give a new or empty directory")
+NO_MARKER = (f"holds files stepscope did not write (notes.txt; no {OUTPUT_MARKER}: your files, or an output of an "
+             "earlier stepscope, which wrote none): give a new or empty directory")
 
 
 def _tree(root: Path) -> dict[str, str]:

@@ -85,7 +85,7 @@ def test_html_only_into_a_new_or_empty_directory_or_an_earlier_diff(tmp_path: Pa
     # WHEN the diff's page is written to each
     # THEN the first two are refused in one line, as they were, and the empty one written, then replaced
     err = refused(["diff", str(a), str(b), "-o", str(keep)], capsys)
-    assert err.startswith(f"stepscope: error: {keep}: holds files stepscope did not write (no .stepscope-output")
+    assert err.startswith(f"stepscope: error: {keep}: holds files stepscope did not write (notes.txt; no .stepscope-")
     assert [p.name for p in keep.iterdir()] == ["notes.txt"]
     err = refused(["diff", str(a), str(b), "-o", str(tmp_path / "rep")], capsys)
     assert "holds the output of `stepscope report`, not of `stepscope diff`" in err

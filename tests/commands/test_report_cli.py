@@ -229,8 +229,9 @@ def test_a_directory_of_the_users_files_is_refused_not_emptied(tmp_path: Path,
     # WHEN a report is written there
     err = refused(["report", str(src), "-o", str(keep)], capsys)
     # THEN one line naming it, and every file kept, nothing added
-    assert err == (f"stepscope: error: {keep}: holds files stepscope did not write (no .stepscope-output.json: your "
-                   "files, or an output of an earlier stepscope, which wrote none): give a new or empty directory")
+    assert err == (f"stepscope: error: {keep}: holds files stepscope did not write (notes.txt; no "
+                   ".stepscope-output.json: your files, or an output of an earlier stepscope, which wrote none): give "
+                   "a new or empty directory")
     assert sorted(p.relative_to(keep).as_posix() for p in keep.rglob("*")) == ["notes.txt", "sub", "sub/y"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "keep"]
 
