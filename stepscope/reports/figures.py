@@ -62,7 +62,7 @@ def ops_panels(table: OpTable, n: int = 12) -> list[tuple[str, str, str, pl.Data
     ops = table.ops
     if ops.height == 0:
         return []
-    not_step = ~pl.col("name").str.starts_with("ProfilerStep#")
+    not_step = ~pl.col("name").str.starts_with("ProfilerStep")  # ProfilerStep#N, and the table's ProfilerStep*
     cpu = pl.col("kind").is_in(["cpu_op", "user_annotation", "runtime", "driver"]) & not_step
     on_gpu = (pl.col("kind") == "cpu_op") & not_step
     if ops.filter(on_gpu & (pl.col("self_device_ns") > 0)).height == 0:

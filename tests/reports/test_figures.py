@@ -61,8 +61,9 @@ def test_ops_panels_show_kernels_where_no_op_launched_them_and_annotations_by_se
     assert [(title, top["name"].to_list()) for _, title, _, top in panels] == [
         ("Top ops by self GPU time", ["gemm", "relu"])]
     assert_png(figures.ops_figure(op_table(t)))
-    # GIVEN a CPU trace whose annotation holds time no op does (Python between ops) THEN it is a bar like an op's
-    t = load_events(tmp_path / "c", trace(annotation("model_inference", ts=0, dur=100),
+    # GIVEN a CPU trace whose annotation holds time no op does (Python between ops) THEN it is a bar like an op's,
+    # and the step's own time (the table's ProfilerStep*) is not
+    t = load_events(tmp_path / "c", trace(step(1, ts=0, dur=200), annotation("model_inference", ts=0, dur=100),
                                           cpu_op("aten::add", ts=10, dur=20)))
     (_, title, _, top), = figures.ops_panels(op_table(t))
     assert title == "Top ops by self CPU time" and top["name"].to_list() == ["model_inference", "aten::add"]
