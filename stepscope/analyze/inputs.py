@@ -438,7 +438,10 @@ def capture_beside(trace: Path) -> Path | None:
     if not trace.is_file() or is_capture_file(trace.resolve()):
         return None
     folder = trace.parent
-    named = [f for f in sorted(folder.iterdir()) if f.is_file() and f.name.endswith(TRACE_SUFFIXES)]
+    try:
+        named = [f for f in sorted(folder.iterdir()) if f.is_file() and f.name.endswith(TRACE_SUFFIXES)]
+    except OSError:  # a folder that cannot be listed (execute permission only): nothing found beside the trace
+        return None
     sub = folder / "capture_traces"
     if not sub.is_dir() and not any(is_capture_file(Path(f.name)) for f in named):
         return None  # the common case: nothing that could be a capture, and no file opened to say so
