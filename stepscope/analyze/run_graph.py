@@ -152,7 +152,9 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     return RunGraph(graph=graph, ranks=tuple(r.rank for r in run.ranks),
                     traces={r.rank: r.traces for r in run.ranks}, offsets_ns=by_rank,
                     source=None if not sources else sources.pop() if len(sources) == 1 else "mixed",
-                    collectives_joined=int(comm.filter(pl.col("key").is_not_null())["key"].n_unique()),
+                    # (a call seen on one rank joins nothing: sampled traces have such calls)
+                    collectives_joined=comm.filter(pl.col("key").is_not_null()).group_by("key").agg(
+                        pl.col("rank").n_unique()).filter(pl.col("rank") > 1).height,
                     notes=tuple(notes), noted_edges=backwards)
 
 

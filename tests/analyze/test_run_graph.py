@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 from builders import load_events, slow_before_trace, write_trace
 
+from stepscope.analyze.collectives import collectives
 from stepscope.analyze.depgraph import ARRIVAL_LANE, DependencyGraph, EdgeType, build_graph, measured_weights
 from stepscope.analyze.run_graph import RunGraph, load_run, run_critical_path, run_what_if
 from stepscope.analyze.whatif import WhatIf, what_if
@@ -164,6 +165,9 @@ def test_dlrm_8_ranks(corpus: Path) -> None:
 def test_dropped_edges_are_noted_once(corpus: Path) -> None:
     # GIVEN two sampled ranks whose alignment leaves collective edges running backwards (hta/trace_filter)
     run = load_run(corpus / "traces" / "hta" / "trace_filter")
+    # (the collectives joined are the calls both ranks ran, as comm matches them: not those one sampled rank lost)
+    both = collectives(corpus / "traces" / "hta" / "trace_filter").calls.filter(pl.col("ranks") == 2).height
+    assert run.collectives_joined == both == 6
     result = run_what_if(run, WhatIf())
     dropped = [n for n in result.notes if "ran backwards" in n]
     # THEN one note counts them, not a second one for the same edges as dependency edges
