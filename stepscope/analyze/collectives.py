@@ -271,6 +271,17 @@ def _per_call(parts: pl.DataFrame, present: list[int], link_gbps: float | None, 
 LOOSE_RESIDUAL_NS = 5_000_000
 
 
+def alignment_warnings(parts: pl.DataFrame, offsets: dict[str, int]) -> list[str]:
+    """`_loose_alignment`'s warning for matched call parts (`match`'s, with `rel_ns`) on `offsets`' clocks, where
+    the caller (the run graph) has no calls or waits table of its own: the same warning `comm` gives."""
+    if parts.height == 0:
+        return []
+    aligned = _aligned(parts, offsets)
+    calls = aligned.group_by("key").agg(ranks=pl.col("rank").n_unique(), latency_ns=pl.col("latency_ns").first())
+    return _loose_alignment(aligned.select("residual_ns"), calls, one_clock=parts["clock"].n_unique() == 1,
+                            cpu=set(parts["source"].unique().to_list()) == {"cpu"})
+
+
 def _loose_alignment(waits: pl.DataFrame, calls: pl.DataFrame, *, one_clock: bool, cpu: bool) -> list[str]:
     """A warning where matched calls do not end together after alignment (hta/trace_filter, two sampled ranks of
     128: residuals of 308 ms against calls of ~30 ms): skews, waits and the straggler then say little. Its likely

@@ -47,7 +47,7 @@ import polars as pl
 from stepscope.analyze._comm_events import COMM_ANNOTATION, PARAM_COMMS, comm_kernel
 from stepscope.analyze._comm_run import RunCalls, parallel_map, run_calls
 from stepscope.analyze._text import numbers, plural
-from stepscope.analyze.collectives import clock_offsets, match
+from stepscope.analyze.collectives import alignment_warnings, clock_offsets, match
 from stepscope.analyze.critical_path import held_notes, path_table
 from stepscope.analyze.depgraph import (
     ARRIVAL_LANE,
@@ -97,10 +97,10 @@ def build_run_graph(run: RunCalls, *, annotation: str | None = None) -> RunGraph
     """The graph of `run` (see the module docstring)."""
     parts = match(pl.concat([r.calls.with_columns(rank=pl.lit(r.rank, pl.Int64), clock=pl.lit(r.clock))
                              for r in run.ranks], how="vertical"))
-    offsets = clock_offsets(parts.with_columns(rel_ns=pl.col("ts_ns") - pl.col("ts_ns").min())) \
-        if parts.height else {}
+    relative = parts.with_columns(rel_ns=pl.col("ts_ns") - pl.col("ts_ns").min())
+    offsets = clock_offsets(relative) if parts.height else {}
     by_rank = {r.rank: int(offsets.get(r.clock, 0)) for r in run.ranks}
-    notes = list(run.warnings)
+    notes = [*run.warnings, *alignment_warnings(relative, offsets)]
     nodes: list[pl.DataFrame] = []
     edges: list[pl.DataFrame] = []
     windows: list[pl.DataFrame] = []

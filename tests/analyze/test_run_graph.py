@@ -148,6 +148,7 @@ def test_the_gloo_sample_s_path_runs_through_rank_1_s_sleep() -> None:
 def test_dlrm_8_ranks(corpus: Path) -> None:
     run = load_run(corpus / "traces" / "param" / "dlrm_kineto")
     assert len(run.ranks) == 8 and run.source == "kernel" and run.collectives_joined == 8
+    assert not any("end together" in n for n in run.notes)  # its calls end together to 4 µs
     result = run_what_if(run, WhatIf())
     assert result.replay_residual_fraction is not None and result.replay_residual_fraction <= 0.01
     path = run_critical_path(run)
@@ -168,6 +169,10 @@ def test_dropped_edges_are_noted_once(corpus: Path) -> None:
     # (the collectives joined are the calls both ranks ran, as comm matches them: not those one sampled rank lost)
     both = collectives(corpus / "traces" / "hta" / "trace_filter").calls.filter(pl.col("ranks") == 2).height
     assert run.collectives_joined == both == 6
+    # and the run's graph carries comm's warning that the matched calls do not end together (160 ms residuals)
+    comm_warning = next(w for w in collectives(corpus / "traces" / "hta" / "trace_filter").warnings
+                        if "do not end together" in w)
+    assert comm_warning in run.notes
     result = run_what_if(run, WhatIf())
     dropped = [n for n in result.notes if "ran backwards" in n]
     # THEN one note counts them, not a second one for the same edges as dependency edges
