@@ -22,7 +22,6 @@ from stepscope.analyze import intervals
 from stepscope.analyze.blame import innermost, is_sync_runtime, nested, python_lines
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.trace import Trace
-from stepscope.analyze.window import cpu_spans, with_step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,8 +35,8 @@ class OverlapResult:
     both_busy_fraction: float | None
     gpu_only_fraction: float | None
     cpu_only_fraction: float | None
-    sync_calls: int
-    sync_ns: int
+    sync_calls: int  # the sync calls that overlap the window
+    sync_ns: int  # their time inside the window (overlapping calls once): what `summary`'s sync share divides
     launch_latency: pl.DataFrame
     queue_depth: pl.DataFrame
     sync_sources: pl.DataFrame
@@ -146,13 +145,16 @@ def _sync_sources(syncs: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _in_steps(frames: TraceFrames, syncs: pl.DataFrame) -> pl.DataFrame:
-    """The sync calls a step made (those starting inside a step's CPU span, as `summary` counts them) where the
-    trace has steps; every one otherwise (the window is then the whole trace's)."""
-    if frames.profiler_steps.height == 0:
-        return syncs
-    return with_step(syncs, cpu_spans(frames.profiler_steps), at="ts_ns").filter(
-        pl.col("step").is_not_null()).drop("step")
+def _in_window(syncs: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
+    """The sync calls that overlap the window (disjoint start_ns, end_ns), as `summary` counts them: the profiler
+    harness's syncs before and after the steps are not the steps'."""
+    if syncs.height == 0 or window.height == 0:
+        return syncs.clear()
+    hit = (syncs.with_row_index("_i").lazy()
+           .join_where(window.lazy().select(w_start="start_ns", w_end="end_ns"),
+                       pl.col("ts_ns") < pl.col("w_end"), pl.col("ts_ns") + pl.col("dur_ns") > pl.col("w_start"))
+           .select("_i").unique().collect(engine="in-memory")["_i"])
+    return syncs.with_row_index("_i").filter(pl.col("_i").is_in(hit.implode())).drop("_i")
 
 
 def cpu_gpu_overlap(source: Source) -> OverlapResult:
@@ -171,13 +173,16 @@ def cpu_gpu_overlap(source: Source) -> OverlapResult:
     def share(value: int) -> float | None:
         return value / window_ns if window_ns else None
 
-    syncs = _in_steps(frames, sync_calls(frames.trace))
+    syncs = _in_window(sync_calls(frames.trace), window)
+    # their time inside the window the shares divide by (as summary's sync share)
+    blocked = _length(_clip(syncs.select("ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+                            .rename({"ts_ns": "start_ns"}), window)) if syncs.height else 0
     return OverlapResult(
         gpu_events=gpu.height,
         window_ns=window_ns,
         gpu_busy_fraction=share(g) if gpu.height else None, cpu_busy_fraction=share(c),
         both_busy_fraction=share(both) if gpu.height else None,
         gpu_only_fraction=share(g - both) if gpu.height else None, cpu_only_fraction=share(c - both),
-        sync_calls=syncs.height, sync_ns=int(syncs["dur_ns"].sum() or 0),
+        sync_calls=syncs.height, sync_ns=blocked,
         launch_latency=_launch_latency(gpu), queue_depth=_queue_depth(gpu), sync_sources=_sync_sources(syncs),
     )

@@ -412,10 +412,14 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
         tiny=(pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value) < TINY_KERNEL_NS).sum(),
         kernels=(pl.col("kind") == Kind.KERNEL.value).sum(),
     )
-    own = with_step(syncs, cpu_spans(frames.profiler_steps), at="ts_ns").filter(  # a step's own calls
-        pl.col("step").is_not_null())
-    sync = own.group_by("step").agg(sync_calls=pl.len()).join(
-        _blocked(own.lazy(), by=["step"]).collect(engine="in-memory"), on="step", how="left")
+    # the host's time in sync calls inside each step's window, which the share divides by (a call at the start of a
+    # step's CPU span that waits for the previous step's GPU work runs in that step's window, before its own opens:
+    # tracelens' Qwen, 14 ms before a 35 ms window), and the calls that overlap the window
+    calls = syncs.lazy().select(start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+    w = steps.lazy().select("step", w_start="start_ns", w_end="end_ns")
+    sync = (calls.join_where(w, pl.col("start_ns") < pl.col("w_end"), pl.col("end_ns") > pl.col("w_start"))
+            .group_by("step").agg(sync_calls=pl.len()).collect(engine="in-memory")
+            .join(per_window(intervals.union(calls, start="start_ns"), steps, "sync_ns"), on="step", how="left"))
     return (
         steps.join(extra, on="step", how="left", maintain_order="left")
         .join(sync, on="step", how="left", maintain_order="left")
@@ -425,11 +429,13 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
     )
 
 
-def _blocked(syncs: pl.LazyFrame, *, by: list[str]) -> pl.LazyFrame:
-    """by..., sync_ns: the host's time blocked in sync calls, overlapping calls (syncs on two threads at once)
-    counted once, so the figure is a share of the step, never more than all of it."""
-    return intervals.union_length(syncs.select(*by, "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")),
-                                  by=by).rename({"length_ns": "sync_ns"})
+def _blocked(syncs: pl.LazyFrame, *, by: list[str], within: pl.LazyFrame | None = None) -> pl.LazyFrame:
+    """by..., sync_ns: the host's time blocked in sync calls inside `within` (by..., start_ns, end_ns: the windows
+    the share divides by; None: no limit), overlapping calls (syncs on two threads at once) counted once, so the
+    figure is a share of the step, never more than all of it."""
+    calls = syncs.select(*by, start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+    inside = calls if within is None else intervals.clip(calls, within, by=by)
+    return intervals.union_length(inside, by=by, start="start_ns").rename({"length_ns": "sync_ns"})
 
 
 def _pageable_ns() -> pl.Expr:
@@ -701,8 +707,16 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
                                          "exposed_comm_ns")["exposed_comm_ns"].sum() or 0)  # (CPU collectives)
         by_cause = gaps.idle_by_cause.group_by("cause").agg(pl.col("idle_ns").sum())
         idle = {c.value: int(by_cause.filter(pl.col("cause") == c.value)["idle_ns"].sum() or 0) for c in GapCause}
+        window = (intervals.union(frames.analysis_window().lazy(), start="start_ns") if gpu_events
+                  else None)  # (without GPU work the window is the whole trace: every call is in it)
+        if window is not None:  # the calls that overlap it, as `overlap` counts them
+            calls = syncs.lazy().join_where(
+                window.select(w_start="start_ns", w_end="end_ns"), pl.col("ts_ns") < pl.col("w_end"),
+                pl.col("ts_ns") + pl.col("dur_ns") > pl.col("w_start")).select(pl.len()).collect(
+                    engine="in-memory").item()
         ev = _evidence(wall, gpu_events, gaps.busy_ns, loading,
-                       int(_blocked(syncs.lazy(), by=[]).collect(engine="in-memory")["sync_ns"].sum() or 0),
+                       int(_blocked(syncs.lazy(), by=[], within=window).collect(engine="in-memory")["sync_ns"].sum()
+                           or 0),
                        int(memcpy["dur_ns"].sum() or 0),
                        g.select(_pageable_ns()).item(),
                        int((kern["dur_ns"] < TINY_KERNEL_NS).sum()), kern.height, idle, exposed, runtime_calls)
