@@ -22,6 +22,7 @@ from stepscope.analyze import intervals
 from stepscope.analyze.blame import innermost, is_sync_runtime, nested, python_lines
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.trace import Trace
+from stepscope.analyze.window import cpu_spans, with_step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,9 +146,13 @@ def _sync_sources(syncs: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _in_window(syncs: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
-    """The sync calls that overlap the window (disjoint start_ns, end_ns), as `summary` counts them: the profiler
-    harness's syncs before and after the steps are not the steps'."""
+def _in_window(frames: TraceFrames, syncs: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
+    """The sync calls that overlap the window (disjoint start_ns, end_ns), as `summary` counts them; where the trace
+    has steps, of those a step's CPU span issued (the profiler harness's syncs before and after them are not the
+    steps', even where one waits in the last step's window for its GPU work)."""
+    if frames.profiler_steps.height:
+        syncs = with_step(syncs, cpu_spans(frames.profiler_steps), at="ts_ns").filter(
+            pl.col("step").is_not_null()).drop("step")
     if syncs.height == 0 or window.height == 0:
         return syncs.clear()
     hit = (syncs.with_row_index("_i").lazy()
@@ -173,7 +178,7 @@ def cpu_gpu_overlap(source: Source) -> OverlapResult:
     def share(value: int) -> float | None:
         return value / window_ns if window_ns else None
 
-    syncs = _in_window(sync_calls(frames.trace), window)
+    syncs = _in_window(frames, sync_calls(frames.trace), window)
     # their time inside the window the shares divide by (as summary's sync share)
     blocked = _length(_clip(syncs.select("ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
                             .rename({"ts_ns": "start_ns"}), window)) if syncs.height else 0

@@ -412,10 +412,12 @@ def _per_step(frames: TraceFrames, steps: pl.DataFrame, syncs: pl.DataFrame) -> 
         tiny=(pl.col("dur_ns").filter(pl.col("kind") == Kind.KERNEL.value) < TINY_KERNEL_NS).sum(),
         kernels=(pl.col("kind") == Kind.KERNEL.value).sum(),
     )
-    # the host's time in sync calls inside each step's window, which the share divides by (a call at the start of a
-    # step's CPU span that waits for the previous step's GPU work runs in that step's window, before its own opens:
-    # tracelens' Qwen, 14 ms before a 35 ms window), and the calls that overlap the window
-    calls = syncs.lazy().select(start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+    # the steps' sync calls (those a step's CPU span issued: not the profiler harness's before and after the steps),
+    # their time inside each step's window, which the share divides by (a call at the start of a step's CPU span that
+    # waits for the previous step's GPU work runs in that step's window, before its own opens: tracelens' Qwen, 14 ms
+    # before a 35 ms window), and the calls that overlap the window
+    own = with_step(syncs, cpu_spans(frames.profiler_steps), at="ts_ns").filter(pl.col("step").is_not_null())
+    calls = own.lazy().select(start_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
     w = steps.lazy().select("step", w_start="start_ns", w_end="end_ns")
     sync = (calls.join_where(w, pl.col("start_ns") < pl.col("w_end"), pl.col("end_ns") > pl.col("w_start"))
             .group_by("step").agg(sync_calls=pl.len()).collect(engine="in-memory")
