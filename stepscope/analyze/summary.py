@@ -371,6 +371,7 @@ class SummaryResult:
     comm_excess_fraction: float | None = None  # collective time above the fastest of its kind: a hint at waiting
     comm_note: str | None = None
     sync_note: str | None = None  # `_sync_note`: GPU idle behind syncs whose removal could not save it
+    idle_note: str | None = None  # `_idle_note`: launch_bound by GPU busy alone, its idle mostly of no cause found
     serving: str | None = None  # `serving.ServingResult.line`: the engine iterations of an inference server
     predicted_savings: pl.DataFrame | None = None  # `savings.predicted_savings` (summary --predict): each fix, replayed
 
@@ -612,6 +613,23 @@ def _sync_note(ev: Evidence) -> str | None:
             "which take as long without it (not sync_bound; `stepscope whatif --no-sync` predicts the saving)")
 
 
+def _idle_note(verdict: Verdict, ev: Evidence, other: float | None) -> str | None:
+    """Where launch_bound holds by GPU busy < GPU_BUSY_MIN alone while most of the idle time has no cause found and
+    late launches explain little of it: what the verdict does and does not say (hta/negative_queue_length_values_
+    check: 58.6% idle with no cause against 0.9% behind late launches, the CPU 160 ms ahead of its GPU).
+
+        launch idle 0.9%, no cause 58.6%  ->  "GPU idle with no cause found 58.6%, behind late launches 0.9%: …"
+    """
+    launch = ev.get("launch_idle_fraction")
+    if verdict is not Verdict.LAUNCH_BOUND or launch is None or other is None or other < SYNC_MIN or other <= launch:
+        return None
+    return (f"GPU idle with no cause found {other:.1%}, behind late launches {launch:.1%}: launch_bound here says "
+            "only that the GPU is busy under 60% of the step; what held it back is not recorded (a wait between "
+            "streams or on an event, work outside the trace, or a clock offset between CPU and GPU): "
+            "`stepscope overlap` shows whether the CPU ran ahead of the GPU (a deep queue), `stepscope gaps` "
+            "every gap")
+
+
 def _comm_note(calls: pl.DataFrame, excess: int, wall: int) -> str | None:
     """What one rank's trace says about waiting in its collectives, and what it cannot (see the module docstring)."""
     if calls.height == 0:
@@ -744,6 +762,7 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         comm_excess_fraction=excess / wall if wall and colls.height else None,
         comm_note=_comm_note(colls, excess, wall),
         sync_note=_sync_note(ev),
+        idle_note=_idle_note(rule.verdict, ev, idle["other"] / wall if gpu_events and wall else None),
         graph_replay_fraction=work["graph_replay_fraction"], compiled_fraction=work["compiled_fraction"],
         memory_bound_fraction=work["memory_bound_fraction"],
         serving=(serving_iterations(frames) if serving is None else serving).line,

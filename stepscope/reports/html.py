@@ -183,7 +183,8 @@ def verdict_section(ctx: ReportContext) -> Section | None:
     if result.runner_up is not None:
         close.append(("runner-up", f"{result.runner_up.value}: {result.runner_up_reason}"))
     headline = close + headline_items(result, skip=("verdict", "reason", "advice", "margin", "runner_up",
-                                                    "runner_up_reason", "comm_note", "sync_note", "profile_next"))
+                                                    "runner_up_reason", "comm_note", "sync_note", "idle_note",
+                                                    "profile_next"))
     tables = []
     if result.warnings.height:
         tables.append(frame_table(result.warnings, "Warnings: the trace is odd here; read the verdict with care"))
@@ -193,7 +194,7 @@ def verdict_section(ctx: ReportContext) -> Section | None:
         tables.append(frame_table(result.per_step, "Verdict per step"))
     if result.rules.height:
         tables.append(frame_table(result.rules, "Rules, in order (the first that holds decides)"))
-    notes = [n for n in (result.sync_note, result.comm_note) if n]
+    notes = [n for n in (result.sync_note, result.idle_note, result.comm_note) if n]
     if result.profile_next:  # a command: a note of its own, where the headline's narrow cells would break it up
         notes.append(f"Profile next, where this verdict points: {result.profile_next}")
     return Section(id="verdict", title="Verdict", lead=[f"{name}: {result.reason}", result.advice],

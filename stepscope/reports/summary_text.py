@@ -70,7 +70,7 @@ def render_summary(result: SummaryResult) -> str:
         lines.append(render_frame(result.places, title="where to look").rstrip("\n"))
     if result.predicted_savings is not None:
         lines += ["", _savings_text(result)]
-    for note in (result.sync_note, result.comm_note):
+    for note in (result.sync_note, result.idle_note, result.comm_note):
         if note:
             lines += ["", f"note: {note}"]
     if result.profile_next:

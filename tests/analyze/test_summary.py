@@ -451,6 +451,12 @@ def test_the_idle_causes_and_busy_add_up_to_the_step(corpus: Path, tmp_path: Pat
                  r.other_idle_fraction)
         assert all(p is not None for p in parts) and sum(p for p in parts if p is not None) == pytest.approx(1.0)
     assert triton.other_idle_fraction is not None and triton.other_idle_fraction > 0.99
+    # and where launch_bound holds by GPU busy alone while nearly all idle has no cause found, a note says so; the
+    # synthetic trace's idle is its late launch, and its launch_bound needs no such note
+    assert triton.verdict is Verdict.LAUNCH_BOUND and triton.idle_note is not None
+    assert triton.idle_note.startswith(f"GPU idle with no cause found {triton.other_idle_fraction:.1%}, behind late "
+                                       "launches 0.0%: launch_bound here says only that the GPU is busy under 60%")
+    assert plain.verdict is Verdict.LAUNCH_BOUND and plain.idle_note is None
 
 
 def test_one_summary_links_the_launches_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
