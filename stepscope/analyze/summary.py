@@ -356,6 +356,8 @@ class SummaryResult:
     memcpy_idle_fraction: float | None
     launch_idle_fraction: float | None
     other_idle_fraction: float | None = None  # GPU idle whose cause `gaps` could not name (cause "other")
+    data_loading_idle_fraction: float | None = None  # GPU idle while the host loaded data (gaps' data_loading)
+    comm_idle_fraction: float | None = None  # GPU idle before a collective (gaps' communication_wait)
     tiny_kernel_fraction: float | None
     sync_calls: int
     per_step: pl.DataFrame
@@ -755,6 +757,8 @@ def verdict(source: Source, *, gaps: GapsResult | None = None, steps: StepsResul
         pageable_memcpy_fraction=ev["pageable_memcpy_fraction"], sync_idle_fraction=ev["sync_idle_fraction"],
         memcpy_idle_fraction=ev["memcpy_idle_fraction"], launch_idle_fraction=ev["launch_idle_fraction"],
         other_idle_fraction=idle["other"] / wall if gpu_events and wall else None,
+        data_loading_idle_fraction=idle["data_loading"] / wall if gpu_events and wall else None,
+        comm_idle_fraction=idle["communication_wait"] / wall if gpu_events and wall else None,
         tiny_kernel_fraction=ev["tiny_kernel_fraction"], sync_calls=calls, per_step=per_step,
         places=_places(frames, rule.verdict, syncs, gaps, kernels, (colls, split)), rules=rules,
         warnings=warnings, mfu_fraction=limits.mfu_fraction,

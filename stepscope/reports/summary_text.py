@@ -41,6 +41,9 @@ def render_summary(result: SummaryResult) -> str:
             f"    behind host syncs         {human_fraction(result.sync_idle_fraction)}",
             f"    waiting for copies        {human_fraction(result.memcpy_idle_fraction)}",
             f"    launch overhead           {human_fraction(result.launch_idle_fraction)}",
+            *(f"    {label:<26}{human_fraction(value)}" for label, value in (
+                ("waiting for data", result.data_loading_idle_fraction),
+                ("before collectives", result.comm_idle_fraction)) if value),  # (shown where there is some)
             f"    no cause found            {human_fraction(result.other_idle_fraction)}"
             "  (every cause: `stepscope gaps`)",
             f"  kernels < 10 µs             {human_fraction(result.tiny_kernel_fraction)} of kernels",

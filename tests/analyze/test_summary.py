@@ -440,15 +440,18 @@ def test_workload_shares_from_a_trace(tmp_path: Path) -> None:
 
 
 def test_the_idle_causes_and_busy_add_up_to_the_step(corpus: Path, tmp_path: Path) -> None:
-    # GIVEN one-GPU traces without data loading or collectives: HTA's triton example (one 13.3 s step whose GPU
-    # idles after its one kernel while the host compiles) and a synthetic trace without steps
+    # GIVEN one-GPU traces: HTA's triton example (one 13.3 s step whose GPU idles after its one kernel while the
+    # host compiles), a synthetic trace without steps, resnet50 waiting for its data, df_index before collectives
     triton = verdict(load(corpus / "traces/hta/triton_example/triton_example.json.gz", cache_dir=tmp_path))
     plain = verdict(load_events(tmp_path, trace(*_launched("sgemm", 0, 40, 1, 0), *_launched("add", 90, 10, 2, 80))))
-    for r in (triton, plain):
-        # THEN busy and the idle by cause (host syncs, copies, launch overhead, and what gaps could not name)
-        # cover the window, so the summary shows where every moment went
+    resnet = verdict(load(next((corpus / RESNET.format(0)).glob("*.json.gz")), cache_dir=tmp_path))
+    df_index = verdict(load(corpus / "traces/hta/df_index_resolver/df_index_resolver.json.gz", cache_dir=tmp_path))
+    assert (resnet.data_loading_idle_fraction or 0) > 0.3 and (df_index.comm_idle_fraction or 0) > 0.1
+    for r in (triton, plain, resnet, df_index):
+        # THEN busy and the idle by cause (host syncs, copies, launch overhead, data loading, collectives, and what
+        # gaps could not name) cover the window, so the summary shows where every moment went
         parts = (r.gpu_busy_fraction, r.sync_idle_fraction, r.memcpy_idle_fraction, r.launch_idle_fraction,
-                 r.other_idle_fraction)
+                 r.data_loading_idle_fraction, r.comm_idle_fraction, r.other_idle_fraction)
         assert all(p is not None for p in parts) and sum(p for p in parts if p is not None) == pytest.approx(1.0)
     assert triton.other_idle_fraction is not None and triton.other_idle_fraction > 0.99
     # and where launch_bound holds by GPU busy alone while nearly all idle has no cause found, a note says so; the
