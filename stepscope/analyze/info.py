@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import polars as pl
 
@@ -97,6 +99,7 @@ def trace_warnings(source: Source) -> pl.DataFrame:
     _counter_ranges(frames.trace, add)
     _launch_and_flow_warnings(frames, add)
     _step_warnings(frames, add)
+    _capture_warnings(frames.trace, add)
     invalid = frames.trace.meta.invalid_utf8  # (the figures first: a terminal table cuts a long detail short)
     first = f", the first at byte {invalid.first_offset:,}" if invalid.first_offset is not None else ""
     add("invalid_utf8", invalid.strings,
@@ -106,6 +109,29 @@ def trace_warnings(source: Source) -> pl.DataFrame:
     add("unknown_categories", sum(unknown.values()),
         "events of categories stepscope does not know, kept as kind 'other': " + ", ".join(sorted(unknown)))
     return pl.DataFrame(rows, schema={"code": pl.String, "count": pl.Int64, "detail": pl.String})
+
+
+def _capture_warnings(trace: Trace, add: _Add) -> None:
+    """A trace whose capture failed (the manifest beside it, `stepscope capture`'s, lists it with status "failed"):
+    the script stopped partway, so its last step can be cut short (a trace exported at the failure)."""
+    path = Path(trace.meta.source.path)
+    try:
+        manifests = sorted(path.parent.glob("manifest*.json"))
+    except OSError:  # (the folder gone or unreadable: a trace ingested elsewhere)
+        return
+    for manifest in manifests:
+        try:
+            doc = json.loads(manifest.read_text(encoding="utf-8"))
+            named = {str(f.get("name")) for f in doc.get("files") or [] if isinstance(f, dict)}
+        except (OSError, ValueError, AttributeError):  # a damaged manifest says nothing about the trace
+            continue
+        if doc.get("status") == "failed" and path.name in named:
+            error = " ".join(str(doc.get("error") or "an error").split())
+            error = error.split(". ")[0] if len(error) > 80 else error  # (an OOM's message runs to 600 characters)
+            error = error if len(error) <= 80 else error[:79] + "…"
+            add("capture_failed", 1, f"the capture that wrote this trace failed ({error}, {manifest.name}): the "
+                "script stopped partway, so its last step can be cut short")
+            return
 
 
 def _event_warnings(trace: Trace, add: _Add) -> None:

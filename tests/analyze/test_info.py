@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from builders import (
@@ -15,6 +16,7 @@ from builders import (
     runtime,
     step,
     trace,
+    write_trace,
 )
 
 from stepscope.analyze.info import trace_info
@@ -90,3 +92,24 @@ def test_a_trace_of_counter_ranges_without_kernels_says_why_it_has_no_gpu_timeli
     # AND a trace with its kernels recorded, ranges or not, has no such warning
     timed = trace(kernel("k", ts=10, dur=5), counter_range("k", 10))
     assert "counter_ranges_only" not in trace_info(load_events(tmp_path / "timed", timed)).warnings["code"].to_list()
+
+
+def test_a_trace_of_a_failed_capture_says_so(tmp_path: Path) -> None:
+    # GIVEN a trace whose capture manifest beside it says the script failed (the trace exported at the failure)
+    from stepscope.analyze import load
+
+    doc = trace(step(1, ts=0, dur=100), cpu_op("aten::add", ts=5, dur=20))
+    path = write_trace(tmp_path / "run", doc, "vm_1.pt.trace.json")
+    error = "OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 MiB. " + "GPU 0 has … " * 40
+    manifest = {"status": "failed", "error": error, "files": [{"name": "vm_1.pt.trace.json", "kind": "trace"}]}
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps(manifest))
+    # THEN info (and summary, which shows the same warnings) says the capture failed, its error cut to a line
+    info = trace_info(load(path, cache_dir=tmp_path / "cache"))
+    assert info.warnings.select("code", "count", "detail").rows() == [(
+        "capture_failed", 1, "the capture that wrote this trace failed (OutOfMemoryError: CUDA out of memory, "
+        "manifest.json): the script stopped partway, so its last step can be cut short")]
+    # a capture that ended well, or a manifest of other files, says nothing
+    for status, name in (("ok", "vm_1.pt.trace.json"), ("failed", "other.pt.trace.json")):
+        (tmp_path / "run" / "manifest.json").write_text(json.dumps({**manifest, "status": status,
+                                                                    "files": [{"name": name}]}))
+        assert trace_info(load(path, cache_dir=tmp_path / "cache")).warnings.height == 0
