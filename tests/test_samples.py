@@ -43,3 +43,26 @@ def test_the_item_sample_syncs_once_per_layer_more_than_its_fix(tmp_path: Path) 
     items = {n: load(SAMPLES / n, cache_dir=tmp_path).events.filter(pl.col("name") == "aten::item")
              .select(pl.len()).collect().item() for n in ("item_in_forward", "item_in_forward_fixed")}
     assert items["item_in_forward"] - items["item_in_forward_fixed"] == 6 * 3  # 6 layers x 3 active steps
+
+
+def test_the_dataloader_sample_points_at_its_dataset_s_python_line(tmp_path: Path) -> None:
+    # GIVEN the data-loading-bound sample, whose dataset builds each item in Python (no op shows that time)
+    import gzip
+
+    from stepscope.analyze.summary import verdict
+
+    places = verdict(load(SAMPLES / "dataloader_bound", cache_dir=tmp_path)).places.rows()
+    # THEN after the fetches, the place to look is the dataset's __getitem__ with the time the raw trace gives it
+    # inside the DataLoader's fetches (a slow, obvious sum over the JSON), before any op
+    path = next((SAMPLES / "dataloader_bound").glob("*.pt.trace.json.gz"))
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"]
+    fetches = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and "DataLoader" in str(
+        e.get("name")) and e.get("cat") == "user_annotation" and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"]
+                                                                       for s in steps)]
+    getitem = [e for e in events if e.get("cat") == "python_function" and str(e["name"]).endswith("__getitem__")
+               and any(a <= e["ts"] < b for a, b in fetches)]
+    assert places[0][:2] == ("annotation", "DataLoader __next__")
+    what, name, total_ns, count = places[1]
+    assert (what, name, count) == ("python (inside DataLoader)", getitem[0]["name"], len(getitem))
+    assert total_ns == pytest.approx(sum(e["dur"] for e in getitem) * 1000, abs=len(getitem))

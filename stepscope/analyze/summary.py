@@ -56,7 +56,14 @@ import polars as pl
 from stepscope.analyze import intervals
 from stepscope.analyze._comm_events import CommSplit, comm_split, gpu_work, per_window, rank_calls
 from stepscope.analyze._text import plural
-from stepscope.analyze.blame import host_memory_unsaid, is_sync_runtime, short_name, step_row_name
+from stepscope.analyze.blame import (
+    host_memory_unsaid,
+    is_library_frame,
+    is_sync_runtime,
+    short_name,
+    source_frames,
+    step_row_name,
+)
 from stepscope.analyze.counters import COUNTER_RANGES_ONLY
 from stepscope.analyze.frames import Source, TraceFrames, frames_of
 from stepscope.analyze.gaps import GapCause, GapsResult, gpu_gaps
@@ -495,10 +502,19 @@ def _places(frames: TraceFrames, verdict: Verdict, syncs: pl.DataFrame, gaps: Ga
         top = inside.group_by("name").agg(total_ns=pl.col("dur_ns").sum(), count=pl.len())
         head = loaders.select(name=pl.lit("DataLoader __next__"), total_ns=(pl.col("e") - pl.col("s")).sum(),
                               count=pl.len().cast(pl.UInt32))
+        # the user's Python frame that takes the fetch's time (a dataset's __getitem__ sleeping on I/O: no op shows it)
+        user = (source_frames(trace).filter(~is_library_frame(pl.col("name")) & pl.col("dur_ns").is_not_null())
+                .select("name", "ts_ns", "dur_ns", "pid", "tid").collect(engine="in-memory").sort("ts_ns")
+                .join_asof(loaders, left_on="ts_ns", right_on="s", by=["pid", "tid"], strategy="backward",
+                           check_sortedness=False)
+                .filter(pl.col("ts_ns") < pl.col("e"))
+                .group_by("name").agg(total_ns=pl.col("dur_ns").sum(), count=pl.len())
+                .sort("total_ns", "name", descending=[True, False]).head(1))
         out = pl.concat([head.with_columns(what=pl.lit("annotation")),
+                         user.with_columns(what=pl.lit("python (inside DataLoader)")),
                          top.sort("total_ns", "name", descending=[True, False]).with_columns(
                              what=pl.lit("op (inside DataLoader)"))],
-                        how="diagonal")
+                        how="diagonal_relaxed")
     elif verdict is Verdict.SYNC_BOUND:
         # where the GPU waited behind a sync (Python line, else op), then the sync calls by the op issuing them
         behind = gaps.gaps.filter(pl.col("cause") == GapCause.HOST_SYNC.value).group_by(
