@@ -18,10 +18,14 @@ from stepscope.analyze._text import plural
               help="Steps run first, neither timed nor profiled (start-up, autotuning).")
 @click.option("--baseline", type=click.IntRange(min=0), default=5, show_default=True,
               help="Unprofiled steps timed next: the profiler-free step time.")
-@click.option("--wait", type=click.IntRange(min=0), default=1, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
-@click.option("--active", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--wait", type=click.IntRange(min=0), default=1, show_default=True,
+              help="torch.profiler.schedule's wait: steps after the baseline, before the profiler starts.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="schedule's warmup: steps the profiler runs but does not record (its own start-up).")
+@click.option("--active", type=click.IntRange(min=1), default=3, show_default=True,
+              help="schedule's active: steps recorded in each trace (the ProfilerStep#N the analyses read).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="schedule's repeat: wait/warmup/active cycles, one trace file each.")
 @click.option("--step-on", default=None, metavar="NAME|module:function",
               help="Advance on each return of this function instead of each optimizer step (inference loops).")
 @click.option("--step-on-annotation", default=None, metavar="NAME",

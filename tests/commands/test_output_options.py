@@ -147,3 +147,24 @@ def test_every_top_option_takes_0_for_all_and_means_it(tmp_path: Path) -> None:
     one = CliRunner().invoke(cli, ["kernels", str(path), "--top", "1", "--csv", "--table", "by_name"])
     assert every.exit_code == one.exit_code == 0, every.output
     assert len(every.stdout.splitlines()) == 3 and len(one.stdout.splitlines()) == 2
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    # GIVEN every command (and subcommand) THEN each of its options has help text (capture's schedule options
+    # --wait/--warmup/--active/--repeat once had none)
+    import click
+
+    ctx = click.Context(cli)
+    missing: list[str] = []
+
+    def walk(group: click.Group, prefix: list[str]) -> None:
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            if isinstance(command, click.Group):
+                walk(command, [*prefix, name])
+            elif command is not None:
+                missing.extend(f"{' '.join([*prefix, name])} {p.opts[0]}" for p in command.params
+                               if isinstance(p, click.Option) and not p.hidden and not p.help)
+
+    walk(cli, [])
+    assert missing == []
