@@ -298,9 +298,14 @@ def _held_by_collective(held: pl.DataFrame, traces: Mapping[int | None, Sequence
     found: list[tuple[int, str, str, int]] = []  # (held ns, what was held, the collective, ns after its end)
     for rank, dur, event_id in held.select("rank" if "rank" in held.columns else pl.lit(None).alias("rank"),
                                            "dur_ns", "event_id").iter_rows():
-        for trace in traces.get(rank, ()):  # (a held start's event is its launch call)
-            ids = (pl.col("runtime_event_id") == event_id) | (pl.col("gpu_event_id") == event_id)
-            gpu = trace.launches().filter(ids).select("name", "device", "stream", "ts_ns").collect(engine="in-memory")
+        for trace in traces.get(rank, ()):  # (a held start's event is its launch call: its GPU work by correlation,
+            # two small scans, not the whole trace's launch links)
+            corr = trace.runtime.filter(pl.col("event_id") == event_id).select("correlation").collect(
+                engine="in-memory")["correlation"]
+            ids = pl.col("event_id") == event_id
+            if corr.len() and corr[0] is not None:
+                ids = ids | (pl.col("correlation") == corr[0])
+            gpu = trace.gpu.filter(ids).select("name", "device", "stream", "ts_ns").collect(engine="in-memory")
             if gpu.height != 1:
                 continue
             name, device, stream, ts = gpu.row(0)
